@@ -18,6 +18,7 @@ from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, MIN_ENVELOPE_SIZE, RE
 from kvconform.tlkv.payload import decode_v1, decode_v2
 
 ALL_VERSIONS = frozenset({1, 2})
+DIMS = ("block_tokens", "n_layers", "n_kv_heads", "head_dim")
 
 
 class EnvelopeError(ValueError):
@@ -90,50 +91,89 @@ class Envelope:
         return decode_v1(payload, self.geometry) if self.version == VERSION_V1 else decode_v2(payload, self.geometry)
 
 
-def read_envelope(data: bytes | bytearray | memoryview, *, geometry: Geometry,
-                  versions: Iterable[int] = ALL_VERSIONS) -> Envelope:
-    """Validate `data` against every reader rule for a pool of `geometry` reading `versions`."""
-    buf = memoryview(data).cast("B")
-    n = len(buf)
-    if n < MIN_ENVELOPE_SIZE:
-        raise FormatError("TLKV-READ-LENGTH", "length", n, f">= {MIN_ENVELOPE_SIZE}")
-    hdr = Header.unpack(buf)
-    if hdr.magic != MAGIC:
-        raise FormatError("TLKV-READ-MAGIC", "magic", bytes(hdr.magic), repr(MAGIC))
-    (stored,) = CRC.unpack_from(buf, n - CRC_SIZE)
-    computed = crc32c(buf[: n - CRC_SIZE])
-    if stored != computed:
-        raise FormatError("TLKV-READ-CRC", "crc32c", f"0x{stored:08X}", f"0x{computed:08X}")
-    readable = frozenset(versions)
-    if hdr.version not in readable:
-        raise VersionError("TLKV-READ-VERSION", "version", hdr.version, f"one of {sorted(readable)}")
-    if hdr.dtype != DTYPE_OF_VERSION[hdr.version]:
-        raise FormatError("TLKV-READ-DTYPE", "dtype", hdr.dtype,
-                          f"{DTYPE_OF_VERSION[hdr.version]} for version {hdr.version}")
-    dims = ("block_tokens", "n_layers", "n_kv_heads", "head_dim")
-    if any(getattr(hdr, d) == 0 for d in dims):
-        zero = next(d for d in dims if getattr(hdr, d) == 0)
-        raise FormatError("TLKV-READ-LENGTH", zero, 0, ">= 1")
-    env_geometry = Geometry(hdr.block_tokens, hdr.n_layers, hdr.n_kv_heads, hdr.head_dim)
-    expected_len = env_geometry.envelope_size(hdr.n_blocks, hdr.version)
-    if n != expected_len:
-        raise FormatError("TLKV-READ-LENGTH", "length", n,
-                          f"28 + {hdr.n_blocks} * (12 + {env_geometry.payload_size(hdr.version)}) + 4 = {expected_len}")
-    for d in dims:
-        if getattr(hdr, d) != getattr(geometry, d):
-            raise ShapeError("TLKV-READ-SHAPE", d, getattr(hdr, d), f"{getattr(geometry, d)} (the pool's)")
-    p = geometry.payload_size(hdr.version)
-    b = geometry.block_tokens
-    records: list[Record] = []
-    off = HEADER_SIZE
-    for i in range(hdr.n_blocks):
-        block_hash, n_tokens = RECORD_HEADER.unpack_from(buf, off)
+class EnvelopeReader:
+    """A reader for a pool of one geometry that reads some versions; one method per reader rule.
+
+    The rules run in an order that lets each failure be classified: a version this reader does not
+    read is reported as such before the length rule, whose P depends on the version.
+    """
+
+    def __init__(self, geometry: Geometry, versions: Iterable[int] = ALL_VERSIONS) -> None:
+        self.geometry = geometry
+        self.versions = frozenset(versions)
+
+    def read(self, data: bytes | bytearray | memoryview) -> Envelope:
+        buf = memoryview(data).cast("B")
+        self.check_min_length(buf)
+        hdr = Header.unpack(buf)
+        self.check_magic(hdr)
+        self.check_crc(buf)
+        self.check_version(hdr)
+        self.check_dtype(hdr)
+        self.check_length(buf, hdr)
+        self.check_shape(hdr)
+        return Envelope(hdr.version, hdr.dtype, self.geometry, self.read_records(buf, hdr))
+
+    def check_min_length(self, buf: memoryview) -> None:
+        if len(buf) < MIN_ENVELOPE_SIZE:
+            raise FormatError("TLKV-READ-LENGTH", "length", len(buf), f">= {MIN_ENVELOPE_SIZE}")
+
+    def check_magic(self, hdr: Header) -> None:
+        if hdr.magic != MAGIC:
+            raise FormatError("TLKV-READ-MAGIC", "magic", bytes(hdr.magic), repr(MAGIC))
+
+    def check_crc(self, buf: memoryview) -> None:
+        n = len(buf)
+        (stored,) = CRC.unpack_from(buf, n - CRC_SIZE)
+        computed = crc32c(buf[: n - CRC_SIZE])
+        if stored != computed:
+            raise FormatError("TLKV-READ-CRC", "crc32c", f"0x{stored:08X}", f"0x{computed:08X}")
+
+    def check_version(self, hdr: Header) -> None:
+        if hdr.version not in self.versions:
+            raise VersionError("TLKV-READ-VERSION", "version", hdr.version, f"one of {sorted(self.versions)}")
+
+    def check_dtype(self, hdr: Header) -> None:
+        expected = DTYPE_OF_VERSION.get(hdr.version)
+        if hdr.dtype != expected:
+            raise FormatError("TLKV-READ-DTYPE", "dtype", hdr.dtype, f"{expected} for version {hdr.version}")
+
+    def check_length(self, buf: memoryview, hdr: Header) -> None:
+        # The header's own values, zeros included (a zero dimension is the shape rule's to report).
+        b, layers, hkv, d = hdr.block_tokens, hdr.n_layers, hdr.n_kv_heads, hdr.head_dim
+        p = layers * 2 * hkv * b * d * 2 if hdr.version == 1 else layers * 2 * hkv * (b * d + 4)
+        expected = HEADER_SIZE + hdr.n_blocks * (RECORD_HEADER_SIZE + p) + CRC_SIZE
+        if len(buf) != expected:
+            raise FormatError("TLKV-READ-LENGTH", "length", len(buf),
+                              f"28 + {hdr.n_blocks} * (12 + {p}) + 4 = {expected}")
+
+    def check_shape(self, hdr: Header) -> None:
+        for d in DIMS:
+            if getattr(hdr, d) != getattr(self.geometry, d):
+                raise ShapeError("TLKV-READ-SHAPE", d, getattr(hdr, d), f"{getattr(self.geometry, d)} (the pool's)")
+
+    def check_record(self, i: int, block_hash: int, n_tokens: int) -> None:
+        b = self.geometry.block_tokens
         if not 1 <= n_tokens <= b:
             raise FormatError("TLKV-READ-NTOKENS", f"records[{i}].n_tokens", n_tokens, f"1..{b}")
         if block_hash != 0 and n_tokens != b:
             raise FormatError("TLKV-READ-HASH-FULL", f"records[{i}].n_tokens", n_tokens,
                               f"{b} because block_hash is 0x{block_hash:016X} (non-zero)")
-        off += RECORD_HEADER_SIZE
-        records.append(Record(block_hash, n_tokens, buf[off : off + p]))
-        off += p
-    return Envelope(hdr.version, hdr.dtype, geometry, records)
+
+    def read_records(self, buf: memoryview, hdr: Header) -> list[Record]:
+        p = self.geometry.payload_size(hdr.version)
+        records: list[Record] = []
+        off = HEADER_SIZE
+        for i in range(hdr.n_blocks):
+            block_hash, n_tokens = RECORD_HEADER.unpack_from(buf, off)
+            self.check_record(i, block_hash, n_tokens)
+            off += RECORD_HEADER_SIZE
+            records.append(Record(block_hash, n_tokens, buf[off : off + p]))
+            off += p
+        return records
+
+
+def read_envelope(data: bytes | bytearray | memoryview, *, geometry: Geometry,
+                  versions: Iterable[int] = ALL_VERSIONS) -> Envelope:
+    """Validate `data` against every reader rule for a pool of `geometry` reading `versions`."""
+    return EnvelopeReader(geometry, versions).read(data)

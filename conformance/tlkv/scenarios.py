@@ -1,0 +1,104 @@
+"""Geometries, token sequences and contents the TLKV suites use (DESIGN.md principle 8).
+
+Each geometry is there because some wrong implementation differs from a right one on it:
+B = 1 (every block full, never a tail), a partial tail of B-1 and of 1, Hkv and L > 1 with distinct
+values (an axis swapped in [L][2][Hkv][B][D] moves values), odd D, a multi-block envelope.
+Token ids include 0 and 0xFFFFFFFF (le_u32 and sign mistakes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from kvconform.tlkv.blockhash import block_fills
+from kvconform.tlkv.content import make_kv
+from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE, Geometry
+
+
+@dataclass(frozen=True)
+class Case:
+    """A writer/prefill scenario: a geometry and a sequence length (tokens and values come from a seed)."""
+
+    name: str
+    geometry: Geometry
+    n_tokens: int
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n_tokens // self.geometry.block_tokens)
+
+
+WRITER_CASES = [
+    Case("B16-tail15", Geometry(16, 3, 2, 8), 3 * 16 + 15),
+    Case("B16-exact", Geometry(16, 3, 2, 8), 2 * 16),
+    Case("B16-tail1", Geometry(16, 2, 3, 5), 16 + 1),
+    Case("B1-never-tail", Geometry(1, 2, 2, 3), 5),
+    Case("B2-spec-shape", Geometry(2, 1, 1, 2), 5),
+    Case("B7-only-partial", Geometry(7, 4, 1, 9), 6),
+]
+
+
+def case_seed(base: int, *key: object) -> int:
+    """A stable seed for (session seed, key): the same run replays the same contents."""
+    digest = hashlib.sha256(repr((base, *key)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def make_tokens(rng: np.random.Generator, n: int) -> list[int]:
+    """n token ids with the extremes 0 and 0xFFFFFFFF among them."""
+    tokens = [int(t) for t in rng.integers(0, 1 << 32, size=n, dtype=np.uint64)]
+    if n >= 2:
+        tokens[0], tokens[-1] = 0xFFFFFFFF, 0
+    return tokens
+
+
+def make_contents(rng: np.random.Generator, geometry: Geometry, n_tokens: int,
+                  zero_slab: bool = True) -> npt.NDArray[np.float16]:
+    """Values for every block, non-zero garbage past the fill; with `zero_slab`, the last block's
+    (layer 0, K, head 0) slab is zero over its filled positions only, so its v2 scale must be 1.0
+    while a writer that takes amax over every position gets another scale."""
+    n_blocks = -(-n_tokens // geometry.block_tokens)
+    kv = make_kv(rng, geometry, n_blocks, garbage_tail=True)
+    if zero_slab and n_blocks:
+        fill = block_fills(n_tokens, geometry.block_tokens)[-1]
+        kv[-1, 0, 0, 0, :fill, :] = 0
+    return kv
+
+
+@dataclass
+class ParsedEnvelope:
+    """An envelope split by layout alone (no rule enforced), for checks that compare field by field."""
+
+    header: tuple[bytes, int, int, int, int, int, int, int]
+    records: list[tuple[int, int, bytes]]
+    crc: int
+    body: bytes
+
+
+def split_envelope(data: bytes, version: int, n_blocks: int, geometry: Geometry) -> ParsedEnvelope:
+    """Split `data` as an envelope of `n_blocks` blocks of `geometry`; AssertionError when it cannot be."""
+    expected = geometry.envelope_size(n_blocks, version)
+    assert len(data) == expected, (
+        f"envelope length: got {len(data)}, expected 28 + {n_blocks} * (12 + {geometry.payload_size(version)}) + 4 "
+        f"= {expected} (TLKV-ENV-SIZE)")
+    header = struct.unpack_from("<4sHHIIIII", data, 0)
+    p = geometry.payload_size(version)
+    records = []
+    off = HEADER_SIZE
+    for _ in range(n_blocks):
+        block_hash, fill = struct.unpack_from("<QI", data, off)
+        off += RECORD_HEADER_SIZE
+        records.append((block_hash, fill, data[off : off + p]))
+        off += p
+    (crc,) = struct.unpack_from("<I", data, len(data) - CRC_SIZE)
+    return ParsedEnvelope(header, records, crc, data[: len(data) - CRC_SIZE])  # type: ignore[arg-type]
+
+
+def fills_of(case: Case) -> Sequence[int]:
+    return block_fills(case.n_tokens, case.geometry.block_tokens)

@@ -1,0 +1,185 @@
+"""The requirement catalogs: ``conformance/requirements/<protocol>.yaml`` (docs/conventions.md).
+
+Every check cites requirement ids from here; the coverage report lists every requirement per role with
+its tests. Catalogs are validated against ``conformance/requirements/schema.json``; ids are unique across
+all catalogs and start with the protocol name in upper case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["CATALOG_DIR_ENV", "Catalog", "CatalogError", "ProtocolCatalog", "Requirement", "load_catalogs"]
+
+# Overrides the packaged catalogs (the harness's own tests use a temporary directory).
+CATALOG_DIR_ENV = "KVCONFORM_CATALOG_DIR"
+_SCHEMA_NAME = "schema.json"
+
+
+class CatalogError(ValueError):
+    """A catalog file is malformed; the message names the file, the field and what was expected."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One normative statement of a spec text, with the stable id checks cite."""
+
+    id: str
+    protocol: str
+    section: str
+    level: str
+    roles: tuple[str, ...]
+    text: str
+    quote: str | None = None
+    source: str | None = None
+    testable: bool = True
+    why: str | None = None
+    file: str = ""
+
+
+@dataclass(frozen=True)
+class ProtocolCatalog:
+    """The header of one catalog file: its protocol, roles and suite -> role mapping."""
+
+    protocol: str
+    title: str
+    source: str
+    roles: tuple[str, ...]
+    suites: dict[str, str]
+    file: str
+
+
+@dataclass
+class Catalog:
+    """All loaded requirement catalogs, indexed by requirement id."""
+
+    directory: str
+    protocols: dict[str, ProtocolCatalog] = field(default_factory=dict)
+    _by_id: dict[str, Requirement] = field(default_factory=dict)
+
+    def get(self, req_id: str) -> Requirement:
+        """The requirement ``req_id``; KeyError naming the catalog folder when unknown."""
+        try:
+            return self._by_id[req_id]
+        except KeyError:
+            raise KeyError(f"requirement {req_id!r} is not in any catalog under {self.directory}") from None
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._by_id
+
+    def __iter__(self) -> Iterator[Requirement]:
+        return iter(self._by_id.values())
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def requirements(self, protocol: str | None = None) -> list[Requirement]:
+        """Requirements in catalog order, all or those of ``protocol``."""
+        return [r for r in self._by_id.values() if protocol is None or r.protocol == protocol]
+
+    def role_of_suite(self, suite: str) -> str | None:
+        """The catalog role a suite tests (``tlkv-decode`` -> ``decode-side``); None when unknown."""
+        proto = suite.split("-", 1)[0]
+        pc = self.protocols.get(proto)
+        if pc is None:
+            return None
+        return pc.suites.get(suite)
+
+    def file_for(self, protocol: str) -> str:
+        """The catalog file of ``protocol`` (or the catalog folder when there is none)."""
+        pc = self.protocols.get(protocol)
+        if pc is not None:
+            return pc.file
+        return os.path.join(self.directory, f"{protocol}.yaml")
+
+
+def default_catalog_dir() -> Path:
+    """$KVCONFORM_CATALOG_DIR, else the installed ``kvconform.conformance.requirements`` folder."""
+    env = os.environ.get(CATALOG_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(str(resources.files("kvconform.conformance.requirements")))
+
+
+def _schema() -> dict[str, Any]:
+    text = resources.files("kvconform.conformance.requirements").joinpath(_SCHEMA_NAME).read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def _validate(doc: object, path: Path) -> None:
+    import jsonschema  # type: ignore[import-untyped]  # no types-jsonschema in the test extra yet
+
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        lines = [f"{path}: {e.json_path}: {e.message}" for e in errors[:20]]
+        raise CatalogError("invalid requirement catalog:\n  " + "\n  ".join(lines))
+
+
+def _load_file(path: Path, catalog: Catalog) -> None:
+    try:
+        doc = yaml.safe_load(path.read_text("utf-8"))
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
+    _validate(doc, path)
+    assert isinstance(doc, dict)
+    proto: str = doc["protocol"]
+    if proto in catalog.protocols:
+        raise CatalogError(
+            f"{path}: $.protocol: {proto!r} is already defined by {catalog.protocols[proto].file}"
+        )
+    roles = tuple(doc["roles"])
+    for suite, role in doc["suites"].items():
+        if not suite.startswith(proto + "-"):
+            raise CatalogError(f"{path}: $.suites: suite {suite!r} does not start with {proto + '-'!r}")
+        if role not in roles:
+            raise CatalogError(f"{path}: $.suites.{suite}: role {role!r} is not one of $.roles {list(roles)}")
+    catalog.protocols[proto] = ProtocolCatalog(
+        proto, doc["title"], doc["source"], roles, dict(doc["suites"]), str(path)
+    )
+    prefix = proto.upper() + "-"
+    for i, raw in enumerate(doc["requirements"]):
+        rid: str = raw["id"]
+        where = f"{path}: $.requirements[{i}]"
+        if not rid.startswith(prefix):
+            raise CatalogError(f"{where}.id: {rid!r} does not start with the protocol prefix {prefix!r}")
+        if rid in catalog:
+            raise CatalogError(f"{where}.id: duplicate id {rid!r}, first defined in {catalog.get(rid).file}")
+        for role in raw["roles"]:
+            if role not in roles:
+                raise CatalogError(
+                    f"{where}.roles: role {role!r} of {rid} is not one of $.roles {list(roles)}"
+                )
+        catalog._by_id[rid] = Requirement(
+            id=rid,
+            protocol=proto,
+            section=raw["section"],
+            level=raw["level"],
+            roles=tuple(raw["roles"]),
+            text=raw["text"].strip(),
+            quote=raw.get("quote"),
+            source=raw.get("source"),
+            testable=raw.get("testable", True),
+            why=raw.get("why"),
+            file=str(path),
+        )
+
+
+def load_catalogs(dir: str | os.PathLike[str] | None = None) -> Catalog:
+    """Load and validate every ``*.yaml`` catalog in ``dir`` (default: see ``default_catalog_dir``)."""
+    directory = Path(dir) if dir is not None else default_catalog_dir()
+    if not directory.is_dir():
+        raise CatalogError(f"catalog folder {directory} does not exist")
+    catalog = Catalog(directory=str(directory))
+    for path in sorted(directory.glob("*.yaml")):
+        _load_file(path, catalog)
+    return catalog

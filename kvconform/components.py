@@ -1,0 +1,101 @@
+"""Reference implementations runnable as network services: ``kvconform serve <component> ...``.
+
+    kvconform serve tlkv-decode [--host 127.0.0.1] [--port 50051] [--pool 16,32,8,128] [--versions 1,2]
+
+prints ``listening on HOST:PORT`` (flushed) once it accepts connections (``--port 0`` picks a free
+port), shows per-status counters every few seconds when stdout is a terminal, and stops cleanly on
+SIGINT or SIGTERM (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from kvconform.tlkv.decode import DecodeSide
+from kvconform.tlkv.grpc_decode import DecodeServer, format_address
+from kvconform.tlkv.tool import parse_geometry, parse_versions
+
+STATS_INTERVAL = 5.0  # seconds between counter lines on a terminal
+
+
+def serve_tlkv_decode(argv: list[str], stop: threading.Event | None = None) -> int:
+    """The tl.kv.v1 decode side (TLKV "Transfer (tl.kv.v1)").
+
+    Without ``stop`` it runs until SIGINT/SIGTERM; with one (in-process callers) it runs until the
+    event is set and leaves signal handling alone.
+    """
+    parser = argparse.ArgumentParser(prog="kvconform serve tlkv-decode",
+                                     description="tl.kv.v1 decode side (KvTransfer gRPC server)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
+    parser.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one")
+    parser.add_argument("--pool", type=parse_geometry, default=parse_geometry("16,32,8,128"),
+                        help="B,L,Hkv,D of the receiving pool")
+    parser.add_argument("--versions", "--formats", dest="versions", type=parse_versions,
+                        default=frozenset({1, 2}), help="envelope versions / kv formats read, e.g. 1,2")
+    parser.add_argument("--workers", type=int, default=4, help="server threads")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+
+    previous: dict[int, Any] = {}
+    if stop is None:
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            event = stop
+
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                event.set()
+
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, on_signal)
+
+    server = DecodeServer(DecodeSide(args.pool, args.versions), args.host, args.port, args.workers)
+    try:
+        port = server.start()
+    except OSError as exc:
+        print(f"kvconform serve tlkv-decode: {exc}", file=sys.stderr)
+        _restore(previous)
+        return 1
+    print(f"listening on {format_address(args.host, port)}", flush=True)
+    interactive = sys.stdout.isatty()
+    try:
+        while not stop.wait(STATS_INTERVAL):
+            if interactive:
+                counts = server.status_counts()
+                pool = server.side.pool.stats()
+                line = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no RPCs yet"
+                print(f"{line} | pool blocks={pool.blocks} refs={pool.refs} bytes={pool.bytes}", flush=True)
+    finally:
+        server.stop(grace=1.0)
+        _restore(previous)
+    return 0
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+COMPONENTS: dict[str, Callable[[list[str]], int]] = {
+    "tlkv-decode": serve_tlkv_decode,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvconform.components <component> [...]``: the same as ``kvconform serve``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMPONENTS:
+        print(f"usage: serve {{{','.join(COMPONENTS)}}} [...]", file=sys.stderr)
+        return 2
+    return COMPONENTS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

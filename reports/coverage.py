@@ -1,0 +1,198 @@
+"""Requirement coverage: every requirement of the protocols that ran, per role, with its tests and verdicts.
+
+The verdict of a requirement is the worst verdict of its tests (fail > inconclusive > xfail > pass >
+not-applicable: a not-applicable test ran nothing, so it only shows when no test of the requirement ran),
+"untestable" for a requirement the catalog marks so and no test covers, else "uncovered".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kvconform.catalog import Catalog, Requirement
+from kvconform.verdicts import Verdict
+
+__all__ = [
+    "COVERAGE_FORMAT",
+    "VERDICT_SEVERITY",
+    "TestResult",
+    "build_coverage",
+    "load_coverage",
+    "suite_counts",
+    "worst_verdict",
+    "write_coverage_json",
+]
+
+COVERAGE_FORMAT = "kvconform-coverage/1"
+# Worst first.
+VERDICT_SEVERITY: tuple[str, ...] = (
+    Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.XFAIL, Verdict.PASS, Verdict.NOT_APPLICABLE,
+)
+UNCOVERED = "uncovered"
+UNTESTABLE = "untestable"
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """The outcome of one test as the plugin collected it on the controller."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    nodeid: str
+    suite: str | None
+    reqs: tuple[str, ...]
+    level: str | None
+    verdict: str
+    message: str = ""
+    duration: float = 0.0
+    evidence: str | None = None
+    seed: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        out = asdict(self)
+        out["reqs"] = list(self.reqs)
+        return out
+
+
+def worst_verdict(verdicts: Iterable[str]) -> str | None:
+    """The worst of ``verdicts`` by VERDICT_SEVERITY; None when there are none."""
+    ranks = [VERDICT_SEVERITY.index(v) for v in verdicts if v in VERDICT_SEVERITY]
+    return VERDICT_SEVERITY[min(ranks)] if ranks else None
+
+
+def suite_counts(results: Iterable[TestResult]) -> dict[str, dict[str, int]]:
+    """Per suite (``-`` for tests outside any suite), the number of tests of each verdict."""
+    counts: dict[str, Counter[str]] = {}
+    for r in results:
+        counts.setdefault(r.suite or "-", Counter())[r.verdict] += 1
+    return {suite: dict(sorted(c.items())) for suite, c in sorted(counts.items())}
+
+
+def _relative_evidence(r: TestResult, report_dir: str | None) -> TestResult:
+    if not r.evidence or not report_dir:
+        return r
+    # Relative to the report folder so the folder can be moved or archived whole.
+    rel = os.path.relpath(os.path.abspath(r.evidence), os.path.abspath(report_dir))
+    return replace(r, evidence=rel)
+
+
+def _test_entry(r: TestResult) -> dict[str, Any]:
+    return {
+        "nodeid": r.nodeid,
+        "suite": r.suite,
+        "verdict": r.verdict,
+        "message": r.message.strip().splitlines()[0] if r.message.strip() else "",
+        "duration": round(r.duration, 6),
+        "evidence": r.evidence,
+        "seed": r.seed,
+    }
+
+
+def _requirement_entry(req: Requirement, tests: list[dict[str, Any]]) -> dict[str, Any]:
+    verdict = worst_verdict(t["verdict"] for t in tests)
+    if verdict is None:
+        verdict = UNTESTABLE if not req.testable else UNCOVERED
+    entry: dict[str, Any] = {
+        "id": req.id,
+        "section": req.section,
+        "level": req.level,
+        "roles": list(req.roles),
+        "text": req.text,
+        "testable": req.testable,
+        "tests": tests,
+        "verdict": verdict,
+    }
+    if req.why:
+        entry["why"] = req.why
+    return entry
+
+
+def build_coverage(
+    catalog: Catalog,
+    results: Iterable[TestResult],
+    meta: Mapping[str, Any],
+    *,
+    all_protocols: bool = False,
+    report_dir: str | None = None,
+) -> dict[str, Any]:
+    """The coverage document (written as coverage.json) for ``results`` against ``catalog``."""
+    results = [_relative_evidence(r, report_dir) for r in results]
+    ran_suites = {r.suite for r in results if r.suite}
+    protocols = {s.split("-", 1)[0] for s in ran_suites}
+    protocols |= {catalog.get(i).protocol for r in results for i in r.reqs if i in catalog}
+    if all_protocols:
+        protocols |= set(catalog.protocols)
+
+    by_req: dict[str, list[TestResult]] = {}
+    for r in results:
+        for rid in r.reqs:
+            by_req.setdefault(rid, []).append(r)
+
+    doc_protocols: dict[str, Any] = {}
+    for proto in sorted(protocols):
+        pc = catalog.protocols.get(proto)
+        if pc is None:
+            continue
+        roles: dict[str, Any] = {}
+        for role in pc.roles:
+            suites = sorted(s for s, r in pc.suites.items() if r == role)
+            reqs_out: list[dict[str, Any]] = []
+            for req in catalog.requirements(proto):
+                if role not in req.roles:
+                    continue
+                # A test belongs to this role when its suite tests it, or when its suite tests none of
+                # the requirement's roles (then it is shown under each of them rather than lost).
+                tests = [
+                    _test_entry(r)
+                    for r in by_req.get(req.id, [])
+                    if catalog.role_of_suite(r.suite or "") == role
+                    or catalog.role_of_suite(r.suite or "") not in req.roles
+                ]
+                reqs_out.append(_requirement_entry(req, tests))
+            counts = Counter(e["verdict"] for e in reqs_out)
+            roles[role] = {
+                "suites": suites,
+                "ran": any(s in ran_suites for s in suites),
+                "requirements": reqs_out,
+                "counts": dict(sorted(counts.items())),
+                "uncovered": [e["id"] for e in reqs_out if e["verdict"] == UNCOVERED],
+            }
+        doc_protocols[proto] = {"title": pc.title, "source": pc.source, "catalog": pc.file, "roles": roles}
+
+    unknown = sorted({i for r in results for i in r.reqs if i not in catalog})
+    return {
+        "format": COVERAGE_FORMAT,
+        "meta": dict(meta),
+        "summary": {
+            "tests": len(results),
+            "verdicts": dict(sorted(Counter(r.verdict for r in results).items())),
+            "suites": suite_counts(results),
+        },
+        "protocols": doc_protocols,
+        "unknown_requirements": unknown,
+        "tests": [r.as_dict() for r in results],
+    }
+
+
+def write_coverage_json(path: str | Path, doc: Mapping[str, Any]) -> Path:
+    """Write the coverage document, creating the folder."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n", "utf-8")
+    return out
+
+
+def load_coverage(path: str | Path) -> dict[str, Any]:
+    """Read a coverage.json written by ``write_coverage_json``; ValueError when it is not one."""
+    doc = json.loads(Path(path).read_text("utf-8"))
+    if not isinstance(doc, dict) or doc.get("format") != COVERAGE_FORMAT:
+        seen = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{path}: format: got {seen!r}, expected {COVERAGE_FORMAT!r}")
+    return doc

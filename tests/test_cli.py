@@ -1,0 +1,136 @@
+"""The kvconform command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvconform import cli
+
+CATALOG = """\
+protocol: demo
+title: Demo
+source: demo.txt
+roles: [reader, writer]
+suites: {demo-reader: reader, demo-writer: writer}
+requirements:
+  - {id: DEMO-A, section: S, level: MUST, roles: [reader, writer], text: a}
+  - {id: DEMO-B, section: S, level: SHOULD, roles: [reader], text: b}
+"""
+
+TESTBED = """\
+name: demo
+targets:
+  readeronly: {driver: reference, roles: [demo-reader], pics: {demo: {v: 1}}}
+"""
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A conformance folder with two demo suites, a catalog and a testbed."""
+    root = tmp_path / "conformance"
+    for role, body in [("reader", """\
+            import pytest
+            @pytest.mark.req("DEMO-A")
+            def test_a(pics):
+                assert pics.require("demo.v") == 1
+            @pytest.mark.req("DEMO-B")
+            def test_b():
+                assert 0, "should-level"
+        """), ("writer", """\
+            import pytest
+            @pytest.mark.req("DEMO-A")
+            def test_w():
+                pass
+        """)]:
+        (root / "demo" / role).mkdir(parents=True)
+        (root / "demo" / role / f"test_{role}.py").write_text(textwrap.dedent(body))
+    (root / "requirements").mkdir()
+    (root / "requirements" / "demo.yaml").write_text(CATALOG)
+    (tmp_path / "tb.yaml").write_text(TESTBED)
+    monkeypatch.setattr(cli, "conformance_dir", lambda: root)
+    monkeypatch.setenv("KVCONFORM_CATALOG_DIR", str(root / "requirements"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_discover_and_select(tree: Path) -> None:
+    suites = cli.discover_suites()
+    assert list(suites) == ["demo-reader", "demo-writer"]
+    assert cli.select_suites("demo", list(suites), None, "t") == (["demo-reader", "demo-writer"], [])
+    assert cli.select_suites("all", list(suites), {"demo-reader"}, "t") == (["demo-reader"], ["demo-writer"])
+    with pytest.raises(cli.UsageError, match="target 't' does not play suite 'demo-writer'; it plays: demo-reader"):
+        cli.select_suites("demo-writer", list(suites), {"demo-reader"}, "t")
+    with pytest.raises(cli.UsageError, match=r"unknown suite 'nope'.*demo-reader"):
+        cli.select_suites("nope", list(suites), None, "t")
+
+
+def test_run_protocol_leaves_out_unplayed_suites(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["run", "demo", "--testbed", "tb.yaml", "--target", "readeronly", "--report-dir", "rep",
+                     "--seed", "5", "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err  # the SHOULD failure does not gate without --strict
+    assert "does not play demo-writer" in err
+    doc = json.loads((tree / "rep" / "coverage.json").read_text())
+    assert {t["nodeid"].split("::")[-1]: t["verdict"] for t in doc["tests"]} == {"test_a": "pass",
+                                                                               "test_b": "fail"}
+    assert doc["meta"]["seed"] == 5
+    for name in ("coverage.html", "junit.xml", "allure-results"):
+        assert (tree / "rep" / name).exists()
+        assert f"kvconform: {name}: " in out
+    code = cli.main(["run", "demo-reader", "--testbed", "tb.yaml", "--target", "readeronly",
+                     "--report-dir", "rep2", "--strict", "-q"])
+    assert code == 1
+
+
+def test_run_usage_errors(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "demo-writer", "--testbed", "tb.yaml", "--target", "readeronly"]) == 2
+    assert "plays: demo-reader" in capsys.readouterr().err
+    assert cli.main(["run", "demo", "--target", "ftp://x"]) == 2
+    assert "scheme 'ftp'" in capsys.readouterr().err
+
+
+def test_report_html_regenerates(tree: Path) -> None:
+    assert cli.main(["run", "demo-writer", "--report-dir", "rep", "-q", "--target", "cmd:x"]) == 0
+    assert cli.main(["report", "html", "--from", "rep/coverage.json", "--out", "page.html"]) == 0
+    page = (tree / "page.html").read_text()
+    assert "test_w" in page and "PASSED" in page
+    assert cli.main(["report", "html", "--from", "missing.json", "--out", "p.html"]) == 2
+
+
+def test_dispatch_to_missing_modules(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kvconform.components", None)  # import of it fails as if absent
+    assert cli.main(["serve", "tlkv-decode"]) == 2
+    assert "serve" in capsys.readouterr().err
+    assert cli.main(["nosuchproto", "export"]) == 2
+    assert "kvconform.nosuchproto.tool" in capsys.readouterr().err
+
+
+def test_serve_dispatches_to_components(monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import types
+
+    seen: list[list[str]] = []
+    fake = types.ModuleType("kvconform.components")
+    def echo(argv: list[str]) -> int:
+        seen.append(argv)
+        return 7
+
+    fake.COMPONENTS = {"echo": echo}  # type: ignore[attr-defined]
+    fake.__spec__ = types.SimpleNamespace(name="kvconform.components")  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "kvconform.components", fake)
+    assert cli.main(["serve", "echo", "--port", "1"]) == 7
+    assert seen == [["--port", "1"]]
+    assert cli.main(["serve", "other"]) == 2
+    assert "components: echo" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("kvconform ")
