@@ -61,27 +61,53 @@ def _check_block(geometry: Geometry, i: int, block: Block) -> None:
         raise EncodeError(f"blocks[{i}].kv.shape", tuple(block.kv.shape), str(geometry.kv_shape), "TLKV-V1-LAYOUT")
 
 
-def encode_envelope(geometry: Geometry, version: int, blocks: Sequence[Block]) -> bytes:
-    """The canonical envelope of `blocks` (checked path)."""
+def encode_envelope_into(out: bytearray | memoryview | npt.NDArray[np.uint8], geometry: Geometry, version: int,
+                         blocks: Sequence[Block]) -> int:
+    """Write the canonical envelope of `blocks` (checked path) into the caller's writable buffer.
+
+    `out` (a bytearray, a uint8 numpy array or a writable memoryview) must hold at least
+    geometry.envelope_size(len(blocks), version) bytes; returns the number of bytes written.  This is
+    the C API's split: tl_kv_export_bytes, then tl_kv_export into the caller's buffer.
+    """
     if version not in DTYPE_OF_VERSION:
         raise EncodeError("version", version, "1 or 2", "TLKV-ENV-VERSION")
     for i, block in enumerate(blocks):
         _check_block(geometry, i, block)
     p = geometry.payload_size(version)
     total = geometry.envelope_size(len(blocks), version)
-    out = np.empty(total, np.uint8)
-    buf = memoryview(out)  # type: ignore[arg-type]
+    if isinstance(out, np.ndarray) and not out.flags.c_contiguous:
+        raise ValueError("out: the array is not contiguous")
+    dst = out.reshape(-1) if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
+    if dst.dtype != np.uint8 or len(dst) < total:
+        raise ValueError(f"out: got {len(dst)} bytes of {dst.dtype}, expected at least {total} uint8")
+    if not dst.flags.writeable:
+        raise ValueError("out: the buffer is read-only")
+    dst = dst[:total]
+    buf = memoryview(dst)  # type: ignore[arg-type]
     HEADER.pack_into(buf, 0, MAGIC, version, DTYPE_OF_VERSION[version], len(blocks), geometry.block_tokens,
                      geometry.n_layers, geometry.n_kv_heads, geometry.head_dim)
     encode_into = encode_v1_into if version == VERSION_V1 else encode_v2_into
     off = HEADER_SIZE
+    crc = 0
     for block in blocks:
         RECORD_HEADER.pack_into(buf, off, block.block_hash, block.n_tokens)
-        off += RECORD_HEADER_SIZE
-        encode_into(out[off : off + p], geometry, block.kv, block.n_tokens)
-        off += p
-    CRC.pack_into(buf, off, crc32c(buf[:off]))
-    return out.tobytes()
+        encode_into(dst[off + RECORD_HEADER_SIZE : off + RECORD_HEADER_SIZE + p], geometry, block.kv, block.n_tokens)
+        # CRC each record right after writing it, while its bytes are still in cache.
+        crc = crc32c(buf[0 if off == HEADER_SIZE else off : off + RECORD_HEADER_SIZE + p], crc)
+        off += RECORD_HEADER_SIZE + p
+    if not blocks:
+        crc = crc32c(buf[:off])
+    CRC.pack_into(buf, off, crc)
+    return total
+
+
+def encode_envelope(geometry: Geometry, version: int, blocks: Sequence[Block]) -> bytes:
+    """The canonical envelope of `blocks` (checked path)."""
+    if version not in DTYPE_OF_VERSION:
+        raise EncodeError("version", version, "1 or 2", "TLKV-ENV-VERSION")
+    out = bytearray(geometry.envelope_size(len(blocks), version))
+    encode_envelope_into(out, geometry, version, blocks)
+    return bytes(out)
 
 
 def sequence_blocks(geometry: Geometry, tokens: Sequence[int], kv: npt.NDArray[np.floating]) -> list[Block]:

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
+from kvconform.tlkv.chunk import Chunk
 from kvconform.tlkv.decode import DecodeSide, PushResult, PushStream, Status, TransferError, decode_chunk
 from kvconform.tlkv.proto import tl_kv_v1_pb2 as pb
 
@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 
 SERVICE = "tl.kv.v1.KvTransfer"
 # A KvChunk carrying a legal 4 MiB payload plus its other fields must get through grpc's own limit
-# (default 4 MiB) so the core, not the transport, judges the payload size.
-MAX_RECEIVE_MESSAGE = MAX_CHUNK_PAYLOAD + 64 * 1024
+# (default 4 MiB) so the core, not the transport, judges the payload size. The margin is wide on purpose:
+# when grpc itself refuses a message, the handler may see the request stream end as if the client had
+# closed it (a race is_active() does not always win), so oversized chunks must reach the core to be
+# refused atomically (TLKV-XFER-ATOMIC). Past 64 MiB the transport refuses them, to bound memory.
+MAX_RECEIVE_MESSAGE = 64 * 1024 * 1024
 
 Observer = Callable[..., object]
 

@@ -76,6 +76,9 @@ SPEC_V1_ENVELOPE = bytes.fromhex(
 SPEC_V1_GEOMETRY = Geometry(block_tokens=2, n_layers=1, n_kv_heads=1, head_dim=2)
 # K = [[1, 2], [3, 4]], V = [[0.5, -1], [0, 0.25]] as f16 [L][2][Hkv][B][D], little-endian.
 SPEC_V1_KV = bytes.fromhex("003c004000420044" "003800bc00000034")
+# Block 0 of these 16 tokens has fnv1a64(le_u64(0) || tokens) == 0, so its hash is the replacement 1
+# (TLKV-HASH-ZERO-IS-ONE). Found by lattice reduction: tools/zero_hash_search.py.
+ZERO_HASH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 17629698, 318840583, 327949, 83949826)
 SPEC_BLOCK_HASHES = (0xA91AB0C1027B9366, 0x03DF829571605C60, 0)  # B = 2, tokens [1, 2, 3, 4, 5]
 
 
@@ -334,6 +337,10 @@ def _block_hash_document() -> dict[str, Any]:
                    "ExtremeTokens"], 16, [0, u32max] * 16),
         _hash_case("B = 16: 48 zero tokens (equal blocks still hash differently through the chain)",
                    ["EngineBlockSize", "ExactMultiple", "ExtremeTokens"], 16, [0] * 48),
+        _hash_case("B = 16: block 0's fnv1a64 is 0, so its hash is 1; block 1 chains from parent 1",
+                   ["EngineBlockSize", "ZeroHash"], 16, [*ZERO_HASH_TOKENS, *range(100, 116), 7]),
+        _case("B = 16: block 0's fnv1a64 is 0 and the writer keeps 0 (no hash) instead of 1", ["NoZeroReplacement"],
+              "invalid", tokens=list(ZERO_HASH_TOKENS), hashes=[_u64(0)]),
     ]
     notes = {
         "SpecExample": "A value printed in the TLKV text itself; hand-written here, not computed.",
@@ -346,6 +353,9 @@ def _block_hash_document() -> dict[str, Any]:
         "Random": "Generated from a fixed seed; expected values from the reference implementation.",
         "PartialTailHashed": "A writer that hashes the partial tail (TLKV-HASH-FULL-ONLY).",
         "Unchained": "A writer that hashes each block with parent 0 (TLKV-HASH-CHAIN).",
+        "ZeroHash": "Tokens whose block-0 fnv1a64 is 0 (found by lattice reduction, tools/zero_hash_search.py): "
+                    "H replaces 0 by 1 (TLKV-HASH-ZERO-IS-ONE).",
+        "NoZeroReplacement": "A writer that keeps a computed 0, the reserved \"no hash\" (TLKV-HASH-ZERO-IS-ONE).",
         "BigEndianTokens": "A writer that serialises tokens big-endian (TLKV-HASH-H, TLKV-ENV-LE).",
     }
     groups = [{"type": "BlockHashTest", "block_tokens": b, "tests": t} for b, t in ((2, b2), (1, b1), (3, b3),

@@ -23,7 +23,7 @@ from kvconform.targets.tlkv import (
     ReferenceReaderSession,
     ReferenceWriter,
 )
-from kvconform.tlkv.blockhash import block_fills, block_hash, block_hashes, chain_hashes
+from kvconform.tlkv.blockhash import block_fills, block_hash, block_hashes, chain_hashes, fnv1a64, hash_input
 from kvconform.tlkv.chunk import Chunk
 from kvconform.tlkv.content import read_sequence
 from kvconform.tlkv.decode import DecodeSide, PushStream, Status, TransferError
@@ -71,6 +71,17 @@ class UnchainedHashWriter(_RawWriter):
     def hashes(self, tokens: Sequence[int], b: int) -> list[int]:
         full = [block_hash(0, tokens[i : i + b]) for i in range(0, len(tokens) - b + 1, b)]
         return full + [0] * (len(tokens) % b != 0)
+
+
+class NoZeroReplacementWriter(_RawWriter):
+    """TLKV-HASH-ZERO-IS-ONE: keeps a computed fnv1a64 of 0 instead of replacing it by 1."""
+
+    def hashes(self, tokens: Sequence[int], b: int) -> list[int]:
+        out, parent = [], 0
+        for i in range(0, len(tokens) - b + 1, b):
+            parent = fnv1a64(hash_input(parent, tokens[i : i + b]))
+            out.append(parent)
+        return out + [0] * (len(tokens) % b != 0)
 
 
 class HashedTailWriter(_RawWriter):
@@ -369,6 +380,7 @@ MUTANTS: dict[str, tuple[str, str]] = {
     "NoZeroPadWriter": ("tlkv-writer", "TLKV-V1-ZERO-PAD"),
     "UnchainedHashWriter": ("tlkv-writer", "TLKV-HASH-CHAIN"),
     "HashedTailWriter": ("tlkv-writer", "TLKV-HASH-FULL-ONLY"),
+    "NoZeroReplacementWriter": ("tlkv-writer", "TLKV-HASH-ZERO-IS-ONE"),
     "ScaleOverAllPositionsWriter": ("tlkv-writer", "TLKV-V2-SCALE"),
     "TruncatingE4M3Writer": ("tlkv-writer", "TLKV-V2-E4M3"),
     "CrcOverRecordsOnlyWriter": ("tlkv-writer", "TLKV-ENV-CRC"),

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from kvconform.fixtures.tlkv import DecodeUnderTest
-from kvconform.targets.spec import Pics
 
+from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.decode.transfer import (
     CALL_TIMEOUT,
     assert_nothing_stored,
@@ -31,7 +30,8 @@ from kvconform.conformance.tlkv.malformations import (
     full_block,
     record_hash,
 )
-from kvconform.checksum import crc32c
+from kvconform.fixtures.tlkv import DecodeUnderTest
+from kvconform.targets.spec import Pics
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.envelope import Block, encode_envelope
 from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome
@@ -157,6 +157,7 @@ def test_payload_over_4mib(tlkv_decode: DecodeUnderTest, client: KvTransferClien
     block = full_block(rng, g)
     env = encode_envelope(g, v, [block])
     payload = (env * (MAX_CHUNK_PAYLOAD // len(env) + 1))[: MAX_CHUNK_PAYLOAD + 1]
+    assert len(payload) == MAX_CHUNK_PAYLOAD + 1
     good, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad_payload=payload, bad_hash=block.block_hash)
     expect_status(outcome, ANY_REJECTION, "a chunk with a 4 MiB + 1 byte payload", "TLKV-XFER-MAX-PAYLOAD")
     assert_nothing_stored(client, good, "stream ending in an oversized chunk")
@@ -173,8 +174,9 @@ def test_payload_of_exactly_4mib_reaches_the_reader(tlkv_decode: DecodeUnderTest
     env = encode_envelope(g, v, [block])
     if len(env) == MAX_CHUNK_PAYLOAD:
         not_applicable("the declared geometry's envelope is exactly 4 MiB: a 4 MiB payload is valid")
-    body = (env[:-4] * (MAX_CHUNK_PAYLOAD // len(env) + 1))[: MAX_CHUNK_PAYLOAD - 4]
+    body = (env[:-4] * (MAX_CHUNK_PAYLOAD // (len(env) - 4) + 1))[: MAX_CHUNK_PAYLOAD - 4]
     payload = body + crc32c(body).to_bytes(4, "little")
+    assert len(payload) == MAX_CHUNK_PAYLOAD
     _, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad_payload=payload, bad_hash=block.block_hash)
     expect_status(outcome, ["DATA_LOSS"], "a 4 MiB chunk whose envelope breaks the length rule",
                   "TLKV-XFER-MAX-PAYLOAD")

@@ -9,10 +9,17 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
+from kvconform.conformance.tlkv.decode.transfer import (
+    CALL_TIMEOUT,
+    chunk_for,
+    fresh_blocks,
+    has_blocks,
+    push,
+    request_id,
+)
 from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.targets.spec import Pics
-
-from kvconform.conformance.tlkv.decode.transfer import CALL_TIMEOUT, chunk_for, fresh_blocks, has_blocks, push, request_id
 from kvconform.tlkv.chunk import Chunk
 from kvconform.tlkv.grpc_client import KvTransferClient
 

@@ -6,10 +6,10 @@ import uuid
 from collections.abc import Sequence
 
 import numpy as np
-from kvconform.fixtures import evidence
-from kvconform.fixtures.tlkv import DecodeUnderTest
 
 from kvconform.conformance.tlkv.malformations import ANY_REJECTION, full_block
+from kvconform.fixtures import evidence
+from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.tlkv.chunk import Chunk
 from kvconform.tlkv.envelope import Block, encode_envelope
 from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome

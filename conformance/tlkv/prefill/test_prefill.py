@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from kvconform.checksum import crc32c
+from kvconform.conformance.tlkv.scenarios import ZERO_HASH_TOKENS, case_seed, make_contents, make_tokens
 from kvconform.fixtures import evidence
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import DriverError, Prefill, TargetUnavailable
-
-from kvconform.conformance.tlkv.scenarios import case_seed, make_contents, make_tokens
-from kvconform.checksum import crc32c
 from kvconform.tlkv.blockhash import block_fills, chain_hashes
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.content import write_sequence
@@ -44,6 +44,7 @@ class Scenario:
     n_tokens: int
     held: frozenset[int]  # indices of full blocks the decode side holds before the transfer
     version: int
+    first_tokens: tuple[int, ...] = ()  # fixed leading tokens; the rest are random
 
 
 SCENARIOS = [
@@ -53,6 +54,8 @@ SCENARIOS = [
     Scenario("all-held-no-tail", Geometry(16, 2, 2, 8), 3 * 16, frozenset({0, 1, 2}), 1),
     Scenario("v2-prefix-held", Geometry(16, 3, 1, 8), 3 * 16 + 15, frozenset({0}), 2),
     Scenario("b1-prefix-held", Geometry(1, 2, 2, 4), 5, frozenset({0, 1}), 1),
+    # Block 0's fnv1a64 is 0: the decode side holds it under hash 1, the replacement.
+    Scenario("zero-hash-held", Geometry(16, 2, 2, 4), 2 * 16 + 3, frozenset({0}), 1, ZERO_HASH_TOKENS),
 ]
 
 
@@ -104,7 +107,7 @@ def recording(request: pytest.FixtureRequest, tlkv_prefill: Prefill, pics: Pics,
     sc: Scenario = request.param
     pics.require("tlkv.prefill.versions", sc.version)
     rng = np.random.default_rng(case_seed(session_seed, "prefill", sc.name))
-    tokens = make_tokens(rng, sc.n_tokens)
+    tokens = [*sc.first_tokens, *make_tokens(rng, sc.n_tokens - len(sc.first_tokens))]
     kv = make_contents(rng, sc.geometry, sc.n_tokens)
     rec = Recording(sc, tokens, kv)
     server = DecodeServer(DecodeSide(sc.geometry, frozenset({1, 2})), host="127.0.0.1", port=0,
@@ -151,7 +154,7 @@ def _expected_hashes(rec: Recording) -> list[int]:
 
 
 @pytest.mark.req("TLKV-XFER-HASBLOCKS-FIRST", "TLKV-HASH-CHAIN", "TLKV-HASH-H", "TLKV-HASH-FNV", "TLKV-HASH-BLOCKS",
-                 "TLKV-HASH-FULL-ONLY")
+                 "TLKV-HASH-FULL-ONLY", "TLKV-HASH-ZERO-IS-ONE")
 def test_has_blocks_first(recording: Recording) -> None:
     assert recording.events, f"the prefill side sent nothing ({recording.error or 'no error reported'})"
     first = recording.events[0][0]

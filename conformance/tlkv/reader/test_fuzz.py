@@ -12,10 +12,10 @@ import struct
 
 import numpy as np
 import pytest
-from kvconform.fixtures import evidence
-from kvconform.fixtures.tlkv import ReaderUnderTest
 
 from kvconform.conformance.tlkv.malformations import full_block, header_of
+from kvconform.fixtures import evidence
+from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.tlkv.envelope import encode_envelope, with_crc
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
 

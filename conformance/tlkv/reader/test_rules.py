@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from kvconform.conformance.tlkv.malformations import (
+    MALFORMATIONS,
+    Malformation,
+    acceptable,
+    applicable,
+    full_block,
+    header_of,
+)
 from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.targets.spec import Pics
-
-from kvconform.conformance.tlkv.malformations import MALFORMATIONS, Malformation, acceptable, applicable, full_block, header_of
 from kvconform.tlkv.envelope import encode_envelope
 from kvconform.verdicts import expect_one_of, not_applicable
 

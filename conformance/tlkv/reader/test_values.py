@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from kvconform.conformance.tlkv.malformations import full_block
 from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.targets.spec import Pics
-
-from kvconform.conformance.tlkv.malformations import full_block
 from kvconform.tlkv.envelope import encode_envelope
 from kvconform.tlkv.reader import read_envelope
 from kvconform.verdicts import inconclusive

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 import pytest
-from kvconform.fixtures import evidence
-from kvconform.targets.spec import Pics
-from kvconform.targets.tlkv import Writer
 
+from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.scenarios import (
     WRITER_CASES,
+    ZERO_HASH_TOKENS,
     Case,
     ParsedEnvelope,
     case_seed,
@@ -25,8 +24,11 @@ from kvconform.conformance.tlkv.scenarios import (
     make_tokens,
     split_envelope,
 )
-from kvconform.checksum import crc32c
-from kvconform.tlkv.blockhash import chain_hashes
+from kvconform.fixtures import evidence
+from kvconform.targets.spec import Pics
+from kvconform.targets.tlkv import Writer
+from kvconform.tlkv.blockhash import block_hash, chain_hashes
+from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.payload import E4M3, E4M3_MAX, v2_elements, v2_scale_values
 
 VERSIONS = [1, 2]
@@ -196,3 +198,20 @@ def test_v2_elements(export_v2: Export) -> None:
         assert not len(bad), (f"block {i}: element {bad[0].tolist()} decodes to {q[tuple(bad[0])]} * scale, "
                               f"expected the nearest e4m3 to x/scale = {x[tuple(bad[0])]:.6g}")
     assert ml_dtypes.finfo(E4M3).max == E4M3_MAX
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.req("TLKV-HASH-ZERO-IS-ONE", "TLKV-HASH-CHAIN")
+def test_reserved_zero_hash(version: int, tlkv_writer: Writer, pics: Pics, rng: np.random.Generator) -> None:
+    """Block 0's fnv1a64 is 0: its hash is 1, and block 1 chains from parent 1 (0 means "no hash")."""
+    pics.require("tlkv.writer.versions", version)
+    g = Geometry(16, 2, 2, 4)
+    tokens = [*ZERO_HASH_TOKENS, *make_tokens(rng, 20)]
+    kv = make_contents(rng, g, len(tokens))
+    data = tlkv_writer.export(g, version, tokens, kv)
+    evidence.record("received", "envelope", {"tokens": tokens}, raw=data)
+    hashes = [h for h, _, _ in split_envelope(data, version, 3, g).records]
+    assert hashes[0] == 1, (f"records[0].block_hash: got 0x{hashes[0]:016X}, expected 1: the block's fnv1a64 is 0, "
+                            f"which H replaces by 1")
+    want = block_hash(1, tokens[16:32])
+    assert hashes[1] == want, f"records[1].block_hash: got 0x{hashes[1]:016X}, expected 0x{want:016X} (parent 1)"
