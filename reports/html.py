@@ -37,17 +37,53 @@ def _link(evidence: str | None, evidence_base: str | None) -> str:
     return f' <a href="{escape(href.replace(os.sep, "/"))}">evidence</a>'
 
 
+def _instance(t: Mapping[str, Any], evidence_base: str | None) -> str:
+    line = f'{_badge(t["verdict"])} <span class="nid">{escape(t["nodeid"])}</span>'
+    line += _link(t.get("evidence"), evidence_base)
+    if t["verdict"] != "pass" and t.get("message"):
+        line += f'<div class="msg">{escape(t["message"])}</div>'
+    return f"<div>{line}</div>"
+
+
 def _tests_cell(tests: list[Mapping[str, Any]], evidence_base: str | None) -> str:
-    if not tests:
-        return ""
-    parts = []
+    """One line per check function with its verdict counts; every instance that did not pass is shown
+    with its message, the passing ones fold into a details element (parametrised checks run many)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for t in tests:
-        line = f'{_badge(t["verdict"])} <span class="nid">{escape(t["nodeid"])}</span>'
-        line += _link(t.get("evidence"), evidence_base)
-        if t["verdict"] != "pass" and t.get("message"):
-            line += f'<div class="msg">{escape(t["message"])}</div>'
-        parts.append(f"<div>{line}</div>")
+        groups.setdefault(t["nodeid"].split("[", 1)[0], []).append(t)
+    parts = []
+    for func, items in groups.items():
+        counts: dict[str, int] = {}
+        for t in items:
+            counts[t["verdict"]] = counts.get(t["verdict"], 0) + 1
+        badges = " ".join(f"{_badge(v)}{'' if n == 1 else f' ×{n}'}" for v, n in sorted(counts.items()))
+        head = f'<div>{badges} <span class="nid">{escape(func)}</span></div>'
+        shown = [_instance(t, evidence_base) for t in items if t["verdict"] != "pass"]
+        passed = [_instance(t, evidence_base) for t in items if t["verdict"] == "pass"]
+        if len(items) == 1 and passed:
+            head = passed[0]
+            passed = []
+        folded = (f"<details><summary>{len(passed)} passing</summary>{''.join(passed)}</details>"
+                  if passed else "")
+        parts.append(head + "".join(shown) + folded)
     return "".join(parts)
+
+
+def _problems(doc: Mapping[str, Any], evidence_base: str | None) -> list[str]:
+    """The checks that did not pass, first on the page: what a reader looks for."""
+    bad = [t for t in doc.get("tests", []) if t.get("verdict") in ("fail", "inconclusive")]
+    if not bad:
+        return []
+    out = [f"<h2>Failed and inconclusive checks ({len(bad)})</h2><table><tr><th>verdict</th><th>check</th>"
+           "<th>requirements</th><th>message</th></tr>"]
+    for t in bad:
+        msg = str(t.get("message", "")).strip().splitlines()
+        out.append(f"<tr><td>{_badge(t['verdict'])}</td><td class='nid'>{escape(t['nodeid'])}"
+                   f"{_link(t.get('evidence'), evidence_base)}</td>"
+                   f"<td class='nid'>{escape(' '.join(t.get('reqs', [])))}</td>"
+                   f"<td class='msg'>{escape(msg[0] if msg else '')}</td></tr>")
+    out.append("</table>")
+    return out
 
 
 def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str:
@@ -77,6 +113,7 @@ def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str
     out += [f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows]
     counts = " ".join(f"{_badge(v)} {n}" for v, n in summary.get("verdicts", {}).items())
     out.append(f"<tr><td>tests ({summary.get('tests', 0)})</td><td>{counts}</td></tr></table>")
+    out += _problems(doc, evidence_base)
 
     for proto, pdoc in doc.get("protocols", {}).items():
         out.append(f"<h2>{escape(proto)} — {escape(pdoc.get('title', ''))}</h2>")
@@ -84,7 +121,11 @@ def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str
             suites = ", ".join(rdoc.get("suites", [])) or "no suite"
             ran = "" if rdoc.get("ran") else " — not run"
             rc = " ".join(f"{_badge(v)} {n}" for v, n in rdoc.get("counts", {}).items())
-            out.append(f"<h3>role {escape(role)} ({escape(suites)}){escape(ran)}</h3><p>{rc}</p>")
+            if rdoc.get("ran"):
+                out.append(f"<h3>role {escape(role)} ({escape(suites)})</h3><p>{rc}</p>")
+            else:  # a role whose suites did not run: folded, it only lists requirements
+                out.append(f"<details><summary><b>role {escape(role)} ({escape(suites)}){escape(ran)}</b>: "
+                           f"{len(rdoc.get('requirements', []))} requirements</summary>")
             out.append("<table><tr><th>id</th><th>level</th><th>section</th><th>requirement</th>"
                        "<th>verdict</th><th>tests</th></tr>")
             for req in rdoc.get("requirements", []):
@@ -100,6 +141,8 @@ def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str
             uncovered = rdoc.get("uncovered", [])
             listed = ", ".join(escape(i) for i in uncovered) if uncovered else "none"
             out.append(f"<p><b>Uncovered ({len(uncovered)}):</b> {listed}</p>")
+            if not rdoc.get("ran"):
+                out.append("</details>")
     unknown = doc.get("unknown_requirements", [])
     if unknown:
         out.append(f"<p><b>Cited ids missing from the catalogs:</b> {escape(', '.join(unknown))}</p>")

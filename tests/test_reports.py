@@ -105,3 +105,18 @@ def test_html_page(catalog: Catalog, tmp_path: Path) -> None:
     assert "Uncovered (1):</b> DEMO-A" in page  # writer role
     elsewhere = write_html(doc, tmp_path / "pages" / "page.html", report_dir)
     assert 'href="../out/evidence/a1.json"' in elsewhere.read_text()
+
+
+def test_html_puts_problems_first_and_folds_passing_instances(catalog: Catalog) -> None:
+    results = [_result(f"conformance/demo/reader/test_x.py::test_a[{i}]", "pass", evidence=f"evidence/{i}.json")
+               for i in range(5)]
+    results.append(_result("conformance/demo/reader/test_x.py::test_a[bad]", "fail",
+                           message="AssertionError: field x: got 1, expected 2 (DEMO-A)\nmore detail"))
+    doc = build_coverage(catalog, results, {"exit_code": 1})
+    page = render_html(doc)
+    problems = page.index("Failed and inconclusive checks (1)")
+    assert problems < page.index("role reader"), "failures are listed before the per-role tables"
+    assert "field x: got 1, expected 2 (DEMO-A)" in page
+    assert "5 passing</summary>" in page, "the passing instances of a parametrised check fold into one line"
+    assert "pass</span> ×5" in page and "fail</span> <span" in page
+    assert "<details><summary><b>role writer" in page, "a role whose suite did not run is folded"

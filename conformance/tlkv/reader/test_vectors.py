@@ -8,9 +8,9 @@ declared geometry and versions (declared capabilities decide, never a guess).
 from __future__ import annotations
 
 import pytest
+
 from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
-
 from kvconform.testvectors import VectorCase, load_vectors
 from kvconform.tlkv.geometry import Geometry
 from kvconform.verdicts import expect_one_of, not_applicable

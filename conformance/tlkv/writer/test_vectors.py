@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvconform.fixtures import evidence
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Writer
-
 from kvconform.testvectors import VectorCase, load_vectors
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.vectors import kv_from_hex
