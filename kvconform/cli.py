@@ -131,6 +131,8 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args += ["-k", args.k]
     for override in args.pics_set:
         pytest_args += ["--pics-set", override]
+    # A hung target must not hang the run: each check gets a bound (pytest-timeout), and ends as a failure.
+    pytest_args += ["--timeout", str(args.timeout)]
     pytest_args += ["-q"] * args.quiet + ["-v"] * args.verbose
 
     import pytest
@@ -219,6 +221,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("-k", default=None, metavar="EXPR")
     run.add_argument("--pics-set", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                     help="bound on each check, fixtures included (default 300)")
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)
     sub.add_parser("serve", help="run a reference component as a network service", add_help=False)
