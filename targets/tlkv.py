@@ -151,9 +151,10 @@ class ReferenceDecode:
     """The reference decode side served by gRPC on 127.0.0.1 with an ephemeral port."""
 
     def __init__(self, side_factory: Callable[[Geometry, frozenset[int]], Any] | None = None,
-                 server_options: dict[str, Any] | None = None) -> None:
+                 server_options: dict[str, Any] | None = None, server_class: type | None = None) -> None:
         self._side_factory = side_factory
         self._server_options = server_options or {}
+        self._server_class = server_class
         self._server: Any = None
 
     def start(self, geometry: Geometry, versions: frozenset[int]) -> str:
@@ -161,7 +162,8 @@ class ReferenceDecode:
         from kvconform.tlkv.grpc_decode import DecodeServer
 
         side = (self._side_factory or DecodeSide)(geometry, versions)
-        self._server = DecodeServer(side, host="127.0.0.1", port=0, **self._server_options)
+        server_class = self._server_class or DecodeServer
+        self._server = server_class(side, host="127.0.0.1", port=0, **self._server_options)
         port = self._server.start()
         return f"127.0.0.1:{port}"
 

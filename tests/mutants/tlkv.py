@@ -6,10 +6,13 @@ suite and the requirement whose check must fail.  Each is the reference with one
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
@@ -18,18 +21,20 @@ from kvconform.checksum import crc32c
 from kvconform.targets.tlkv import (
     ImportedBlock,
     ImportOutcome,
+    ReaderSession,
     ReferenceDecode,
     ReferenceReader,
     ReferenceReaderSession,
     ReferenceWriter,
 )
 from kvconform.tlkv.blockhash import block_fills, block_hash, block_hashes, chain_hashes, fnv1a64, hash_input
-from kvconform.tlkv.chunk import Chunk
+from kvconform.tlkv.chunk import Chunk, ChunkDecodeError
 from kvconform.tlkv.content import read_sequence
-from kvconform.tlkv.decode import DecodeSide, PushStream, Status, TransferError
-from kvconform.tlkv.envelope import DTYPE_OF_VERSION, encode_raw
+from kvconform.tlkv.decode import DecodeSide, PushResult, PushStream, Status, TransferError
+from kvconform.tlkv.envelope import DTYPE_OF_VERSION, encode_raw, with_crc
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.grpc_client import KvTransferClient
+from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.payload import E4M3_MAX, encode_payload, v2_scales
 from kvconform.tlkv.prefill import plan_push
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader, FormatError, Header, VersionError
@@ -63,6 +68,19 @@ class NoZeroPadWriter(_RawWriter):
 
     def payload(self, g: Geometry, version: int, kv: np.ndarray, fill: int) -> bytes:
         return encode_payload(g, version, kv, g.block_tokens)
+
+
+class NoZeroPadV2Writer(_RawWriter):
+    """TLKV-V2-ZERO-PAD: v2 only: quantises the values past n_tokens with the slab's scale instead of zeroing them."""
+
+    def payload(self, g: Geometry, version: int, kv: np.ndarray, fill: int) -> bytes:
+        if version != 2:
+            return super().payload(g, version, kv, fill)
+        scales = v2_scales(kv, fill)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = (kv.astype(np.float32) / scales[:, :, :, None, None]).astype(ml_dtypes.float8_e4m3fn)
+        out: bytes = q.view(np.uint8).tobytes() + scales.astype("<f4").tobytes()
+        return out
 
 
 class UnchainedHashWriter(_RawWriter):
@@ -123,6 +141,33 @@ class TruncatingE4M3Writer(_RawWriter):
         return out
 
 
+class WrongFillWriter(_RawWriter):
+    """TLKV-ENV-NTOKENS: writes n_tokens = B for every block, the partial tail too."""
+
+    def export(self, geometry: Geometry, version: int, tokens: Sequence[int], kv: F16Array) -> bytes:
+        data = bytearray(super().export(geometry, version, tokens, kv))
+        p = geometry.payload_size(version)
+        for i in range(-(-len(tokens) // geometry.block_tokens)):
+            struct.pack_into("<I", data, 28 + i * (12 + p) + 8, geometry.block_tokens)
+        return with_crc(bytes(data))
+
+
+class SwappedAxesWriter(_RawWriter):
+    """TLKV-V1-LAYOUT: lays a payload out [L][Hkv][2][B][D] instead of [L][2][Hkv][B][D]."""
+
+    def payload(self, g: Geometry, version: int, kv: np.ndarray, fill: int) -> bytes:
+        swapped = np.ascontiguousarray(kv.transpose(0, 2, 1, 3, 4)).reshape(kv.shape)
+        return encode_payload(g, version, swapped, fill)
+
+
+class PaddedWriter(ReferenceWriter):
+    """TLKV-ENV-SIZE: appends four zero bytes before the CRC (which it computes over them)."""
+
+    def export(self, geometry: Geometry, version: int, tokens: Sequence[int], kv: F16Array) -> bytes:
+        data = super().export(geometry, version, tokens, kv)
+        return with_crc(data[:-4] + bytes(4) + data[-4:])
+
+
 class CrcOverRecordsOnlyWriter(ReferenceWriter):
     """TLKV-ENV-CRC: computes the CRC over the block records only, not the header."""
 
@@ -174,6 +219,27 @@ class _VersionAsFormat(EnvelopeReader):
             raise FormatError(exc.requirement, exc.field, exc.seen, exc.expected) from exc
 
 
+class _NoLength(EnvelopeReader):
+    def check_length(self, buf: memoryview, hdr: Header) -> None:
+        return None
+
+
+class _NoMagic(EnvelopeReader):
+    def check_magic(self, hdr: Header) -> None:
+        return None
+
+
+class _UnknownVersionsRead(EnvelopeReader):
+    def check_version(self, hdr: Header) -> None:
+        if hdr.version in (1, 2):
+            super().check_version(hdr)
+
+
+class _HashOnPartial(EnvelopeReader):
+    def check_record(self, i: int, block_hash: int, n_tokens: int) -> None:
+        super().check_record(i, 0, n_tokens)
+
+
 class _IgnoresShape(EnvelopeReader):
     def check_shape(self, hdr: Header) -> None:
         return None
@@ -187,6 +253,14 @@ V2Dtype1Reader = _reader(_AnyKnownDtype)
 V2Dtype1Reader.__doc__ = "TLKV-READ-DTYPE: accepts version 2 with dtype 1 (any known dtype with any version)."
 V2AsFormatErrorReader = _reader(_VersionAsFormat)
 V2AsFormatErrorReader.__doc__ = "TLKV-READ-V1-ONLY: a v1-only reader refuses v2 as a format error, not cleanly."
+NoLengthReader = _reader(_NoLength)
+NoLengthReader.__doc__ = "TLKV-READ-LENGTH: never compares the length with 28 + n * (12 + P) + 4."
+NoMagicReader = _reader(_NoMagic)
+NoMagicReader.__doc__ = "TLKV-READ-MAGIC: never checks the magic."
+UnknownVersionReader = _reader(_UnknownVersionsRead)
+UnknownVersionReader.__doc__ = "TLKV-READ-VERSION: lets an unknown version through, to fail later as a format error."
+HashOnPartialReader = _reader(_HashOnPartial)
+HashOnPartialReader.__doc__ = "TLKV-READ-HASH-FULL: accepts a non-zero block_hash on a partial block."
 IgnoresShapeReader = _reader(_IgnoresShape)
 IgnoresShapeReader.__doc__ = "TLKV-READ-SHAPE: does not compare the dimensions with the pool's."
 
@@ -227,6 +301,13 @@ class _NoValuesSession(ReferenceReaderSession):
                 b.kv = np.asarray(b.kv, np.float32)
                 b.kv[..., 0] = 0  # drops the first element of every row
         return outcome
+
+
+class V1OnlyReader(ReferenceReader):
+    """TLKV-READ-V2-BOTH: reads version 1 only, whatever it is asked (and the PICS) say."""
+
+    def open(self, geometry: Geometry, versions: frozenset[int]) -> ReaderSession:
+        return super().open(geometry, frozenset({1}))
 
 
 class DropsValuesReader(ReferenceReader):
@@ -318,6 +399,146 @@ class DefaultMessageLimitDecode(ReferenceDecode):
         super().__init__(server_options={"max_receive_message": 4 * 1024 * 1024})
 
 
+class _StreamHook(PushStream):
+    """A reference stream whose chunks pass through `adjust` first."""
+
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        return chunk
+
+    def receive(self, chunk: Chunk) -> None:
+        adjusted = self.adjust(chunk)
+        if adjusted is not None:
+            super().receive(adjusted)
+
+
+def _decode(stream: type[PushStream], doc: str, **side_overrides: object) -> type[ReferenceDecode]:
+    side = type(f"{stream.__name__}Side", (DecodeSide,), {"begin_push": lambda self: stream(self),
+                                                           **side_overrides})
+
+    def __init__(self: ReferenceDecode) -> None:
+        ReferenceDecode.__init__(self, side_factory=side)
+
+    return type(f"{stream.__name__}Decode", (ReferenceDecode,), {"__init__": __init__, "__doc__": doc})
+
+
+def _envelope_version(payload: bytes) -> int:
+    return int(struct.unpack_from("<H", payload, 4)[0]) if len(payload) >= 6 else 0
+
+
+class _AnyFormat(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if chunk.kv_format not in (1, 2) and chunk.payload:
+            return dataclasses.replace(chunk, kv_format=_envelope_version(chunk.payload))
+        return chunk
+
+
+class _TrustsEnvelope(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if chunk.kv_format in (1, 2) and chunk.payload:
+            return dataclasses.replace(chunk, kv_format=_envelope_version(chunk.payload))
+        return chunk
+
+
+class _FirstBlockOnly(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if len(chunk.payload) >= 32 and struct.unpack_from("<I", chunk.payload, 8)[0] > 1:
+            g = self._side.geometry
+            h, n = struct.unpack_from("<QI", chunk.payload, 28)
+            first = chunk.payload[40 : 40 + g.payload_size(_envelope_version(chunk.payload))]
+            hdr = Header.unpack(chunk.payload)
+            payload = encode_raw(version=hdr.version, dtype=hdr.dtype, block_tokens=g.block_tokens,
+                                 n_layers=g.n_layers, n_kv_heads=g.n_kv_heads, head_dim=g.head_dim,
+                                 records=[(h, n, first)])
+            return Chunk.for_payload(chunk.request_id, chunk.block_index, chunk.block_hash, chunk.kv_format, payload)
+        return chunk
+
+
+class _SkipsEmptyUnheld(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if not chunk.payload and not self._txn.holds(chunk.block_hash):
+            return None  # silently ignores a block it cannot serve
+        return chunk
+
+
+class _NoReuse(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if not chunk.payload:
+            raise TransferError(Status.NOT_FOUND, "TLKV-XFER-EMPTY-HELD", "empty payloads are not supported")
+        return chunk
+
+
+class _HashFromRecord(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if len(chunk.payload) >= 40:
+            return dataclasses.replace(chunk, block_hash=int(struct.unpack_from("<Q", chunk.payload, 28)[0]))
+        return chunk
+
+
+class _Miscounts(PushStream):
+    def finish(self) -> PushResult:
+        r = super().finish()
+        return PushResult(r.blocks_stored + r.blocks_reused, r.blocks_reused, r.payload_bytes)
+
+
+AnyFormatDecode = _decode(_AnyFormat, "TLKV-XFER-FORMAT: reads a chunk whose kv_format it does not know "
+                                      "(UNSPECIFIED, 3, 255) by the envelope's own version.")
+TrustsEnvelopeDecode = _decode(_TrustsEnvelope, "TLKV-XFER-FORMAT: ignores a kv_format that differs from the "
+                                                "payload's envelope version.")
+FirstBlockOnlyDecode = _decode(_FirstBlockOnly, "TLKV-XFER-ONE-BLOCK: takes a chunk with n_blocks > 1, keeping "
+                                                "its first block.")
+SkipsEmptyUnheldDecode = _decode(_SkipsEmptyUnheld, "TLKV-XFER-EMPTY-HELD: silently skips an empty payload for "
+                                                    "a block it does not hold, and answers OK.")
+NoReuseDecode = _decode(_NoReuse, "TLKV-XFER-EMPTY-HELD: refuses every empty payload, even for blocks it holds.")
+LaxChunkHashDecode = _decode(_HashFromRecord, "TLKV-XFER-CHUNK-HASH: stores a chunk whose block_hash differs "
+                                              "from its envelope record's.")
+MiscountingDecode = _decode(_Miscounts, "TLKV-XFER-RESPONSE: counts reused blocks in blocks_stored too.")
+
+
+class _ScrambledHasBlocks(DecodeSide):
+    def has_blocks(self, hashes: Iterable[int]) -> list[bool]:
+        return sorted(super().has_blocks(hashes), reverse=True)
+
+
+class ScrambledHasBlocksDecode(ReferenceDecode):
+    """TLKV-XFER-HAS-ORDER: answers the held flags sorted, not in the order of the request."""
+
+    def __init__(self) -> None:
+        super().__init__(side_factory=_ScrambledHasBlocks)
+
+
+class _ReadsV2Anyway(DecodeSide):
+    def __init__(self, geometry: Geometry, versions: frozenset[int]) -> None:
+        super().__init__(geometry, frozenset({1, 2}))
+
+
+class V2AnywayDecode(ReferenceDecode):
+    """TLKV-READ-V1-ONLY: declared v1-only (tlkv.decode.versions=[1]), yet takes v2 chunks."""
+
+    def __init__(self) -> None:
+        super().__init__(side_factory=_ReadsV2Anyway)
+
+
+class _GarbageEndsStream(DecodeServer):
+    def _run_stream(self, stream: PushStream, requests: Iterator[bytes],
+                    context: grpc.ServicerContext) -> PushResult | None:
+        def parseable() -> Iterator[bytes]:
+            for data in requests:
+                try:
+                    Chunk.decode(data)
+                except ChunkDecodeError:
+                    return  # as grpc's own deserialiser does: the stream just ends
+                yield data
+
+        return super()._run_stream(stream, parseable(), context)
+
+
+class GarbageEndsStreamDecode(ReferenceDecode):
+    """TLKV-XFER-PROTO: treats an unparseable chunk as the end of the stream, committing what came before."""
+
+    def __init__(self) -> None:
+        super().__init__(server_class=_GarbageEndsStream)
+
+
 # ---- prefill sides ------------------------------------------------------------------------------
 
 
@@ -369,6 +590,13 @@ class WrongCrcPrefill(_Prefill):
                       struct.unpack("<I", c.payload[-4:])[0] if c.payload else 0) for c in chunks]
 
 
+class ReorderedPrefill(_Prefill):
+    """TLKV-XFER-CHUNK-FIELDS: sends the chunks last block first."""
+
+    def plan(self, chunks: list[Chunk]) -> list[Chunk]:
+        return chunks[::-1]
+
+
 class UnspecifiedFormatPrefill(_Prefill):
     """TLKV-XFER-FORMAT: leaves kv_format KV_FORMAT_UNSPECIFIED."""
 
@@ -376,30 +604,73 @@ class UnspecifiedFormatPrefill(_Prefill):
         return [Chunk(c.request_id, c.block_index, c.block_hash, 0, c.payload, c.crc32c) for c in chunks]
 
 
-MUTANTS: dict[str, tuple[str, str]] = {
-    "NoZeroPadWriter": ("tlkv-writer", "TLKV-V1-ZERO-PAD"),
-    "UnchainedHashWriter": ("tlkv-writer", "TLKV-HASH-CHAIN"),
-    "HashedTailWriter": ("tlkv-writer", "TLKV-HASH-FULL-ONLY"),
-    "NoZeroReplacementWriter": ("tlkv-writer", "TLKV-HASH-ZERO-IS-ONE"),
-    "ScaleOverAllPositionsWriter": ("tlkv-writer", "TLKV-V2-SCALE"),
-    "TruncatingE4M3Writer": ("tlkv-writer", "TLKV-V2-E4M3"),
-    "CrcOverRecordsOnlyWriter": ("tlkv-writer", "TLKV-ENV-CRC"),
-    "BigEndianHeaderWriter": ("tlkv-writer", "TLKV-ENV-LE"),
-    "SkipsCrcReader": ("tlkv-reader", "TLKV-READ-CRC"),
-    "ZeroTokensReader": ("tlkv-reader", "TLKV-READ-NTOKENS"),
-    "V2Dtype1Reader": ("tlkv-reader", "TLKV-READ-DTYPE"),
-    "V2AsFormatErrorReader": ("tlkv-reader", "TLKV-READ-V1-ONLY"),
-    "IgnoresShapeReader": ("tlkv-reader", "TLKV-READ-SHAPE"),
-    "AllocatesAsItGoesReader": ("tlkv-reader", "TLKV-READ-NOALLOC"),
-    "DropsValuesReader": ("tlkv-reader", "TLKV-READ-VALUES"),
-    "KeepsFailedStreamDecode": ("tlkv-decode", "TLKV-XFER-ATOMIC"),
-    "SkipsChunkCrcDecode": ("tlkv-decode", "TLKV-XFER-CRC"),
-    "InvalidArgumentDecode": ("tlkv-decode", "TLKV-READ-STATUS"),
-    "RegistersTailDecode": ("tlkv-decode", "TLKV-HASH-RESERVED-ZERO"),
-    "DefaultMessageLimitDecode": ("tlkv-decode", "TLKV-XFER-MAX-PAYLOAD"),
-    "ResendsHeldPrefill": ("tlkv-prefill", "TLKV-XFER-EMPTY-HELD"),
-    "NoHasBlocksPrefill": ("tlkv-prefill", "TLKV-XFER-HASBLOCKS-FIRST"),
-    "EmptyTailPrefill": ("tlkv-prefill", "TLKV-XFER-PAYLOAD-MISSING"),
-    "WrongCrcPrefill": ("tlkv-prefill", "TLKV-XFER-CRC"),
-    "UnspecifiedFormatPrefill": ("tlkv-prefill", "TLKV-XFER-FORMAT"),
+@dataclass(frozen=True)
+class Mutant:
+    """What a mutant must make fail: its suite, the requirement it breaks, the check functions that must
+    report it, and PICS overrides it runs with (what it declares)."""
+
+    suite: str
+    requirement: str
+    checks: tuple[str, ...]
+    pics: tuple[str, ...] = ()
+
+
+MUTANTS: dict[str, Mutant] = {
+    "NoZeroPadWriter": Mutant("tlkv-writer", "TLKV-V1-ZERO-PAD", ("test_v1_zero_padding", "test_vector")),
+    "NoZeroPadV2Writer": Mutant("tlkv-writer", "TLKV-V2-ZERO-PAD", ("test_v2_zero_padding",)),
+    "UnchainedHashWriter": Mutant("tlkv-writer", "TLKV-HASH-CHAIN", ("test_block_hashes",)),
+    "HashedTailWriter": Mutant("tlkv-writer", "TLKV-HASH-FULL-ONLY", ("test_block_hashes",)),
+    "NoZeroReplacementWriter": Mutant("tlkv-writer", "TLKV-HASH-ZERO-IS-ONE", ("test_reserved_zero_hash",)),
+    "WrongFillWriter": Mutant("tlkv-writer", "TLKV-ENV-NTOKENS", ("test_fills",)),
+    "SwappedAxesWriter": Mutant("tlkv-writer", "TLKV-V1-LAYOUT", ("test_v1_values",)),
+    "PaddedWriter": Mutant("tlkv-writer", "TLKV-ENV-SIZE", ("test_size",)),
+    "ScaleOverAllPositionsWriter": Mutant("tlkv-writer", "TLKV-V2-SCALE", ("test_v2_scales",)),
+    "TruncatingE4M3Writer": Mutant("tlkv-writer", "TLKV-V2-E4M3", ("test_v2_elements",)),
+    "CrcOverRecordsOnlyWriter": Mutant("tlkv-writer", "TLKV-ENV-CRC", ("test_crc",)),
+    "BigEndianHeaderWriter": Mutant("tlkv-writer", "TLKV-ENV-LE", ("test_header_fields",)),
+    "SkipsCrcReader": Mutant("tlkv-reader", "TLKV-READ-CRC", ("test_rule", "test_differential_fuzz", "test_vector")),
+    "NoLengthReader": Mutant("tlkv-reader", "TLKV-READ-LENGTH", ("test_rule",)),
+    "NoMagicReader": Mutant("tlkv-reader", "TLKV-READ-MAGIC", ("test_rule",)),
+    "UnknownVersionReader": Mutant("tlkv-reader", "TLKV-READ-VERSION", ("test_rule",)),
+    "ZeroTokensReader": Mutant("tlkv-reader", "TLKV-READ-NTOKENS", ("test_rule",)),
+    "HashOnPartialReader": Mutant("tlkv-reader", "TLKV-READ-HASH-FULL", ("test_rule",)),
+    "V2Dtype1Reader": Mutant("tlkv-reader", "TLKV-READ-DTYPE", ("test_rule",)),
+    "V2AsFormatErrorReader": Mutant("tlkv-reader", "TLKV-READ-V1-ONLY", ("test_v1_only_reader_refuses_v2_cleanly",)),
+    "V1OnlyReader": Mutant("tlkv-reader", "TLKV-READ-V2-BOTH", ("test_v2_reader_reads_both",)),
+    "IgnoresShapeReader": Mutant("tlkv-reader", "TLKV-READ-SHAPE", ("test_rule",)),
+    "AllocatesAsItGoesReader": Mutant("tlkv-reader", "TLKV-READ-NOALLOC", ("test_rule",)),
+    "DropsValuesReader": Mutant("tlkv-reader", "TLKV-READ-VALUES", ("test_values_round_trip",)),
+    "KeepsFailedStreamDecode": Mutant("tlkv-decode", "TLKV-XFER-ATOMIC", ("test_reader_rule_in_chunk",
+                                                                          "test_concurrent_streams_keep_exactly_what_succeeded")),
+    "SkipsChunkCrcDecode": Mutant("tlkv-decode", "TLKV-XFER-CRC", ("test_chunk_crc_mismatch",)),
+    "InvalidArgumentDecode": Mutant("tlkv-decode", "TLKV-READ-STATUS", ("test_reader_rule_in_chunk",)),
+    "RegistersTailDecode": Mutant("tlkv-decode", "TLKV-HASH-RESERVED-ZERO", ("test_stored_blocks_are_held",)),
+    "DefaultMessageLimitDecode": Mutant("tlkv-decode", "TLKV-XFER-MAX-PAYLOAD",
+                                        ("test_payload_of_exactly_4mib_reaches_the_reader",)),
+    "AnyFormatDecode": Mutant("tlkv-decode", "TLKV-XFER-FORMAT", ("test_unread_kv_format",)),
+    "TrustsEnvelopeDecode": Mutant("tlkv-decode", "TLKV-XFER-FORMAT", ("test_kv_format_not_envelope_version",)),
+    "FirstBlockOnlyDecode": Mutant("tlkv-decode", "TLKV-XFER-ONE-BLOCK", ("test_two_block_envelope",)),
+    "SkipsEmptyUnheldDecode": Mutant("tlkv-decode", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_for_unheld_block",)),
+    "NoReuseDecode": Mutant("tlkv-decode", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_reuses_held_block",)),
+    "LaxChunkHashDecode": Mutant("tlkv-decode", "TLKV-XFER-CHUNK-HASH", ("test_chunk_hash_differs_from_record",)),
+    "MiscountingDecode": Mutant("tlkv-decode", "TLKV-XFER-RESPONSE", ("test_response_counts",)),
+    "ScrambledHasBlocksDecode": Mutant("tlkv-decode", "TLKV-XFER-HAS-ORDER", ("test_has_blocks_order",)),
+    "V2AnywayDecode": Mutant("tlkv-decode", "TLKV-READ-V1-ONLY", ("test_v1_only_refuses_v2",),
+                             pics=("tlkv.decode.versions=[1]",)),
+    "GarbageEndsStreamDecode": Mutant("tlkv-decode", "TLKV-XFER-PROTO", ("test_unparseable_chunk",)),
+    "ResendsHeldPrefill": Mutant("tlkv-prefill", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_exactly_for_held",
+                                                                         "test_bytes_moved")),
+    "NoHasBlocksPrefill": Mutant("tlkv-prefill", "TLKV-XFER-HASBLOCKS-FIRST", ("test_has_blocks_first",)),
+    "EmptyTailPrefill": Mutant("tlkv-prefill", "TLKV-XFER-PAYLOAD-MISSING", ("test_empty_payload_exactly_for_held",)),
+    "WrongCrcPrefill": Mutant("tlkv-prefill", "TLKV-XFER-CRC", ("test_payloads",)),
+    "UnspecifiedFormatPrefill": Mutant("tlkv-prefill", "TLKV-XFER-FORMAT", ("test_payloads",)),
+    "ReorderedPrefill": Mutant("tlkv-prefill", "TLKV-XFER-CHUNK-FIELDS", ("test_one_chunk_per_block_in_order",)),
+}
+
+# Checks no mutant is required to fail, and why.
+UNMUTATED_CHECKS: dict[str, str] = {
+    "test_payload_over_4mib": (
+        "a payload over 4 MiB is never a valid one-block envelope of a pool whose envelope fits in 4 MiB, so a decode "
+        "side without the size rule still refuses it by the reader rules; the check guards a clean refusal and "
+        "atomicity (DefaultMessageLimitDecode fails it when grpc's own refusal races the end of the stream)"),
 }

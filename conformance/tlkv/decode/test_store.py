@@ -21,7 +21,7 @@ from kvconform.conformance.tlkv.decode.transfer import (
 from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.tlkv.chunk import Chunk
-from kvconform.tlkv.grpc_client import KvTransferClient
+from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome
 
 pytestmark = pytest.mark.usefixtures("tlkv_decode_sanity")
 
@@ -40,7 +40,8 @@ def test_stored_blocks_are_held(version: int, tlkv_decode: DecodeUnderTest, clie
     blocks = fresh_blocks(rng, tlkv_decode, 3)
     rid = request_id()
     outcome = push(client, [chunk_for(rid, i, b, version, tlkv_decode) for i, b in enumerate(blocks)])
-    assert outcome.ok, f"a valid v{version} stream was refused: {outcome.status_name} {outcome.details}"
+    assert outcome.ok, (f"a valid v{version} stream was refused although PICS tlkv.decode.versions declares "
+                        f"v{version} (source: {pics.source}): {outcome.status_name} {outcome.details}")
     held = has_blocks(client, [b.block_hash for b in blocks[:3]] + [0])
     assert held[:3] == [True] * 3, f"full blocks of a successful stream not held: {held[:3]} (TLKV-XFER-DEDUP)"
     assert held[3] is False, "HasBlocks(0) answered held: 0 means no hash; a partial tail is never registered"
@@ -58,36 +59,38 @@ def test_has_blocks_order(tlkv_decode: DecodeUnderTest, client: KvTransferClient
     assert held == [False, True, False, True, False, True], f"held flags not one per hash in order: {held}"
 
 
-@pytest.mark.req("TLKV-XFER-EMPTY-HELD", "TLKV-XFER-RESPONSE")
+def _push_then_reuse(client: KvTransferClient, dut: DecodeUnderTest,
+                     rng: np.random.Generator) -> tuple[list[Chunk], PushOutcome, list[Chunk], PushOutcome]:
+    """Push 3 full blocks and a tail; then 3 empty payloads for them plus 1 new full block and a tail."""
+    v = min(dut.versions)
+    blocks = fresh_blocks(rng, dut, 3)
+    rid0 = request_id()
+    first_chunks = [chunk_for(rid0, i, b, v, dut) for i, b in enumerate(blocks)]
+    first = push(client, first_chunks)
+    rid = request_id()
+    chunks = [Chunk.for_payload(rid, i, b.block_hash, v, b"") for i, b in enumerate(blocks[:3])]
+    chunks += [chunk_for(rid, 3 + i, b, v, dut) for i, b in enumerate(fresh_blocks(rng, dut, 1))]
+    return first_chunks, first, chunks, push(client, chunks)
+
+
+@pytest.mark.req("TLKV-XFER-EMPTY-HELD")
 def test_empty_payload_reuses_held_block(tlkv_decode: DecodeUnderTest, client: KvTransferClient,
                                          rng: np.random.Generator) -> None:
-    v = min(tlkv_decode.versions)
-    blocks = fresh_blocks(rng, tlkv_decode, 3)
-    rid0 = request_id()
-    first = push(client, [chunk_for(rid0, i, b, v, tlkv_decode) for i, b in enumerate(blocks)])
+    _, first, chunks, second = _push_then_reuse(client, tlkv_decode, rng)
     assert first.ok, f"first stream refused: {first.status_name} {first.details}"
-    rid = request_id()
-    newer = fresh_blocks(rng, tlkv_decode, 1)
-    chunks = [Chunk.for_payload(rid, i, b.block_hash, v, b"") for i, b in enumerate(blocks[:3])]
-    chunks += [chunk_for(rid, 3 + i, b, v, tlkv_decode) for i, b in enumerate(newer)]
-    second = push(client, chunks)
     assert second.ok, f"empty payloads for held blocks refused: {second.status_name} {second.details}"
-    assert second.response is not None
-    payload = sum(len(c.payload) for c in chunks)
-    seen = (second.response.blocks_stored, second.response.blocks_reused, second.response.payload_bytes)
-    assert seen == (2, 3, payload), (f"PushKvResponse (blocks_stored, blocks_reused, payload_bytes): got {seen}, "
-                                     f"expected (2, 3, {payload})")
+    held = has_blocks(client, [c.block_hash for c in chunks[:4]])
+    assert held == [True] * 4, f"after the reuse stream, held flags {held}, expected all held"
 
 
 @pytest.mark.req("TLKV-XFER-RESPONSE")
-def test_response_counts_first_push(tlkv_decode: DecodeUnderTest, client: KvTransferClient,
-                                    rng: np.random.Generator) -> None:
-    v = min(tlkv_decode.versions)
-    blocks = fresh_blocks(rng, tlkv_decode, 2)
-    rid = request_id()
-    chunks = [chunk_for(rid, i, b, v, tlkv_decode) for i, b in enumerate(blocks)]
-    outcome = push(client, chunks)
-    assert outcome.ok and outcome.response is not None
-    seen = (outcome.response.blocks_stored, outcome.response.blocks_reused, outcome.response.payload_bytes)
-    want = (3, 0, sum(len(c.payload) for c in chunks))
-    assert seen == want, f"PushKvResponse: got {seen}, expected {want}"
+def test_response_counts(tlkv_decode: DecodeUnderTest, client: KvTransferClient, rng: np.random.Generator) -> None:
+    first_chunks, first, chunks, second = _push_then_reuse(client, tlkv_decode, rng)
+    for what, sent, outcome in (("first push", first_chunks, first), ("reuse push", chunks, second)):
+        assert outcome.ok and outcome.response is not None, f"{what}: {outcome.status_name} {outcome.details}"
+        r = outcome.response
+        want = (sum(1 for c in sent if c.payload), sum(1 for c in sent if not c.payload),
+                sum(len(c.payload) for c in sent))
+        seen = (r.blocks_stored, r.blocks_reused, r.payload_bytes)
+        assert seen == want, (f"{what}: PushKvResponse (blocks_stored, blocks_reused, payload_bytes): got {seen}, "
+                              f"expected {want}")

@@ -7,6 +7,7 @@ non-zero garbage past a partial block's fill and must not let it through.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import ml_dtypes
 import numpy as np
@@ -41,7 +42,11 @@ class Export:
     tokens: list[int]
     kv: np.ndarray
     data: bytes
-    parsed: ParsedEnvelope
+
+    @cached_property
+    def parsed(self) -> ParsedEnvelope:
+        """Split by layout when a check first needs it: a wrong length fails that check, not the fixture."""
+        return split_envelope(self.data, self.version, self.case.n_blocks, self.case.geometry)
 
 
 def _export(case: Case, version: int, writer: Writer, pics: Pics, session_seed: int) -> Export:
@@ -50,7 +55,7 @@ def _export(case: Case, version: int, writer: Writer, pics: Pics, session_seed: 
     tokens = make_tokens(rng, case.n_tokens)
     kv = make_contents(rng, case.geometry, case.n_tokens)
     data = writer.export(case.geometry, version, tokens, kv)
-    return Export(case, version, tokens, kv, data, split_envelope(data, version, case.n_blocks, case.geometry))
+    return Export(case, version, tokens, kv, data)
 
 
 @pytest.fixture(scope="module", params=[(c, v) for c in WRITER_CASES for v in VERSIONS],
