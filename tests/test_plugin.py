@@ -305,3 +305,16 @@ def test_xdist_gives_the_same_verdicts_as_serial(pytester: pytest.Pytester) -> N
         nodeid = t["nodeid"]
         digest = hashlib.sha256(f"{session_seed}:{nodeid}".encode()).digest()
         assert t["seed"] == int.from_bytes(digest[:8], "big")
+
+
+def test_allure_files_each_check_under_its_suite_and_requirements(pytester: pytest.Pytester) -> None:
+    _suite(pytester, MIXED)
+    result = _run(pytester, "--alluredir", "allure", subprocess=True)
+    assert result.ret == 0, result.stdout.str()
+    labels = {}
+    for path in (pytester.path / "allure").glob("*-result.json"):
+        doc = json.loads(path.read_text())
+        labels[doc["name"]] = {(lab["name"], lab["value"]) for lab in doc["labels"]}
+    assert {("epic", "demo"), ("feature", "demo-reader"), ("story", "DEMO-MUST"),
+            ("severity", "critical")} <= labels["test_pass"]
+    assert ("severity", "normal") in labels["test_should_fails"]
