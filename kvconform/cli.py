@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -101,6 +102,8 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
+    # A report dir describes one run: evidence and Allure results of an earlier run would mislead.
+    shutil.rmtree(report_dir / "evidence", ignore_errors=True)
     # An ini of our own keeps the checkout's pyproject options (testpaths, addopts) out of the run.
     ini = report_dir / "pytest.ini"
     ini.write_text("[pytest]\n", "utf-8")
@@ -117,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         "--target", args.target,
         "--report-dir", str(report_dir),
         "--junitxml", str(report_dir / "junit.xml"),
-        "--alluredir", str(report_dir / "allure-results"),
+        "--alluredir", str(report_dir / "allure-results"), "--clean-alluredir",
     ]
     if args.testbed:
         pytest_args += ["--testbed", args.testbed]
