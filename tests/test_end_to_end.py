@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def served_decode() -> Iterator[str]:
             proc.communicate(timeout=30)
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, object]]:
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
     proc = subprocess.run([sys.executable, "-m", "kvconform", "run", *args, "--report-dir", str(tmp_path), "-q"],
                           capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     doc = json.loads((tmp_path / "coverage.json").read_text())
