@@ -19,7 +19,6 @@ import numpy.typing as npt
 from kvconform.tlkv.blockhash import block_fills
 from kvconform.tlkv.content import make_kv
 from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE, Geometry
-from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
 
 
 @dataclass(frozen=True)
@@ -99,9 +98,6 @@ def split_envelope(data: bytes, version: int, n_blocks: int, geometry: Geometry)
         off += p
     (crc,) = struct.unpack_from("<I", data, len(data) - CRC_SIZE)
     return ParsedEnvelope(header, records, crc, data[: len(data) - CRC_SIZE])  # type: ignore[arg-type]
-
-
-__all__ = ["ZERO_HASH_TOKENS"]
 
 
 def fills_of(case: Case) -> Sequence[int]:

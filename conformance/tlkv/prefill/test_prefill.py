@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from kvconform.checksum import crc32c
-from kvconform.conformance.tlkv.scenarios import ZERO_HASH_TOKENS, case_seed, make_contents, make_tokens
+from kvconform.conformance.tlkv.scenarios import case_seed, make_contents, make_tokens
 from kvconform.fixtures import evidence
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import DriverError, Prefill, TargetUnavailable
@@ -33,6 +33,7 @@ from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.grpc_client import KvTransferClient
 from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.reader import EnvelopeError, read_envelope
+from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
 
 PREFILL_TIMEOUT = 60.0
 

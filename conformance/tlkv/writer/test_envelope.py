@@ -16,7 +16,6 @@ import pytest
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.scenarios import (
     WRITER_CASES,
-    ZERO_HASH_TOKENS,
     Case,
     ParsedEnvelope,
     case_seed,
@@ -31,6 +30,7 @@ from kvconform.targets.tlkv import Writer
 from kvconform.tlkv.blockhash import block_hash, chain_hashes
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.payload import E4M3, E4M3_MAX, v2_elements, v2_scale_values
+from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
 
 VERSIONS = [1, 2]
 
