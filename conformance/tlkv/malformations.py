@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from kvconform.checksum import crc32c
-from kvconform.tlkv.envelope import Block, encode_envelope, with_crc
+from kvconform.tlkv.envelope import HEADER, Block, encode_envelope, with_crc
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.layers import craft
 
@@ -150,6 +150,6 @@ def header_of(data: bytes) -> dict[str, Any]:
     """A few header fields for evidence, read leniently."""
     if len(data) < 28:
         return {"len": len(data)}
-    magic, version, dtype, n, b, layers, hkv, d = struct.unpack_from("<4sHHIIIII", data)
+    magic, version, dtype, n, b, layers, hkv, d = HEADER.unpack_from(data)
     return {"len": len(data), "magic": magic.hex(), "version": version, "dtype": dtype, "n_blocks": n,
             "geometry": [b, layers, hkv, d]}

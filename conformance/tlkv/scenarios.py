@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from kvconform.tlkv.blockhash import block_fills
 from kvconform.tlkv.content import make_kv
+from kvconform.tlkv.envelope import HEADER, RECORD_HEADER
 from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE, Geometry
 
 
@@ -87,12 +88,12 @@ def split_envelope(data: bytes, version: int, n_blocks: int, geometry: Geometry)
     assert len(data) == expected, (
         f"envelope length: got {len(data)}, expected 28 + {n_blocks} * (12 + {geometry.payload_size(version)}) + 4 "
         f"= {expected} (TLKV-ENV-SIZE)")
-    header = struct.unpack_from("<4sHHIIIII", data, 0)
+    header = HEADER.unpack_from(data, 0)
     p = geometry.payload_size(version)
     records = []
     off = HEADER_SIZE
     for _ in range(n_blocks):
-        block_hash, fill = struct.unpack_from("<QI", data, off)
+        block_hash, fill = RECORD_HEADER.unpack_from(data, off)
         off += RECORD_HEADER_SIZE
         records.append((block_hash, fill, data[off : off + p]))
         off += p

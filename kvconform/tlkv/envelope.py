@@ -139,7 +139,7 @@ def encode_raw(
     crc: int | None = None,
 ) -> bytes:
     """Exactly the given fields (raw path): n_blocks defaults to len(records), crc to the true CRC."""
-    parts = [struct.pack("<4sHHIIIII", magic, version, dtype,
+    parts = [HEADER.pack(magic, version, dtype,
                          len(records) if n_blocks is None else n_blocks,
                          block_tokens, n_layers, n_kv_heads, head_dim)]
     for block_hash, n_tokens, payload in records:

@@ -22,6 +22,7 @@ from kvconform.testvectors import Checker, VectorCase
 from kvconform.tlkv.blockhash import block_hash, block_hashes, fnv1a64
 from kvconform.tlkv.envelope import (
     DTYPE_OF_VERSION,
+    HEADER,
     Block,
     EncodeError,
     encode_envelope,
@@ -140,7 +141,7 @@ def field_at(data: bytes, offset: int) -> str:
     if offset >= len(data) - CRC_SIZE:
         return "crc32c"
     try:
-        _, version, _, _, b, layers, hkv, d = struct.unpack_from("<4sHHIIIII", data)
+        _, version, _, _, b, layers, hkv, d = HEADER.unpack_from(data)
         p = Geometry(b, layers, hkv, d).payload_size(version)
     except (struct.error, ValueError):
         return "body"

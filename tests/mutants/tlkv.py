@@ -31,7 +31,7 @@ from kvconform.tlkv.blockhash import block_fills, block_hash, block_hashes, chai
 from kvconform.tlkv.chunk import Chunk, ChunkDecodeError
 from kvconform.tlkv.content import read_sequence
 from kvconform.tlkv.decode import DecodeSide, PushResult, PushStream, Status, TransferError
-from kvconform.tlkv.envelope import DTYPE_OF_VERSION, encode_raw, with_crc
+from kvconform.tlkv.envelope import DTYPE_OF_VERSION, HEADER, RECORD_HEADER, encode_raw, with_crc
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.grpc_client import KvTransferClient
 from kvconform.tlkv.grpc_decode import DecodeServer
@@ -181,7 +181,7 @@ class BigEndianHeaderWriter(ReferenceWriter):
 
     def export(self, geometry: Geometry, version: int, tokens: Sequence[int], kv: F16Array) -> bytes:
         data = super().export(geometry, version, tokens, kv)
-        fields = struct.unpack_from("<4sHHIIIII", data)
+        fields = HEADER.unpack_from(data)
         body = struct.pack(">4sHHIIIII", *fields) + data[28:-4]
         return body + struct.pack("<I", crc32c(body))
 
@@ -278,7 +278,7 @@ class _AllocatesAsItGoesSession(ReferenceReaderSession):
             r.check_length(buf, hdr)
             off = 28
             for i in range(hdr.n_blocks):
-                h, n = struct.unpack_from("<QI", buf, off)
+                h, n = RECORD_HEADER.unpack_from(buf, off)
                 r.check_record(i, h, n)
                 self.pool.append(ImportedBlock(h, n))  # allocated before the next record is checked
                 off += 12 + r.geometry.payload_size(hdr.version)
@@ -443,7 +443,7 @@ class _FirstBlockOnly(_StreamHook):
     def adjust(self, chunk: Chunk) -> Chunk | None:
         if len(chunk.payload) >= 32 and struct.unpack_from("<I", chunk.payload, 8)[0] > 1:
             g = self._side.geometry
-            h, n = struct.unpack_from("<QI", chunk.payload, 28)
+            h, n = RECORD_HEADER.unpack_from(chunk.payload, 28)
             first = chunk.payload[40 : 40 + g.payload_size(_envelope_version(chunk.payload))]
             hdr = Header.unpack(chunk.payload)
             payload = encode_raw(version=hdr.version, dtype=hdr.dtype, block_tokens=g.block_tokens,
