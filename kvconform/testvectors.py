@@ -34,6 +34,7 @@ __all__ = [
     "iter_cases",
     "load_vectors",
     "main",
+    "make_document",
     "vector_files",
     "vectors_dir",
     "write_generated",
@@ -42,7 +43,7 @@ __all__ = [
 # Overrides the packaged vectors folder (the harness's own tests use a temporary copy).
 VECTORS_DIR_ENV = "KVCONFORM_VECTORS_DIR"
 # Modules exposing CHECKERS: dict[kind, Checker] and generate() -> dict[relative path, document].
-PROVIDERS = ("kvconform.tlkv.vectors",)
+PROVIDERS = ("kvconform.tlkv.vectors", "kvconform.kbtp.vectors")
 SCHEMA_DIR = "schema"
 _CASE_KEYS = ("tcId", "comment", "flags", "result")
 
@@ -219,6 +220,23 @@ def check_files(files: Sequence[Path]) -> CheckReport:
 def dump_document(doc: Mapping[str, Any]) -> str:
     """The canonical text of a vector file (stable: regenerating gives identical bytes)."""
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def make_document(kind: str, notes: Mapping[str, str], groups: list[dict[str, Any]], *, schema: str,
+                  generator: str, source: str) -> dict[str, Any]:
+    """A Wycheproof-shaped file: tcIds numbered 1.. in order, notes kept for the flags used (each must have one)."""
+    tc = 0
+    used: set[str] = set()
+    for group in groups:
+        for test in group["tests"]:
+            tc += 1
+            test["tcId"] = tc
+            used.update(test["flags"])
+    missing = used - notes.keys()
+    if missing:
+        raise AssertionError(f"{kind}: flags without a note: {sorted(missing)}")
+    return {"kind": kind, "schema": schema, "generator": generator, "source": source, "numberOfTests": tc,
+            "notes": {k: notes[k] for k in sorted(used)}, "testGroups": groups}
 
 
 def write_generated(out: Path) -> list[Path]:

@@ -28,7 +28,7 @@ def copy(tmp_path: Path) -> Path:
 
 def test_packaged_vectors_pass(capsys: pytest.CaptureFixture[str]) -> None:
     files = vector_files()
-    assert {json.loads(f.read_text())["kind"] for f in files} == set(KINDS)
+    assert set(KINDS) <= {json.loads(f.read_text())["kind"] for f in files}  # other lanes add their kinds
     report = check_files(files)
     assert report.failures == [] and report.cases > 100
     assert main(["check"]) == 0

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvconform.checksum import crc32c
-from kvconform.testvectors import Checker, VectorCase
+from kvconform.testvectors import Checker, VectorCase, make_document
 from kvconform.tlkv.blockhash import block_hash, block_hashes, fnv1a64
 from kvconform.tlkv.envelope import (
     DTYPE_OF_VERSION,
@@ -100,19 +100,7 @@ def _case(comment: str, flags: Sequence[str], result: str = "valid", **fields: A
 
 
 def _document(kind: str, notes: dict[str, str], groups: list[dict[str, Any]]) -> dict[str, Any]:
-    """A Wycheproof-shaped file; tcIds numbered 1.. in order, every used flag must have a note."""
-    tc = 0
-    used: set[str] = set()
-    for group in groups:
-        for test in group["tests"]:
-            tc += 1
-            test["tcId"] = tc
-            used.update(test["flags"])
-    missing = used - notes.keys()
-    if missing:
-        raise AssertionError(f"{kind}: flags without a note: {sorted(missing)}")
-    return {"kind": kind, "schema": SCHEMA, "generator": GENERATOR, "source": SOURCE, "numberOfTests": tc,
-            "notes": {k: notes[k] for k in sorted(used)}, "testGroups": groups}
+    return make_document(kind, notes, groups, schema=SCHEMA, generator=GENERATOR, source=SOURCE)
 
 
 def kv_to_hex(kv: npt.NDArray[np.floating]) -> str:

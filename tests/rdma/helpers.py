@@ -1,0 +1,43 @@
+"""A two-node fabric with the usual buffers, for the fabric tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvconform.rdma import RDMAP_7306, Access, EmuConnection, EmuFabric, EmuNode, Profile, Region, Scheduler
+
+ALL_REMOTE = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC
+
+
+@dataclass
+class Pair:
+    """Target T and initiator I joined by one connection; ``mem`` on T is remotely accessible."""
+
+    fab: EmuFabric
+    t: EmuNode
+    i: EmuNode
+    tc: EmuConnection  # T's endpoint
+    ic: EmuConnection  # I's endpoint
+    mem: Region  # T: 256 octets, all remote rights, VA-based
+    rx_t: Region  # T: receive buffers
+    rx_i: Region  # I: receive buffers
+    local: Region  # I: a scratch region (read destination, atomic results, write sources)
+
+
+def pair(
+    profile: Profile = RDMAP_7306,
+    *,
+    seed: int | None = None,
+    scheduler: Scheduler | None = None,
+    trace: bool = False,
+    mem_access: Access = ALL_REMOTE,
+    zero_based: bool = False,
+) -> Pair:
+    fab = EmuFabric(profile, seed=seed, scheduler=scheduler, trace=trace)
+    t, i = fab.node("T"), fab.node("I")
+    tc, ic = fab.connect(t, i)
+    mem = t.register(t.alloc(256), mem_access, zero_based=zero_based)
+    rx_t = t.register(t.alloc(256), Access.LOCAL_WRITE)
+    rx_i = i.register(i.alloc(256), Access.LOCAL_WRITE)
+    local = i.register(i.alloc(256), Access.LOCAL_WRITE | Access.MW_BIND)
+    return Pair(fab, t, i, tc, ic, mem, rx_t, rx_i, local)
