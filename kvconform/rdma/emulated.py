@@ -37,8 +37,10 @@ from kvconform.rdma.fabric import (
     ActorFailed,
     ActorGen,
     ActorHandle,
+    Buffer,
     ByteOrder,
     Completion,
+    Connection,
     ConnState,
     DdpEType,
     DdpTaggedCode,
@@ -47,6 +49,7 @@ from kvconform.rdma.fabric import (
     Layer,
     LocalData,
     NextCompletion,
+    Node,
     Op,
     Pause,
     RdmapCode,
@@ -442,7 +445,7 @@ class EmuNode:
 
     def register(
         self,
-        buffer: Any,
+        buffer: Buffer,
         access: Access,
         *,
         zero_based: bool = False,
@@ -471,7 +474,7 @@ class EmuNode:
         self._fabric._note(self.name, "deregister", stag=region.stag)
 
     def bind_window(
-        self, region: Region, offset: int, length: int, access: Access, conn: Any, *, zero_based: bool = False
+        self, region: Region, offset: int, length: int, access: Access, conn: Connection, *, zero_based: bool = False
     ) -> Window:
         if not self.profile.mw_type2:
             raise FabricUsageError(f"bind_window: profile {self.profile.name} has no type-2 memory windows")
@@ -578,7 +581,7 @@ class EmuFabric:
         return node
 
     def connect(
-        self, a: Any, b: Any, *, name: str | None = None, cq_a: EmuCQ | None = None, cq_b: EmuCQ | None = None
+        self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None, cq_b: EmuCQ | None = None
     ) -> tuple[EmuConnection, EmuConnection]:
         """A reliable connection; endpoint names are ``<name>.<node>`` (default name ``<a>-<b>``)."""
         if not isinstance(a, EmuNode) or not isinstance(b, EmuNode):

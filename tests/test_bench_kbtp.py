@@ -1,0 +1,35 @@
+"""Smoke test of bench/bench_kbtp.py: the smallest run completes and writes every figure (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.bench_kbtp import main
+
+RDMA_MEASURES = {"fabric_write", "fabric_read", "alloc_store", "load", "free"}
+
+
+def test_smallest_run_writes_positive_figures(tmp_path: Path) -> None:
+    out = tmp_path / "kbtp.json"
+    argv = ["--ops", "1", "--repeat", "1", "--seeds", "2", "--kbtp-seeds", "1", "--kbtp-rounds", "1",
+            "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["failures"] == [] and doc["block_size"] == 32 * 1024 and doc["argv"] == argv
+    assert doc["memcpy_ops_per_second"] > 0
+    assert set(doc["rdma"]) == {"chunk8", "chunk32768"}
+    for chunk, row in doc["rdma"].items():
+        assert set(row) == RDMA_MEASURES, chunk
+        for name, m in row.items():
+            for key in ("ops_per_second", "steps_per_op", "ratio_to_fabric_write", "ratio_to_fabric_read",
+                        "ratio_to_memcpy"):
+                assert m[key] > 0, f"{chunk} {name} {key} = {m[key]}"
+        # a 32 KiB block moved by RDMA is at least one placement step per chunk
+        assert row["fabric_write"]["steps_per_op"] >= 32 * 1024 // int(chunk[len("chunk"):])
+    assert set(doc["explore"]) == {"fabric_tickets", "kbtp_deferred_free"}
+    for name, ex, runs in (("fabric_tickets", doc["explore"]["fabric_tickets"], 2),
+                           ("kbtp_deferred_free", doc["explore"]["kbtp_deferred_free"], 1)):
+        assert ex["runs"] == runs and ex["failures"] == 0, (name, ex)
+        assert ex["interleavings_per_second"] > 0 and ex["steps_per_run"] > 0, (name, ex)
+        assert sum(ex["outcomes"].values()) == runs, (name, ex)
