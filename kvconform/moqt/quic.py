@@ -1,0 +1,427 @@
+"""asyncio + aioquic adapter for the sans-I/O MOQT session (profile §1: native QUIC, ALPN `moqt-22`).
+
+The adapter only moves bytes: QUIC events go into `Session.receive_*`, the session's commands
+(`WriteStream`, `ResetStream`, `StopSending`, `SendDatagram`, `CloseConnection`) go to the
+`QuicConnection`, and the session's events come out of `MoqtConnection.next_event(timeout)`.
+QUIC DATAGRAM (RFC 9221) is always offered and required from the peer (profile §1).
+Every wait has a bound: each async method takes `timeout` and raises `TimeoutError` past it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TextIO, TypeVar, cast
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import QuicServer
+from aioquic.quic import events as qe
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.logger import QuicFileLogger
+
+from kvconform.fixtures import evidence
+from kvconform.moqt import tls
+from kvconform.moqt.errors import SessionError
+from kvconform.moqt.session import (
+    CloseConnection,
+    Event,
+    ResetStream,
+    Role,
+    SendDatagram,
+    Session,
+    SessionClosed,
+    SessionConfig,
+    StopSending,
+    WriteStream,
+)
+from kvconform.moqt.url import MoqtUrl, parse_url
+
+__all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "quic_configuration", "serve"]
+
+T = TypeVar("T")
+
+ALPN = "moqt-22"  # profile §1: the only version negotiation there is
+
+# Large enough for any object datagram on loopback; the value only has to be non-zero to negotiate DATAGRAM.
+MAX_DATAGRAM_FRAME_SIZE = 65536
+DEFAULT_TIMEOUT = 5.0
+HANDSHAKE_TIMEOUT = 10.0  # a server waits this long for a new connection's handshake
+
+Handler = Callable[["MoqtConnection"], Awaitable[None]]
+
+
+def quic_configuration(
+    *,
+    is_client: bool,
+    alpn: Sequence[str] = (ALPN,),
+    verify: bool | bytes = False,
+    certificate: tls.TestCertificate | None = None,
+    idle_timeout: float = 30.0,
+    server_name: str | None = None,
+    qlog_dir: str | None = None,
+    secrets_log: TextIO | None = None,
+) -> QuicConfiguration:
+    """A QuicConfiguration for MOQT: ALPN list, DATAGRAM negotiated, TLS as `tls` describes.
+
+    `verify`: False = accept any server certificate (client default); True = pin the process test
+    certificate; bytes = pin that PEM. Servers get `certificate` (default: the process test certificate).
+    Evidence (DESIGN principle 6): `qlog_dir` gets one qlog per connection, `secrets_log` the TLS key log
+    (SSLKEYLOGFILE format) so a pcap of the test decrypts in Wireshark.
+    """
+    configuration = QuicConfiguration(
+        is_client=is_client,
+        alpn_protocols=list(alpn),
+        max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
+        idle_timeout=idle_timeout,
+        server_name=server_name,
+        quic_logger=QuicFileLogger(qlog_dir) if qlog_dir is not None else None,
+        secrets_log_file=secrets_log,
+    )
+    if is_client:
+        if verify is False:
+            tls.skip_verification(configuration)
+        else:
+            tls.pin_certificate(configuration, None if verify is True else verify)
+    else:
+        tls.install_server_certificate(configuration, certificate)
+    return configuration
+
+
+class MoqtProtocol(QuicConnectionProtocol):
+    """One QUIC connection carrying one MOQT session; owned by a `MoqtConnection`."""
+
+    def __init__(self, quic: QuicConnection, *, session: Session, transcript: bool = False, **kwargs: Any) -> None:
+        super().__init__(quic, **kwargs)
+        self.session = session
+        # Record every command and event in the running test's evidence (DESIGN principle 6).
+        self.transcript = transcript
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.established = asyncio.Event()
+        self.terminated = asyncio.Event()
+        self.alpn: str | None = None
+        self._pump_scheduled = False
+        session.on_pending = self._schedule_pump
+
+    def quic_event_received(self, event: qe.QuicEvent) -> None:
+        session = self.session
+        if isinstance(event, qe.HandshakeCompleted):
+            self.alpn = event.alpn_protocol
+            if event.alpn_protocol != ALPN:
+                session.close(SessionError.PROTOCOL_VIOLATION, f"ALPN {event.alpn_protocol!r}, expected {ALPN!r}")
+            elif not getattr(self._quic, "_remote_max_datagram_frame_size", None):
+                # profile §1: QUIC DATAGRAM MUST be negotiated even if no datagrams are sent.
+                session.close(SessionError.PROTOCOL_VIOLATION, "peer did not negotiate QUIC DATAGRAM (RFC 9221)")
+            else:
+                session.start()
+            self.established.set()
+        elif isinstance(event, qe.StreamDataReceived):
+            session.receive_stream_data(event.stream_id, event.data, event.end_stream)
+        elif isinstance(event, qe.StreamReset):
+            session.receive_stream_reset(event.stream_id, event.error_code)
+        elif isinstance(event, qe.StopSendingReceived):
+            session.receive_stop_sending(event.stream_id, event.error_code)
+        elif isinstance(event, qe.DatagramFrameReceived):
+            session.receive_datagram(event.data)
+        elif isinstance(event, qe.ConnectionTerminated):
+            session.connection_terminated(event.error_code, event.reason_phrase)
+            self.established.set()  # wake a waiter for a handshake that will never complete
+            self.terminated.set()
+        self._pump()
+
+    def transmit(self) -> None:
+        """Send in the session's priority order (profile §11.1); aioquic itself only round-robins."""
+        queue = getattr(self._quic, "_streams_queue", None)
+        if isinstance(queue, list) and len(queue) > 1:
+            queue.sort(key=lambda stream: self.session.send_priority(stream.stream_id))  # stable: keeps RR order
+        super().transmit()
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Apply the session's commands to QUIC, send, and queue its events."""
+        self._pump_scheduled = False
+        quic = self._quic
+        for command in self.session.commands():
+            if self.transcript:
+                _record_command(command)
+            try:
+                if isinstance(command, WriteStream):
+                    quic.send_stream_data(command.stream_id, command.data, command.end_stream)
+                elif isinstance(command, ResetStream):
+                    quic.reset_stream(command.stream_id, command.code)
+                elif isinstance(command, StopSending):
+                    quic.stop_stream(command.stream_id, command.code)
+                elif isinstance(command, SendDatagram):
+                    quic.send_datagram_frame(command.data)
+                elif isinstance(command, CloseConnection):
+                    quic.close(error_code=command.code, reason_phrase=command.reason)
+            except (ValueError, AssertionError):
+                # The stream is already gone on the QUIC side (peer reset/stop, or both sides finished).
+                continue
+        self.transmit()
+        for event in self.session.events():
+            if self.transcript:
+                evidence.record("received", f"moqt.{type(event).__name__}", {"event": repr(event)[:2000]})
+            self.events.put_nowait(event)
+
+
+def _record_command(command: Any) -> None:
+    if isinstance(command, WriteStream):
+        evidence.record("sent", "moqt.WriteStream", {"stream": command.stream_id, "fin": command.end_stream},
+                        raw=command.data)
+    elif isinstance(command, SendDatagram):
+        evidence.record("sent", "moqt.SendDatagram", None, raw=command.data)
+    else:
+        evidence.record("sent", f"moqt.{type(command).__name__}", {"command": repr(command)})
+
+
+class MoqtConnection:
+    """A MOQT session over an aioquic connection: `session` to act, `next_event` to observe.
+
+    Call `session` methods directly (they schedule the I/O themselves); every wait is bounded.
+    """
+
+    def __init__(self, protocol: MoqtProtocol, transport: asyncio.DatagramTransport | None, url: MoqtUrl | None):
+        self._protocol = protocol
+        self._transport = transport  # owned (client side) or None (shared server socket)
+        self.url = url
+
+    @property
+    def session(self) -> Session:
+        return self._protocol.session
+
+    @property
+    def alpn(self) -> str | None:
+        return self._protocol.alpn
+
+    @property
+    def closed(self) -> SessionClosed | None:
+        """How the session ended, or None while it is open."""
+        return self._protocol.session.closed
+
+    async def next_event(self, timeout: float = DEFAULT_TIMEOUT) -> Event:
+        """The next session event; TimeoutError after `timeout` seconds. The last event is SessionClosed."""
+        return await asyncio.wait_for(self._protocol.events.get(), timeout)
+
+    def next_event_nowait(self) -> Event | None:
+        try:
+            return self._protocol.events.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    def send_datagram(self, data: bytes) -> None:
+        """Raw QUIC DATAGRAM (the session's `send_datagram` is the checked path)."""
+        self._protocol._quic.send_datagram_frame(data)
+        self._protocol.transmit()
+
+    async def close(
+        self, code: int = SessionError.NO_ERROR, reason: str = "", timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        """Close the session with a Session Termination code and wait (bounded) until QUIC is done."""
+        if self.session.closed is None:
+            self.session.close(code, reason)
+            self._protocol._pump()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._protocol.terminated.wait(), timeout)
+        if self._transport is not None:
+            self._transport.close()
+
+    async def wait_closed(self, timeout: float = DEFAULT_TIMEOUT) -> SessionClosed:
+        """Wait until the QUIC connection has terminated; returns how the session ended."""
+        await asyncio.wait_for(self._protocol.terminated.wait(), timeout)
+        closed = self.session.closed
+        assert closed is not None  # connection_terminated always records it
+        return closed
+
+    async def __aenter__(self) -> MoqtConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def connect(
+    url: str | MoqtUrl,
+    *,
+    config: SessionConfig | None = None,
+    verify: bool | bytes = False,
+    alpn: Sequence[str] = (ALPN,),
+    timeout: float = DEFAULT_TIMEOUT,
+    idle_timeout: float = 30.0,
+    qlog_dir: str | None = None,
+    secrets_log: TextIO | None = None,
+    transcript: bool = False,
+) -> MoqtConnection:
+    """Open a MOQT session to `moqt://host:port/path` as client; returns once SETUP has been sent.
+
+    The URL's authority and path go into the AUTHORITY and PATH setup options unless `config` sets them.
+    `transcript`: record every stream write and session event in the running test's evidence.
+    Raises ConnectionError when the handshake fails and TimeoutError past `timeout`.
+    """
+    target = url if isinstance(url, MoqtUrl) else parse_url(url)
+    if config is None:
+        config = SessionConfig(role=Role.CLIENT)
+    if config.authority is None:
+        config.authority = target.authority
+    if config.path is None:
+        config.path = target.path_option
+    loop = asyncio.get_running_loop()
+    configuration = quic_configuration(
+        is_client=True, alpn=alpn, verify=verify, idle_timeout=idle_timeout, server_name=target.host,
+        qlog_dir=qlog_dir, secrets_log=secrets_log,
+    )
+    infos = await asyncio.wait_for(loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM), timeout)
+    family, _, _, _, addr = infos[0]
+    quic = QuicConnection(configuration=configuration)
+    session = Session(config)
+    transport, protocol = await loop.create_datagram_endpoint(
+        lambda: MoqtProtocol(quic, session=session, transcript=transcript),
+        local_addr=("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0),
+    )
+    moqt = protocol
+    connection = MoqtConnection(moqt, transport, target)
+    moqt.connect(addr)
+    try:
+        await asyncio.wait_for(moqt.established.wait(), timeout)
+    except TimeoutError:
+        transport.close()
+        raise
+    if moqt.terminated.is_set() and not session.started:
+        transport.close()
+        closed = session.closed
+        raise ConnectionError(f"MOQT handshake with {target} failed: {closed.reason if closed else 'no reason'}")
+    return connection
+
+
+class MoqtServer:
+    """A listening MOQT endpoint; `port` is the bound UDP port (pass port 0 to let the OS pick)."""
+
+    def __init__(self, server: QuicServer, transport: asyncio.DatagramTransport) -> None:
+        self._server = server
+        self._transport = transport
+        self.connections: list[MoqtConnection] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def host(self) -> str:
+        return cast(str, self._transport.get_extra_info("sockname")[0])
+
+    @property
+    def port(self) -> int:
+        return cast(int, self._transport.get_extra_info("sockname")[1])
+
+    @property
+    def url(self) -> str:
+        host = self.host
+        return f"moqt://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    async def close(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Stop listening, close every session (NO_ERROR) and wait (bounded) for the handlers to end."""
+        for connection in list(self.connections):
+            if connection.session.closed is None:
+                connection.session.close(SessionError.NO_ERROR, "server shutting down")
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout)
+        self._server.close()
+
+
+async def serve(
+    host: str,
+    port: int,
+    handler: Handler,
+    *,
+    config_factory: Callable[[], SessionConfig] | None = None,
+    certificate: tls.TestCertificate | None = None,
+    alpn: Sequence[str] = (ALPN,),
+    idle_timeout: float = 30.0,
+    qlog_dir: str | None = None,
+    secrets_log: TextIO | None = None,
+    transcript: bool = False,
+) -> MoqtServer:
+    """Listen on (host, port) and run `handler(connection)` for each MOQT session after its handshake.
+
+    When the handler returns, its session is closed with NO_ERROR (unless it closed it itself).
+    """
+    loop = asyncio.get_running_loop()
+    configuration = quic_configuration(is_client=False, alpn=alpn, certificate=certificate, idle_timeout=idle_timeout,
+                                       qlog_dir=qlog_dir, secrets_log=secrets_log)
+    holder: list[MoqtServer] = []
+
+    def create_protocol(quic: QuicConnection, **kwargs: Any) -> MoqtProtocol:
+        config = config_factory() if config_factory is not None else SessionConfig(role=Role.SERVER)
+        protocol = MoqtProtocol(quic, session=Session(config), transcript=transcript, **kwargs)
+        connection = MoqtConnection(protocol, None, None)
+        server = holder[0]
+        server.connections.append(connection)
+        task = loop.create_task(_run_handler(server, connection, protocol, handler))
+        server.tasks.add(task)
+        task.add_done_callback(server.tasks.discard)
+        return protocol
+
+    transport, protocol = await loop.create_datagram_endpoint(
+        lambda: QuicServer(configuration=configuration, create_protocol=create_protocol),
+        local_addr=(host, port),
+    )
+    server = MoqtServer(protocol, transport)
+    holder.append(server)
+    return server
+
+
+async def _run_handler(
+    server: MoqtServer, connection: MoqtConnection, protocol: MoqtProtocol, handler: Handler
+) -> None:
+    try:
+        with contextlib.suppress(TimeoutError):  # a handshake that never completes: no session to serve
+            await asyncio.wait_for(protocol.established.wait(), HANDSHAKE_TIMEOUT)
+        if connection.session.started:
+            await handler(connection)
+    finally:
+        if connection.session.closed is None:
+            connection.session.close(SessionError.NO_ERROR, "")
+            protocol._pump()
+        server.connections.remove(connection)
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread, so synchronous code (pytest fixtures, drivers) can start,
+    drive and stop MOQT endpoints with bounded waits: `run(coro, timeout)` returns its result."""
+
+    def __init__(self, name: str = "moqt-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = DEFAULT_TIMEOUT) -> T:
+        """Run `coro` on the loop and wait at most `timeout` seconds (then cancel it, TimeoutError)."""
+        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop)
+        try:
+            return future.result(timeout + 1.0)  # wait_for inside already bounds it; this is a backstop
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def close(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Cancel what is left on the loop, stop it and join the thread (bounded)."""
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
+
+        if self.loop.is_running():
+            with contextlib.suppress(TimeoutError, RuntimeError):
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout + 1.0)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()
