@@ -1,6 +1,7 @@
 """Reference implementations runnable as network services: ``kvconform serve <component> ...``.
 
     kvconform serve tlkv-decode [--host 127.0.0.1] [--port 50051] [--pool 16,32,8,128] [--versions 1,2]
+    kvconform serve moqt-relay [--host 127.0.0.1] [--port 4443] [--policy FILE] [--relay-class module:Class]
 
 prints ``listening on HOST:PORT`` (flushed) once it accepts connections (``--port 0`` picks a free
 port), shows per-status counters every few seconds when stdout is a terminal, and stops cleanly on
@@ -78,6 +79,59 @@ def serve_tlkv_decode(argv: list[str], stop: threading.Event | None = None) -> i
     return 0
 
 
+def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> int:
+    """The caching MOQT draft-22 relay (moqt-d22-profile section 12, ``kvconform.moqt.relay``).
+
+    ``--relay-class module:Class`` runs a subclass instead (how the mutant runner starts broken relays).
+    Without ``stop`` it runs until SIGINT/SIGTERM; with one it runs until the event is set.
+    """
+    from kvconform.moqt.policy import PolicyError, load_policy  # MOQT (aioquic) only when asked for
+    from kvconform.moqt.relay import DEFAULT_FILL_TIMEOUT_MS, load_relay_class, run_relay
+
+    parser = argparse.ArgumentParser(prog="kvconform serve moqt-relay",
+                                     description="caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
+    parser.add_argument("--port", type=int, default=4443, help="UDP port to bind; 0 picks a free one")
+    parser.add_argument("--policy", help="authorization policy YAML (testbeds/moqt-relay-policy.yaml); "
+                                         "default: every request is authorized")
+    parser.add_argument("--relay-class", default="kvconform.moqt.relay:Relay",
+                        help="module:Class of the relay to run (a kvconform.moqt.relay.Relay subclass)")
+    parser.add_argument("--fill-timeout", type=int, default=DEFAULT_FILL_TIMEOUT_MS,
+                        help="ms spent fetching missing objects upstream when a request names no FILL_TIMEOUT")
+    parser.add_argument("--cache-mb", type=int, default=256,
+                        help="MiB of object payload cached over all tracks before the oldest are evicted")
+    parser.add_argument("--verbose", action="store_true", help="log every refusal and session close to stderr")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        policy = load_policy(args.policy) if args.policy else None
+        relay_class = load_relay_class(args.relay_class)
+    except (PolicyError, ValueError, ImportError) as exc:
+        print(f"kvconform serve moqt-relay: {exc}", file=sys.stderr)
+        return 2
+
+    previous: dict[int, Any] = {}
+    if stop is None:
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            event = stop
+
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                event.set()
+
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, on_signal)
+    try:
+        relay = relay_class(policy=policy, host=args.host, port=args.port, fill_timeout_ms=args.fill_timeout,
+                            cache_bytes=args.cache_mb * 2**20)
+        return run_relay(relay, stop, interval=STATS_INTERVAL, show_counters=sys.stdout.isatty(),
+                         verbose=args.verbose)
+    finally:
+        _restore(previous)
+
+
 def _restore(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
@@ -85,6 +139,7 @@ def _restore(previous: dict[int, Any]) -> None:
 
 COMPONENTS: dict[str, Callable[[list[str]], int]] = {
     "tlkv-decode": serve_tlkv_decode,
+    "moqt-relay": serve_moqt_relay,
 }
 
 
