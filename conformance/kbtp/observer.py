@@ -1,0 +1,169 @@
+"""The harness's target for the kbtp-initiator suite: the reference target, recording every message an
+initiator sends and every one-sided RDMA operation it performs (from the emulated fabric's step trace),
+so a check can judge what the initiator did: which handles, which Generations, which STags, in which
+order, and never anything outside what it was granted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvconform.conformance.kbtp.bed import MAX_STEPS, RaceFailure, make_fabric
+from kvconform.conformance.kbtp.client import HarnessError, HarnessInitiator
+from kvconform.fixtures import evidence
+from kvconform.kbtp.messages import HelloAck, KbtpDecodeError, Message, decode
+from kvconform.kbtp.target import ReferenceTarget
+from kvconform.rdma import ActorFailed, ActorGen
+from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
+
+
+@dataclass
+class Received:
+    """One message the target received from the initiator, with the fabric step it was processed at."""
+
+    step: int
+    conn: str
+    raw: bytes
+    addr_le: bool
+    message: Message | None
+    error: str = ""
+
+
+@dataclass
+class RemoteOp:
+    """One one-sided operation of the initiator as it arrived at the target (from the step trace)."""
+
+    step: int
+    kind: str  # "rdma_read" | "write" | "fetch_add" | "cmp_swap"
+    stag: int
+    to: int
+    length: int = 0
+    wr: str = ""
+
+
+class ObservingTarget(ReferenceTarget):
+    """The reference target that also keeps what each connection's initiator sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.received: list[Received] = []
+        self.acks: list[tuple[str, HelloAck]] = []
+
+    def on_message(self, s: Any, raw: bytes) -> Any:
+        try:
+            msg: Message | None = decode(raw, addr_le=s.addr_le)
+            err = ""
+        except KbtpDecodeError as exc:
+            msg, err = None, str(exc)
+        self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err))  # type: ignore[attr-defined]
+        evidence.record("received", "kbtp", {"at": "harness target", "message": type(msg).__name__ if msg else err},
+                        raw=raw)
+        yield from super().on_message(s, raw)
+
+    def hello_ack(self, s: Any, record: Any, granted: Any) -> HelloAck:
+        ack = super().hello_ack(s, record, granted)
+        self.acks.append((s.conn.name, ack))
+        return ack
+
+
+@dataclass
+class InitiatorBed:
+    """The initiator under test on node ``I`` facing the observing target on node ``target``."""
+
+    driver: Any
+    params: InitiatorParams
+    target_params: TargetParams
+    seed: int
+    label: str = "initiator"
+    scheduler: Any = None
+    fabric: Any = field(init=False)
+    target: ObservingTarget = field(init=False)
+    endpoint: InitiatorEndpoint = field(init=False)
+    _runs: int = 0
+
+    def __post_init__(self) -> None:
+        self.fabric = make_fabric(self.target_params, self.seed, self.scheduler, trace=True)
+        tnode = self.tnode = self.fabric.node("target")
+        self.target = ObservingTarget(self.fabric, tnode, target_config(self.target_params))
+        inode = self.fabric.node("I")
+        t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
+        self.target_conn = t_conn.name
+        self.target.accept(t_conn)
+        self.endpoint = self.driver.start(self.fabric, inode, i_conn, self.params)
+        self.initiator_conn = i_conn
+
+    def harness_client(self, name: str) -> HarnessInitiator:
+        """A harness initiator on its own node, served by the same observing target (a second party)."""
+        node = self.fabric.node(name)
+        t_conn, i_conn = self.fabric.connect(self.tnode, node, name=f"{name}-conn")
+        self.target.accept(t_conn)
+        return HarnessInitiator(self.fabric, node, i_conn, name)
+
+    def run(self, **actors: ActorGen) -> dict[str, Any]:
+        handles = {name: self.fabric.spawn(name, gen) for name, gen in actors.items()}
+        try:
+            result = self.fabric.run(max_steps=MAX_STEPS)
+        except ActorFailed as exc:
+            if exc.actor in handles and isinstance(exc.cause, HarnessError):
+                raise RaceFailure(f"{exc.cause} [{self.hint()}]") from exc.cause
+            raise AssertionError(f"actor {exc.actor!r} raised {exc.cause!r} [{self.hint()}]") from exc
+        if result.reason == "max_steps" or any(not h.done for h in handles.values()):
+            raise RaceFailure(f"the run did not finish ({result.reason}, blocked {list(result.blocked)}) "
+                              f"[{self.hint()}]")
+        return {name: h.result for name, h in handles.items()}
+
+    def run_one(self, gen: ActorGen) -> Any:
+        self._runs += 1
+        name = f"main{self._runs}"
+        return self.run(**{name: gen})[name]
+
+    def hint(self) -> str:
+        return f"{self.label}: fabric seed {self.seed}, {self.fabric.steps} steps, last: {self.fabric.schedule[-12:]}"
+
+    @property
+    def ack(self) -> HelloAck | None:
+        """The HELLO_ACK the initiator under test got."""
+        mine = [a for conn, a in self.target.acks if conn == self.target_conn]
+        return mine[-1] if mine else None
+
+    def messages(self) -> list[Received]:
+        """What the initiator under test sent, in order (not the harness's own clients)."""
+        return [r for r in self.target.received if r.conn == self.target_conn]
+
+    def remote_ops(self) -> list[RemoteOp]:
+        """The initiator's one-sided operations in the order they reached the target."""
+        out = []
+        for rec in self.fabric.trace:
+            for eff in rec["effects"]:
+                if eff.get("who") != self.target_conn:
+                    continue
+                do = str(eff.get("do", ""))
+                if do == "write-arrive":
+                    out.append(RemoteOp(rec["step"], "write", eff["stag"], eff["to"], eff.get("len", 0),
+                                        eff.get("wr", "")))
+                elif do.endswith("-arrive") and do not in ("send-arrive",):
+                    out.append(RemoteOp(rec["step"], do.removesuffix("-arrive"), eff["stag"], eff["to"], 0,
+                                        eff.get("wr", "")))
+        return out
+
+    def terminations(self) -> list[str]:
+        """Reasons of Terminates on the initiator's connection (an access it had no right to, ...)."""
+        out = []
+        for rec in self.fabric.trace:
+            for eff in rec["effects"]:
+                if eff.get("do") == "terminate":
+                    out.append(str(eff.get("reason", "")))
+        return out
+
+    def steps_of(self, wr: str, do: str) -> list[int]:
+        """Steps of trace effects ``do`` for work request tag ``wr`` (e.g. read samples of one read)."""
+        return [rec["step"] for rec in self.fabric.trace for eff in rec["effects"]
+                if eff.get("do") == do and eff.get("wr") == wr]
+
+    def post_step(self, wr: str) -> int | None:
+        """The step at which the initiator posted work request ``wr``."""
+        for rec in self.fabric.trace:
+            for eff in rec["effects"]:
+                if eff.get("do") == "post" and eff.get("wr") == wr and eff.get("who") == self.initiator_conn.name:
+                    return int(rec["step"])
+        return None
