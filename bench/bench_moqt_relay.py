@@ -1,0 +1,158 @@
+"""MOQT relay throughput on loopback: kvconform's relay and aiomoqt's relay, in the same run (issue 4).
+
+    python bench/bench_moqt_relay.py [--seconds S] [--subscribers 1,8] [--object-size 32768] [--json FILE]
+
+One publisher and N subscribers (1 and 8) of one track through a relay on 127.0.0.1, objects of 32 KiB,
+64 objects per group (one subgroup stream per group), publisher at full speed. The same clients drive
+both relays: aiomoqt's bench publisher (moq-pub-bench, PUBLISH_NAMESPACE flow, so the relay subscribes
+upstream) and subscriber (moq-sub-bench, counters only), each in the aiomoqt docker image with host
+networking; N subscribers are N processes in one container. A subscriber counts what it received while
+active; objects/s and MB/s (10^6 bytes) are summed over the subscribers (delivered by the relay), and the
+ratio kvconform / aiomoqt is taken per N within the run. Each configuration runs twice per relay in the
+order A B B A and the better run counts (a slow relay may still be draining when the next starts).
+Everything shares the machine's two cores, clients included, so the numbers are a same-run comparison,
+not an absolute ceiling.
+
+Not a test: nothing asserts. Needs docker and the images of testbeds/aiomoqt.yaml (.ci/interop makes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.interop` when run as a script
+
+from kvconform.targets import docker as dk
+from kvconform.targets.spec import parse_target
+from kvconform.targets.testbed import Testbed
+from kvconform.targets.tlkv import TargetUnavailable
+from tests.interop.peers import (
+    CLIENT_TARGET,
+    RelayEndpoint,
+    aiomoqt_relay,
+    aiomoqt_testbed,
+    our_relay,
+)
+
+GROUP_SIZE = 64
+_RESULT = re.compile(r"\((?P<active>[\d.]+)s active.*?Objects:\s+(?P<objects>[\d,]+).*?Bytes:\s+(?P<bytes>[\d,]+)",
+                     re.S)
+
+
+@dataclass
+class Row:
+    """One measurement: a relay, N subscribers, totals over the subscribers."""
+
+    relay: str
+    subscribers: int
+    object_size: int
+    seconds: float
+    objects_per_s: float
+    mb_per_s: float
+    per_subscriber_mb_per_s: list[float]
+
+
+def _image(testbed: Testbed) -> str:
+    return str(dk.docker_params(parse_target(CLIENT_TARGET, testbed), testbed)["image"])
+
+
+def measure(testbed: Testbed, relay: RelayEndpoint, subscribers: int, object_size: int, seconds: float) -> Row:
+    """One publisher and ``subscribers`` subscribers through ``relay`` for ``seconds``."""
+    image = _image(testbed)
+    ns, track = f"bench-{relay.name}-{subscribers}-{secrets.token_hex(3)}", "t"
+    publisher = dk.ContainerSpec(
+        image=image,
+        command=["moq-pub-bench", relay.url, "--draft", "22", "-k", "--pub-ns", "-N", ns, "-T", track,
+                 "-s", str(object_size), "-g", str(GROUP_SIZE), "-t", str(int(seconds) + 30), "--no-stats"],
+        ready=dk.Readiness(log_pattern="waiting for subscriber", timeout_s=30.0),
+    )
+    one_sub = (f"moq-sub-bench {relay.url} --draft 22 -k -N {ns} -T {track} -t {seconds:g} --no-stats "
+               f"-i {seconds:g}")
+    script = (f"for i in $(seq {subscribers}); do timeout {seconds + 30:g} {one_sub} >/tmp/sub$i.log 2>&1 & done; "
+              f"wait; cat /tmp/sub*.log")
+    with dk.running(publisher):
+        result = dk.run_to_completion(dk.ContainerSpec(image=image, command=["sh", "-c", script]),
+                                      timeout_s=seconds + 60)
+    found = [(float(m["active"]), int(m["objects"].replace(",", "")), int(m["bytes"].replace(",", "")))
+             for m in _RESULT.finditer(result.stdout)]
+    if len(found) != subscribers:
+        raise RuntimeError(f"{relay.name}, {subscribers} subscriber(s): {len(found)} result block(s) in the "
+                           f"subscribers' output; tail:\n{result.stdout[-2000:]}")
+    objects_per_s = sum(objs / active for active, objs, _ in found if active > 0)
+    per_sub = [nbytes / active / 1e6 for active, _, nbytes in found if active > 0]
+    return Row(relay.name, subscribers, object_size, seconds, round(objects_per_s, 1), round(sum(per_sub), 2),
+               [round(x, 2) for x in per_sub])
+
+
+@contextlib.contextmanager
+def both_relays(testbed: Testbed) -> Iterator[list[RelayEndpoint]]:
+    """Our relay and aiomoqt's, running at once for the whole run (ours is skipped, with the reason, when it
+    cannot start)."""
+    with contextlib.ExitStack() as stack:
+        relays: list[RelayEndpoint] = []
+        try:
+            relays.append(stack.enter_context(our_relay(testbed)))
+        except TargetUnavailable as exc:
+            print(f"kvconform relay not measured: {exc}", file=sys.stderr)
+        relays.append(stack.enter_context(aiomoqt_relay(testbed)))
+        yield relays
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per configuration")
+    ap.add_argument("--subscribers", default="1,8", help="comma list of subscriber counts")
+    ap.add_argument("--object-size", type=int, default=32768)
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args()
+    counts = [int(n) for n in args.subscribers.split(",")]
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the relays and containers are stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    testbed = aiomoqt_testbed()
+    dk.prepare_images(testbed)
+    rows: list[Row] = []
+    started = time.monotonic()
+    with both_relays(testbed) as relays:
+        for n in counts:
+            # A B B A, best of two per relay: neither relay always runs right after the other's load.
+            order = relays + relays[::-1]
+            best: dict[str, Row] = {}
+            for relay in order:
+                row = measure(testbed, relay, n, args.object_size, args.seconds)
+                if relay.name not in best or row.mb_per_s > best[relay.name].mb_per_s:
+                    best[relay.name] = row
+            rows += [best[r.name] for r in relays]
+    print(f"MOQT relay on loopback: {args.object_size} B objects, {GROUP_SIZE} per group, 1 publisher, "
+          f"{args.seconds:g} s each ({time.monotonic() - started:.0f} s in all)")
+    print(f"{'relay':<10} {'subs':>4} {'objects/s':>10} {'MB/s':>8}  per subscriber MB/s")
+    for row in rows:
+        print(f"{row.relay:<10} {row.subscribers:>4} {row.objects_per_s:>10.1f} {row.mb_per_s:>8.2f}  "
+              f"{row.per_subscriber_mb_per_s}")
+    by = {(r.relay, r.subscribers): r for r in rows}
+    for n in counts:
+        ours, theirs = by.get(("kvconform", n)), by.get(("aiomoqt", n))
+        if ours and theirs and theirs.mb_per_s > 0:
+            print(f"ratio kvconform/aiomoqt, {n} subscriber(s): {ours.mb_per_s / theirs.mb_per_s:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

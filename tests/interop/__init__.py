@@ -1,0 +1,1 @@
+"""The interop lane: kvconform's MOQT stack against third-party peers run in docker (``pytest -m interop``)."""

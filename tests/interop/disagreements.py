@@ -1,0 +1,56 @@
+"""Known disagreements of aiomoqt 0.13.3 with spec/moqt-d22-profile.md, as strict xfail marks.
+
+Evidence (relay log lines, the bytes, the code that does it) in docs/interop-aiomoqt.md. Strict: the
+version is pinned, so an XPASS means the test or the peer changed and the entry must be revisited.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+__all__ = ["AIOMOQT_FETCH_OPEN_END", "AIOMOQT_NEXT_OBJECT_REPLAY", "SUITE_FAILS_ON_AIOMOQT"]
+
+AIOMOQT_NEXT_OBJECT_REPLAY = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="[aiomoqt] relay resolves a Next Object SUBSCRIBE for a track it did not know against no Largest "
+           "(_resolve_against returns the Largest 'as it takes the SUBSCRIBE'), so it replays cached objects "
+           "<= the LARGEST_OBJECT it reports in SUBSCRIBE_OK on the subscription: duplicates with the fill "
+           "(profile 7.3 Next Object, 11.4 items 3-4)")
+AIOMOQT_FETCH_OPEN_END = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="[aiomoqt] relay turns an open-ended FETCH (Absolute Start {0,0}) it cannot serve from cache into "
+           "an upstream FETCH Absolute Start, Group End {0,0} EGD 0 (_fetch_upstream: end_group=msg.end_group "
+           "or 0), so only group 0 comes back (profile 7.3: Absolute Start runs to Largest Object)")
+
+# The moqt-relay conformance suite run against aiomoqt's relay (test_moqt_relay_suite_aiomoqt.py):
+# check function -> why it fails there. Each was read from the suite's report (message, evidence) on
+# 2026-11-29; "#n" are the rows of docs/interop-aiomoqt.md.
+SUITE_FAILS_ON_AIOMOQT: dict[str, str] = {
+    "test_next_object_plus_fill_is_exactly_once_mid_track":
+        "#2: Next Object resolved against no Largest; cached objects <= LARGEST_OBJECT replayed on the subscription",
+    "test_objects_published_while_the_subscribe_is_in_flight":
+        "#2: the object at LARGEST_OBJECT comes on the subscription and on the fill",
+    "test_object_id_filter_selects_the_first_objects":
+        "#2: replayed objects arrive twice ({1,0}, {1,1}) next to the live ones",
+    "test_cached_objects_are_byte_identical":
+        "#3: an open-ended FETCH is narrowed upstream, so the cached range is never served",
+    "test_fetch_ranges_arrive_in_ascending_group_order":
+        "#3: FETCH of everything returns {0,0} only (FETCH_OK End Location {0,0})",
+    "test_several_subscribers_joining_at_different_points":
+        "#7: a second SUBSCRIBE to the same track in one session is refused (REQUEST_ERROR 0x3 'track already "
+        "subscribed in this session'); profile 11.1 allows several subscriptions to one track",
+    "test_end_of_group_and_end_of_track_reach_the_subscriber":
+        "#8: End of Track ({4,0}, status 4) is forwarded as End of Group (status 3)",
+    "test_forwarded_objects_are_unchanged_and_in_order":
+        "#8: the relay changes Object Status END_OF_TRACK (4) to END_OF_GROUP (3)",
+    "test_fetch_descending_group_order":
+        "#9: FETCH_OK says End Of Track = 1 with End Location {3,4} before the track's final object {4,3}",
+    "test_fetch_of_a_range_without_objects":
+        "#10: FETCH of an empty range below Largest Object is refused INVALID_RANGE instead of an empty FETCH",
+    "test_fetch_past_the_largest_object_is_invalid_range":
+        "#11: FETCH past Largest Object gets REQUEST_ERROR INTERNAL_ERROR 'relay error', not INVALID_RANGE",
+    "test_expired_objects_are_not_served_from_cache":
+        "#12: MAX_CACHE_DURATION is not honoured (objects served 0.6 s after arrival with 300 ms)",
+    "test_a_duplicate_object_with_another_payload_makes_the_track_malformed":
+        "#13: a duplicate Location with another payload does not end the track MALFORMED_TRACK (no PUBLISH_DONE)",
+}

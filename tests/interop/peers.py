@@ -1,0 +1,204 @@
+"""The two relays and the third-party client of the interop lane, each started and stopped with a bound.
+
+- aiomoqt's relay: ``testbeds/aiomoqt.yaml`` target ``aiomoqt-relay`` in docker (host network, 127.0.0.1);
+- our relay: ``kvconform serve moqt-relay`` as a subprocess on 127.0.0.1;
+- aiomoqt's moq-interop-runner client: target ``aiomoqt-client``, one container per test case.
+
+Used by the lane's fixtures (``conftest.py``) and by ``bench/bench_moqt_relay.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvconform.fixtures import evidence
+from kvconform.targets import docker as dk
+from kvconform.targets.spec import TargetSpec, parse_target
+from kvconform.targets.testbed import Testbed, default_testbed_path, load_testbed
+from kvconform.targets.tlkv import DriverError, TargetUnavailable
+
+from .tap import TapError, TapPoint, parse_tap
+
+__all__ = [
+    "CLIENT_TARGET",
+    "OUR_RELAY_TARGET",
+    "RELAY_TARGET",
+    "TESTBED_FILE",
+    "RelayEndpoint",
+    "aiomoqt_relay",
+    "aiomoqt_testbed",
+    "aiomoqt_testcases",
+    "our_relay",
+    "our_relay_problem",
+    "run_aiomoqt_client",
+    "write_certificates",
+]
+
+TESTBED_FILE = Path(default_testbed_path()).parent / "aiomoqt.yaml"
+RELAY_TARGET = "aiomoqt-relay"
+CLIENT_TARGET = "aiomoqt-client"
+OUR_RELAY_TARGET = "kvconform-relay"
+READY_TIMEOUT_S = 20.0
+CLIENT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RelayEndpoint:
+    """A running relay: who it is and where (always 127.0.0.1)."""
+
+    name: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"moqt://127.0.0.1:{self.port}"
+
+
+def aiomoqt_testbed() -> Testbed:
+    """The aiomoqt testbed (validated)."""
+    return load_testbed(TESTBED_FILE)
+
+
+def aiomoqt_testcases(testbed: Testbed | None = None) -> list[str]:
+    """The moq-interop-runner test cases the aiomoqt client target declares."""
+    bed = testbed or aiomoqt_testbed()
+    return list(bed.targets[CLIENT_TARGET]["params"]["testcases"])
+
+
+def write_certificates(folder: Path) -> Path:
+    """The harness's self-signed test certificate as ``cert.pem`` + ``priv.key`` (world-readable: the
+    container's user reads them through a read-only bind mount)."""
+    from kvconform.moqt.tls import test_certificate
+
+    cert = test_certificate()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, pem in (("cert.pem", cert.certificate_pem), ("priv.key", cert.private_key_pem)):
+        path = folder / name
+        path.write_bytes(pem)
+        path.chmod(0o644)
+    return folder
+
+
+def _target(testbed: Testbed, name: str) -> TargetSpec:
+    return parse_target(name, testbed)
+
+
+@contextlib.contextmanager
+def aiomoqt_relay(testbed: Testbed, certs: Path | None = None) -> Iterator[RelayEndpoint]:
+    """aiomoqt's relay in docker on a free UDP port of 127.0.0.1, ready (log line + port bound)."""
+    with contextlib.ExitStack() as stack:
+        if certs is None:
+            certs = write_certificates(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvc-certs-"))))
+        port = dk.free_port("udp")
+        spec = dk.container_spec(_target(testbed, RELAY_TARGET), testbed, {"port": str(port), "certs": str(certs)})
+        stack.enter_context(dk.running(spec))
+        yield RelayEndpoint("aiomoqt", port)
+
+
+def run_aiomoqt_client(testbed: Testbed, testcase: str, relay_url: str,
+                       timeout_s: float = CLIENT_TIMEOUT_S) -> TapPoint:
+    """Run one moq-interop-runner test case of aiomoqt's client against ``relay_url``; its TAP point.
+    Exit 127 (the client does not support the case) ends the test not-applicable."""
+    from kvconform.verdicts import not_applicable
+
+    spec = dk.container_spec(_target(testbed, CLIENT_TARGET), testbed,
+                             {"relay_url": relay_url, "testcase": testcase})
+    result = dk.run_to_completion(spec, timeout_s)
+    if result.exit_code == 127:
+        not_applicable(f"aiomoqt client does not support test case {testcase!r}: {result.stdout[-300:]}")
+    try:
+        points = parse_tap(result.stdout)
+    except TapError as exc:
+        raise DriverError(f"aiomoqt client, test case {testcase}: exit {result.exit_code}, {exc}; "
+                          f"stderr: {result.stderr[-1500:]}") from exc
+    if len(points) != 1 or points[0].name != testcase:
+        raise DriverError(f"aiomoqt client, test case {testcase}: expected one TAP point named {testcase}, got "
+                          f"{[p.name for p in points]}")
+    point = points[0]
+    if point.ok != (result.exit_code == 0):
+        raise DriverError(f"aiomoqt client, test case {testcase}: TAP says ok={point.ok} but exit code is "
+                          f"{result.exit_code}")
+    evidence.record("received", "tap-point", {"testcase": testcase, "ok": point.ok, "directive": point.directive,
+                                              "diagnostics": point.diagnostics})
+    return point
+
+
+# ---- our relay -----------------------------------------------------------------------------------------
+
+
+def our_relay_problem() -> str | None:
+    """Why ``kvconform serve moqt-relay`` cannot run here, or None."""
+    try:
+        from kvconform.components import COMPONENTS
+    except ImportError as exc:
+        return f"kvconform.components does not import: {exc}"
+    if "moqt-relay" not in COMPONENTS:
+        return ("`kvconform serve moqt-relay` is not registered in kvconform.components.COMPONENTS yet "
+                "(kvconform/moqt/relay.py)")
+    return None
+
+
+def _follow(stream: Iterator[str], lines: queue.Queue[str | None], name: str) -> None:
+    for line in stream:
+        line = line.rstrip("\n")
+        evidence.record("received", "relay-log", {"relay": name, "line": line})
+        lines.put(line)
+    lines.put(None)
+
+
+@contextlib.contextmanager
+def our_relay(testbed: Testbed, extra_args: tuple[str, ...] = ()) -> Iterator[RelayEndpoint]:
+    """The testbed's ``kvconform-relay`` command (``kvconform serve moqt-relay``) on a free UDP port of
+    127.0.0.1, run by this interpreter, ready when it prints ``listening on``; SIGTERM (then SIGKILL) on
+    exit, every wait bounded."""
+    problem = our_relay_problem()
+    if problem:
+        raise TargetUnavailable(problem)
+    port = dk.free_port("udp")
+    argv = shlex.split(_target(testbed, OUR_RELAY_TARGET).value.replace("{port}", str(port)))
+    if argv[:1] == ["kvconform"]:
+        argv[:1] = [sys.executable, "-m", "kvconform"]  # this checkout's, not whatever is on PATH
+    argv += extra_args
+    evidence.record("sent", "spawn", {"argv": argv})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines: queue.Queue[str | None] = queue.Queue()
+    assert proc.stdout is not None
+    reader = threading.Thread(target=_follow, args=(proc.stdout, lines, "kvconform"), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        seen: list[str] = []
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                line = lines.get(timeout=max(remaining, 0.001))
+            except queue.Empty:
+                raise TargetUnavailable(f"{argv}: no 'listening on' within {READY_TIMEOUT_S} s; output {seen!r}") \
+                    from None
+            if line is None:
+                raise TargetUnavailable(f"{argv}: exited {proc.wait(5)} before listening; output {seen!r}")
+            seen.append(line)
+            if line.startswith("listening on"):
+                break
+        yield RelayEndpoint("kvconform", port)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        reader.join(timeout=5)
+        evidence.record("note", "relay-exit", {"relay": "kvconform", "returncode": proc.returncode})

@@ -1,0 +1,110 @@
+"""The lane's own parts that need no docker: TAP parsing, testbed -> container spec, readiness probes.
+
+Not marked ``interop``: these run in the default suite, on machines without docker too.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from kvconform.targets import docker as dk
+from kvconform.targets.spec import parse_target
+
+from .peers import CLIENT_TARGET, OUR_RELAY_TARGET, RELAY_TARGET, aiomoqt_testbed, aiomoqt_testcases
+from .tap import TapError, parse_tap
+
+TAP = """TAP version 14
+# date: 2026-11-29T15:29:19Z
+1..2
+ok 1 - data-subgroup-basic
+  ---
+  duration_ms: 71
+  sessions:
+    publisher:
+      alpn: "moqt-22"
+  message: "15 objects received"
+  ...
+not ok 2 - rendezvous-timeout
+  ---
+  message: "REQUEST_ERROR code=0x10, expected TIMEOUT"
+  expected: "REQUEST_ERROR TIMEOUT"
+  ...
+"""
+
+
+def test_tap_points_and_diagnostics() -> None:
+    ok, bad = parse_tap(TAP)
+    assert (ok.name, ok.ok, ok.diagnostics["sessions"]["publisher"]["alpn"]) == ("data-subgroup-basic", True,
+                                                                                 "moqt-22")
+    assert (bad.name, bad.ok, bad.skipped, bad.compat) == ("rendezvous-timeout", False, False, False)
+    assert "expected='REQUEST_ERROR TIMEOUT'" in bad.describe()
+
+
+def test_tap_directives() -> None:
+    text = "TAP version 14\n1..2\nnot ok 1 - x # SKIP unsupported test case\nok 2 - y # COMPAT\n"
+    skipped, compat = parse_tap(text)
+    assert skipped.skipped and skipped.directive == "SKIP unsupported test case" and not compat.skipped
+    assert compat.compat and compat.ok
+
+
+@pytest.mark.parametrize("text", ["ok 1 - x\n", "TAP version 14\nok 1 - x\n"])
+def test_tap_without_header_or_plan_is_refused(text: str) -> None:
+    with pytest.raises(TapError):
+        parse_tap(text)
+
+
+def test_relay_target_becomes_a_host_network_container(tmp_path: Path) -> None:
+    bed = aiomoqt_testbed()
+    spec = dk.container_spec(parse_target(RELAY_TARGET, bed), bed, {"port": "4433", "certs": str(tmp_path)})
+    assert spec.image == "kvconform/aiomoqt:0.13.3"
+    # The certificate folder is mounted read-only at /certs and the command names it there.
+    assert spec.mounts == {str(tmp_path): "/certs"}
+    assert spec.command[:4] == ["moq-interop-relay", "--quic", "--draft", "22"]
+    assert spec.command[spec.command.index("--cert") + 1] == "/certs/cert.pem"
+    assert spec.command[spec.command.index("--port") + 1] == "4433"
+    assert spec.ready.probe == "udp-bound" and spec.ready.probe_port == 4433
+    assert spec.ready.log_pattern is not None and "4433" in spec.ready.log_pattern
+    assert spec.build is not None and (spec.build.context / spec.build.dockerfile).is_file()
+    kwargs = dk._run_kwargs(spec)
+    assert kwargs["network_mode"] == "host" and "ports" not in kwargs
+    assert kwargs["volumes"] == {str(tmp_path): {"bind": "/certs", "mode": "ro"}}
+
+
+def test_missing_placeholder_is_refused() -> None:
+    bed = aiomoqt_testbed()
+    with pytest.raises(dk.DockerUnavailable, match=r"\{testcase\}"):
+        dk.container_spec(parse_target(CLIENT_TARGET, bed), bed, {"relay_url": "moqt://127.0.0.1:1"})
+
+
+def test_testbed_declares_both_relays_and_the_client_cases() -> None:
+    bed = aiomoqt_testbed()
+    assert {RELAY_TARGET, CLIENT_TARGET, OUR_RELAY_TARGET} <= set(bed.targets)
+    cases = aiomoqt_testcases(bed)
+    assert len(cases) == len(set(cases)) == 14 and "data-subgroup-basic" in cases
+    for name in (RELAY_TARGET, OUR_RELAY_TARGET):
+        assert parse_target(name, bed).pics["moqt"]["alpn"] == ["moqt-22"]
+
+
+def test_udp_bound_probe_sees_a_bound_port() -> None:
+    port = dk.free_port("udp")
+    assert not dk._probe("udp-bound", port)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("0.0.0.0", port))  # what aiomoqt's relay does: all interfaces
+        assert dk._probe("udp-bound", port)
+
+
+def test_tcp_probe_sees_a_listener() -> None:
+    port = dk.free_port("tcp")
+    assert not dk._probe("tcp", port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+        assert dk._probe("tcp", port)
+
+
+def test_readiness_needs_probe_and_port_together() -> None:
+    with pytest.raises(ValueError, match="probe and probe_port"):
+        dk.Readiness(probe="tcp")
