@@ -35,7 +35,7 @@ __all__ = [
 TargetKind = Literal["reference", "url", "cmd", "python"]
 
 # URL scheme -> suites a target reached that way can play; each protocol lane adds its schemes.
-URL_SCHEME_ROLES: dict[str, set[str]] = {"grpc": {"tlkv-decode"}}
+URL_SCHEME_ROLES: dict[str, set[str]] = {"grpc": {"tlkv-decode"}, "moqt": {"moqt-relay"}}
 
 # cmd: placeholder -> suite a spawned implementation with that placeholder plays; each lane adds its own.
 CMD_PLACEHOLDER_ROLES: dict[str, str] = {

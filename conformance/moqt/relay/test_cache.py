@@ -1,0 +1,172 @@
+"""moqt-relay: objects served again (fill of a later subscriber, FETCH) are byte-identical to the published
+ones in every field a cache must store (moqt-d22-profile section 12 "Caching"; EDR "Caching Relays").
+
+A first subscriber makes the relay follow the track and receives all of it; then a second session joins
+with Next Object + fill and FETCHes the whole track, both served from what the relay kept. Objects come
+in every shape that exposes a lossy cache: empty, one byte, several packets, binary; Subgroup IDs 0, 1
+and 3 (the fetch encoding's zero / next / explicit cases); priorities 0, 7 and 255; Object Properties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvconform.fixtures.moqt import (
+    CLIENT_TIMEOUT,
+    Publisher,
+    RelayUnderTest,
+    fetch,
+    publisher,
+    record,
+    run_check,
+    session,
+    subscribe,
+)
+from kvconform.moqt.client import RequestRejected
+from kvconform.moqt.filters import LocationFilter
+from kvconform.moqt.structures import KeyValuePair, Location, encode_kvps
+
+pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
+
+
+def publish_shapes(pub: Publisher, rng: np.random.Generator) -> None:
+    props = encode_kvps([KeyValuePair(0x78, int(rng.integers(0, 1 << 30))), KeyValuePair(0x79, rng.bytes(7))])
+    sizes = [0, 1, 1200, 70_000, int(rng.integers(2, 500))]
+    for g, (subgroup, priority) in enumerate(((0, 7), (1, 0), (3, 255))):
+        for o, size in enumerate(sizes):
+            pub.publish(g, o, rng.bytes(size), subgroup=subgroup, priority=priority,
+                        properties=props if o in (0, 3) else b"")
+        pub.end_of_group(g, len(sizes), subgroup=subgroup, priority=priority)
+
+
+def compare(label: str, objects: list[Any], published: dict[Location, Any]) -> list[str]:
+    problems = []
+    seen = set()
+    for o in objects:
+        if o.end_of_range is not None or o.status:
+            continue
+        seen.add(o.location)
+        want = published.get(o.location)
+        if want is None:
+            problems.append(f"[{label}] {o.location} served but never published")
+            continue
+        if o.payload != want.payload:
+            problems.append(f"[{label}] {o.location}: payload of {len(o.payload)} bytes differs from the "
+                            f"{len(want.payload)} published")
+        if o.subgroup_id != want.subgroup_id:
+            problems.append(f"[{label}] {o.location}: Subgroup ID {o.subgroup_id}, published {want.subgroup_id}")
+        if o.publisher_priority not in (None, want.publisher_priority):
+            problems.append(f"[{label}] {o.location}: priority {o.publisher_priority}, published "
+                            f"{want.publisher_priority}")
+        if (o.properties or b"") != want.properties:
+            problems.append(f"[{label}] {o.location}: Object Properties {o.properties!r}, published "
+                            f"{want.properties!r}")
+    missing = sorted(set(published) - seen)
+    if missing:
+        problems.append(f"[{label}] never served: {[str(m) for m in missing]}")
+    return problems
+
+
+@pytest.mark.req("MOQT-RELAY-CACHE-IDENTICAL")
+def test_cached_objects_are_byte_identical(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
+    async def scenario() -> list[str]:
+        ns = moqt_relay.namespace(rng)
+        token = moqt_relay.token("subscriber")
+        async with publisher(moqt_relay, ns, object_properties=True) as pub, \
+                session(moqt_relay, "first subscriber") as first_client, \
+                session(moqt_relay, "later subscriber") as later_client:
+            first = await subscribe(first_client, ns, auth=token)
+            publish_shapes(pub, rng)
+            published = pub.published()
+            last = max(pub.track.objects)
+            while last not in first.seen:  # the relay has received (and cached) everything
+                await first.next_object(CLIENT_TIMEOUT)
+            problems = compare("first subscriber, live", list(first.objects), published)
+            later = await subscribe(later_client, ns, auth=token)
+            state = await later.wait_fill(CLIENT_TIMEOUT)
+            if state != "fin":
+                problems.append(f"[later subscriber, fill] fill stream {state}")
+            problems += compare("later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
+            try:
+                result = await fetch(later_client, ns, auth=token)
+                problems += compare("FETCH", result.objects, published)
+            except RequestRejected as exc:
+                problems.append(f"[FETCH] of the cached track refused or reset: {exc}")
+            return problems
+
+    run_check(scenario, "MOQT-RELAY-CACHE-IDENTICAL", "cache identity")
+
+
+@pytest.mark.req("MOQT-RELAY-MAX-CACHE-DURATION")
+def test_expired_objects_are_not_served_from_cache(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
+    """Track Property MAX_CACHE_DURATION 300 ms; the relay received the objects live; 0.6 s later (real time:
+    the expiry itself is under test) a FETCH must not be served from the expired entries, and the publisher
+    refuses the relay's FETCH, so nothing may be delivered (a REQUEST_ERROR or unknown ranges instead)."""
+    from kvconform.moqt.errors import RequestErrorCode
+    from kvconform.moqt.messages import Fetch
+    from kvconform.moqt.session import RequestReceived
+    from kvconform.moqt.structures import PropertyType
+
+    def refuse_fetch(client: Any, event: RequestReceived) -> bool:
+        if isinstance(event.message, Fetch):
+            client.session.reject(event.stream_id, RequestErrorCode.INTERNAL_ERROR, "kvconform: not served")
+            return True
+        return False
+
+    async def scenario() -> list[str]:
+        ns = moqt_relay.namespace(rng)
+        token = moqt_relay.token("subscriber")
+        props = (KeyValuePair(PropertyType.MAX_CACHE_DURATION, 300),)
+        async with publisher(moqt_relay, ns, properties=props, on_request=refuse_fetch) as pub, \
+                session(moqt_relay, "subscriber") as client:
+            live = await subscribe(client, ns, fill=False, auth=token)
+            for o in range(3):
+                pub.publish(0, o, rng.bytes(64))
+            while Location(0, 2) not in live.seen:
+                await live.next_object(CLIENT_TIMEOUT)
+            await asyncio.sleep(0.6)  # let MAX_CACHE_DURATION pass: the condition under test, not a sync wait
+            try:
+                result = await fetch(client, ns, location_filter=LocationFilter.absolute_start(0, 0), auth=token)
+            except RequestRejected as exc:
+                record("received", "FETCH refused or reset", error=str(exc))
+                return []
+            served = [str(o.location) for o in result.objects if o.end_of_range is None]
+            return [f"objects {served} served 0.6 s after arrival with MAX_CACHE_DURATION 300 ms"] if served else []
+
+    run_check(scenario, "MOQT-RELAY-MAX-CACHE-DURATION", "MAX_CACHE_DURATION")
+
+
+@pytest.mark.req("MOQT-DATA-MALFORMED-DUPLICATE")
+def test_a_duplicate_object_with_another_payload_makes_the_track_malformed(moqt_relay: RelayUnderTest,
+                                                                         rng: np.random.Generator) -> None:
+    """The publisher sends Object {0,0} again on a second subgroup stream with a different payload: the
+    relay must end the subscription with PUBLISH_DONE MALFORMED_TRACK (0x12) and never forward the second
+    payload (profile sections 9.3, 12)."""
+    from kvconform.moqt.errors import PublishDoneCode
+
+    async def scenario() -> list[str]:
+        ns = moqt_relay.namespace(rng)
+        async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as client:
+            sub = await subscribe(client, ns, fill=False, auth=moqt_relay.token("subscriber"))
+            first, second = b"first " + rng.bytes(8), b"second " + rng.bytes(8)
+            pub.publish(0, 0, first)
+            while Location(0, 0) not in sub.seen:
+                await sub.next_object(CLIENT_TIMEOUT)
+            session_ = pub.client.session
+            for stream_id in list(pub.track.subscribers):  # the relay's upstream subscription(s)
+                sid = session_.open_subgroup(stream_id, 0, 0, 128, first_object=True)
+                session_.write_object(sid, 0, second, end_stream=True)
+            record("sent", "duplicate Object {0,0} with another payload", len=len(second))
+            done = await sub.wait_done(CLIENT_TIMEOUT)
+            problems = []
+            if done.status_code != PublishDoneCode.MALFORMED_TRACK:
+                problems.append(f"PUBLISH_DONE status 0x{done.status_code:x}, expected MALFORMED_TRACK (0x12)")
+            if any(o.payload == second for o in sub.objects):
+                problems.append("the conflicting second payload was forwarded")
+            return problems
+
+    run_check(scenario, "MOQT-DATA-MALFORMED-DUPLICATE", "malformed duplicate (waiting for PUBLISH_DONE)")

@@ -1,0 +1,235 @@
+"""MOQT drivers: how the ``moqt-relay`` suite reaches a relay under test (moqt-d22-profile section 12).
+
+A relay is reached at a ``moqt://host:port`` URL; the driver only decides who runs it:
+
+- ``reference``: kvconform's caching relay (``kvconform.moqt.relay.Relay``) on 127.0.0.1 with a free
+  port, in-process on its own event-loop thread, started with the authorization policy the PICS declare
+  (``harness_policy``);
+- ``python:<module>:<Class>``: a ``Relay`` subclass (the harness's mutant relays, or a vendor's
+  in-process relay class taking the same keyword arguments), run the same way;
+- ``moqt://host:port``: a relay someone else runs; its policy must match what the PICS declare.
+
+The suite's authorization expectations are data in the PICS (``moqt.relay.prefix``,
+``moqt.relay.tokens``), never guessed: ``RelayAccess`` reads them and ``harness_policy`` turns them into
+the policy an owned relay starts with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from kvconform.moqt.structures import AuthToken, TrackNamespace
+from kvconform.targets.spec import Pics
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DriverError",
+    "InProcessRelay",
+    "RelayAccess",
+    "RelayDriver",
+    "RemoteRelay",
+    "TargetUnavailable",
+    "driver_for",
+    "harness_policy",
+    "relay_access",
+]
+
+START_TIMEOUT = 10.0  # seconds to bind and start an owned relay
+STOP_TIMEOUT = 5.0
+# Prefix under which the suite publishes when a relay declares no authorization (and so no prefix).
+DEFAULT_PREFIX: tuple[str, ...] = ("kvconform", "moqt-relay")
+TOKEN_ROLES = ("publisher", "subscriber", "outsider", "expired")
+
+
+class DriverError(RuntimeError):
+    """The relay misbehaved while driven, or the target cannot play moqt-relay: a finding or a usage error."""
+
+
+class TargetUnavailable(DriverError):
+    """The relay could not be started or reached at all: a setup problem, never a verdict on it."""
+
+
+# ---- what the PICS declare ----------------------------------------------------------------------
+
+
+def _field(value: object, where: str) -> bytes:
+    if isinstance(value, str) and value:
+        return value.encode("utf-8")
+    if isinstance(value, dict) and isinstance(value.get("hex"), str):
+        return bytes.fromhex(value["hex"])
+    raise DriverError(f"PICS {where}: got {value!r}, expected a non-empty string or {{hex: ...}}")
+
+
+@dataclass(frozen=True)
+class RelayAccess:
+    """The relay's declared authorization: who may publish and subscribe under which prefix.
+
+    ``authorization`` False (declared) means the relay authorizes every request; then no token is needed
+    and the authorization checks are not applicable. Token values are sent as USE_VALUE, Token Type 0.
+    """
+
+    authorization: bool
+    prefix: TrackNamespace
+    tokens: dict[str, bytes]
+
+    def token(self, role: str) -> tuple[AuthToken, ...]:
+        """The AUTHORIZATION_TOKEN parameters a request of ``role`` carries (none without authorization)."""
+        value = self.tokens.get(role)
+        return () if value is None else (AuthToken.use_value(value),)
+
+
+def relay_access(pics: Pics) -> RelayAccess:
+    """Read ``moqt.relay.authorization``, ``.prefix`` and ``.tokens`` (testbeds/schema/pics-moqt.schema.json)."""
+    authorization = bool(pics.get("moqt.relay.authorization", True))
+    raw_prefix = pics.get("moqt.relay.prefix")
+    raw_tokens = pics.get("moqt.relay.tokens") or {}
+    if not isinstance(raw_tokens, dict):
+        raise DriverError(f"PICS moqt.relay.tokens: got {raw_tokens!r}, expected a mapping role -> token")
+    tokens = {role: _field(v, f"moqt.relay.tokens.{role}") for role, v in raw_tokens.items() if v is not None}
+    if authorization:
+        missing = [r for r in ("publisher", "subscriber", "outsider") if r not in tokens]
+        if raw_prefix is None or missing:
+            raise DriverError(
+                "PICS moqt.relay: a relay that authorizes requests (moqt.relay.authorization, default true) "
+                f"must declare moqt.relay.prefix and moqt.relay.tokens.{{publisher,subscriber,outsider}}; "
+                f"missing: {', '.join((['prefix'] if raw_prefix is None else []) + [f'tokens.{m}' for m in missing])}")
+    if raw_prefix is None:
+        prefix = TrackNamespace.of(*DEFAULT_PREFIX)
+    else:
+        if not isinstance(raw_prefix, list) or not raw_prefix:
+            raise DriverError(f"PICS moqt.relay.prefix: got {raw_prefix!r}, expected a list of 1..28 fields")
+        prefix = TrackNamespace(tuple(_field(f, f"moqt.relay.prefix[{i}]") for i, f in enumerate(raw_prefix)))
+    return RelayAccess(authorization, prefix, tokens)
+
+
+def _yaml_field(value: bytes) -> object:
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"hex": value.hex()}
+    return text if text.isprintable() and text else {"hex": value.hex()}
+
+
+def harness_policy(access: RelayAccess) -> dict[str, Any]:
+    """The relay policy (testbeds/schema/moqt-relay-policy.schema.json) matching the declared PICS: the
+    publisher token may publish and subscribe under the prefix, the subscriber token may subscribe, the
+    expired token held the subscribe right until 1970, the outsider token and anonymous requests nothing."""
+    if not access.authorization:
+        return {"version": 1, "allow_all": True}
+    prefix = [_yaml_field(f) for f in access.prefix.fields]
+    tokens: list[dict[str, Any]] = [
+        {"name": "publisher", "value": _yaml_field(access.tokens["publisher"]),
+         "publish": [prefix], "subscribe": [prefix]},
+        {"name": "subscriber", "value": _yaml_field(access.tokens["subscriber"]), "subscribe": [prefix]},
+    ]
+    if "expired" in access.tokens:
+        tokens.append({"name": "expired", "value": _yaml_field(access.tokens["expired"]), "subscribe": [prefix],
+                       "expires": 1})
+    return {"version": 1, "description": "kvconform moqt-relay suite (from the PICS)",
+            "anonymous": {"subscribe": []}, "tokens": tokens}
+
+
+# ---- drivers ------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class RelayDriver(Protocol):
+    """moqt-relay: a relay the suite can start with a policy (a no-op for one it does not own) and stop."""
+
+    def start(self, policy: dict[str, Any]) -> str:
+        """Start (or locate) the relay; return its ``moqt://host:port`` URL."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class InProcessRelay:
+    """A ``kvconform.moqt.relay.Relay`` (sub)class on 127.0.0.1 with a free port, on its own loop thread."""
+
+    def __init__(self, relay_class: type[Any], **options: Any) -> None:
+        self.relay_class = relay_class
+        self.options = options
+        self.relay: Any = None
+        self._thread: Any = None
+
+    def start(self, policy: dict[str, Any]) -> str:
+        from kvconform.moqt.policy import PolicyError, policy_from_mapping
+        from kvconform.moqt.quic import LoopThread
+
+        try:
+            parsed = policy_from_mapping(policy, "harness policy from the PICS")
+        except PolicyError as exc:
+            raise TargetUnavailable(str(exc)) from exc
+        self._thread = LoopThread(name=f"moqt-relay-{self.relay_class.__name__}")
+
+        async def start() -> Any:
+            relay = self.relay_class(policy=parsed, host="127.0.0.1", port=0, **self.options)
+            return await relay.start()
+
+        try:
+            self.relay = self._thread.run(start(), START_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            self._thread.close(STOP_TIMEOUT)
+            raise TargetUnavailable(f"{self.relay_class.__name__} did not start on 127.0.0.1: {exc!r}") from exc
+        return str(self.relay.url)
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        try:
+            if self.relay is not None:
+                self._thread.run(self.relay.close(STOP_TIMEOUT), STOP_TIMEOUT + 1.0)
+        except (TimeoutError, asyncio.CancelledError, RuntimeError):
+            pass  # the loop is torn down below either way
+        finally:
+            self._thread.close(STOP_TIMEOUT)
+            self._thread = self.relay = None
+
+
+class RemoteRelay:
+    """A relay already running at a URL, started and stopped by someone else."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def start(self, policy: dict[str, Any]) -> str:
+        return self.url
+
+    def stop(self) -> None:
+        return None
+
+
+def _relay_class(value: str) -> type[Any]:
+    module_name, _, attr = value.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise DriverError(f"python target {value}: cannot import it: {exc}") from exc
+    from kvconform.moqt.relay import Relay
+
+    if not (isinstance(obj, type) and issubclass(obj, Relay)):
+        raise DriverError(f"python target {value}: not a subclass of kvconform.moqt.relay.Relay (suite moqt-relay)")
+    return obj
+
+
+def driver_for(suite: str, kind: str, value: str) -> RelayDriver:
+    """The driver of ``suite`` (moqt-relay) for a target of ``kind`` ("reference", "python", "url")."""
+    if suite != "moqt-relay":
+        raise DriverError(f"no MOQT driver for suite {suite}")
+    if kind == "reference":
+        from kvconform.moqt.relay import Relay
+
+        return InProcessRelay(Relay)
+    if kind == "python":
+        return InProcessRelay(_relay_class(value))
+    if kind == "url":
+        if not value.startswith("moqt://"):
+            raise DriverError(f"target {value}: a relay is reached at moqt://host:port")
+        return RemoteRelay(value)
+    raise DriverError(f"target {kind}:{value} cannot play {suite} (use reference, python:<module>:<Class> "
+                      "or moqt://host:port)")

@@ -1,0 +1,420 @@
+"""Broken MOQT relays (targets: python:tests.mutants.moqt:<Name>), for the moqt-relay suite's own tests.
+
+Each class is the reference relay (``kvconform.moqt.relay.Relay``) with one method overridden, breaking
+the requirement named in its docstring's first line; MUTANTS maps it to the check functions that must
+fail. The harness starts them like the reference, with the policy the PICS declare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvconform.moqt import quic
+from kvconform.moqt.cache import CachedObject
+from kvconform.moqt.data import SG_FIRST_OBJECT, EndOfRange, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
+from kvconform.moqt.errors import MoqtDecodeError, RequestErrorCode, SessionError, StreamResetCode
+from kvconform.moqt.filters import RangeFilter
+from kvconform.moqt.messages import Subscribe, SubscribeNamespace
+from kvconform.moqt.policy import Decision, Right
+from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, _Refusal
+from kvconform.moqt.session import Request
+from kvconform.moqt.structures import KeyValuePair, Location, Parameters, TrackNamespace
+
+# ---- delivery and fill ------------------------------------------------------------------------------
+
+
+class DropsFillRelay(Relay):
+    """MOQT-FILL-EXACTLY-ONCE: opens the fill stream and FINs it, but leaves out every cached object."""
+
+    def fill_items(self, *args: Any, **kwargs: Any) -> list[FetchObject | EndOfRange]:
+        return []
+
+
+class DoubleFillRelay(Relay):
+    """MOQT-FILL-EXACTLY-ONCE: serves each fill twice, so every fill object is delivered two times."""
+
+    async def serve_fill(self, *args: Any, **kwargs: Any) -> None:
+        for _ in range(2):
+            await super().serve_fill(*args, **kwargs)
+
+
+class AlteringRelay(Relay):
+    """MOQT-RELAY-NO-MODIFY: reverses the payload bytes of the objects it forwards on subscriptions."""
+
+    def forward_object(self, ds: Downstream, st: InStream, obj: SubgroupObject) -> None:
+        if len(obj.payload) > 1:
+            obj = SubgroupObject(obj.object_id, obj.payload[::-1], obj.status, obj.properties, obj.track_alias,
+                                 obj.group_id, obj.subgroup_id, obj.publisher_priority)
+        super().forward_object(ds, st, obj)
+
+
+class DropsEndMarkersRelay(Relay):
+    """MOQT-RELAY-END-MARKERS: does not forward End of Group and End of Track status objects."""
+
+    def forward_object(self, ds: Downstream, st: InStream, obj: SubgroupObject) -> None:
+        if obj.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK):
+            return
+        super().forward_object(ds, st, obj)
+
+
+class CorruptCacheRelay(Relay):
+    """MOQT-RELAY-CACHE-IDENTICAL: serves cached objects (fills, FETCH) with their last payload byte flipped."""
+
+    def to_fetch_object(self, obj: CachedObject) -> FetchObject:
+        served = super().to_fetch_object(obj)
+        if not served.payload:
+            return served
+        payload = served.payload[:-1] + bytes([served.payload[-1] ^ 0x01])
+        return FetchObject(served.group_id, served.object_id, payload, served.subgroup_id,
+                           served.publisher_priority, served.properties)
+
+
+class MalformedPropertiesRelay(Relay):
+    """MOQT-CTRL-KVP: forwards Object Properties as bytes that are no Key-Value-Pair (an odd Type with no
+    Length)."""
+
+    def forward_object(self, ds: Downstream, st: InStream, obj: SubgroupObject) -> None:
+        if obj.properties:
+            obj = SubgroupObject(obj.object_id, obj.payload, obj.status, b"\x01", obj.track_alias,
+                                 obj.group_id, obj.subgroup_id, obj.publisher_priority)
+        super().forward_object(ds, st, obj)
+
+
+class NoFirstObjectRelay(Relay):
+    """MOQT-DATA-FIRST-OBJECT: clears FIRST_OBJECT on every stream it forwards."""
+
+    def forward_object(self, ds: Downstream, st: InStream, obj: SubgroupObject) -> None:
+        st.header = dataclasses.replace(st.header, type_flags=st.header.type_flags & ~SG_FIRST_OBJECT)
+        super().forward_object(ds, st, obj)
+
+
+class IgnoresForwardRelay(Relay):
+    """MOQT-SUB-FORWARD: delivers objects to a subscription whose FORWARD is 0."""
+
+    def accept_subscribe(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> Downstream:
+        ds = super().accept_subscribe(peer, req, msg, track)
+        ds.forward = True
+        return ds
+
+
+class DropsTrackPropertiesRelay(Relay):
+    """MOQT-RELAY-TRACK-PROPERTIES: forgets the Track Properties its publishers announce."""
+
+    def _learn_track(self, track: Track, props: tuple[KeyValuePair, ...], largest: Location | None) -> None:
+        super()._learn_track(track, (), largest)
+
+
+class RangeFilterBlindFillRelay(Relay):
+    """MOQT-PARAM-RANGE-FILTER: serves fills without applying the subscription's Range Filters."""
+
+    def fill_items(self, ds: Downstream, start: Location, end: Location, descending: bool,
+                   filters: Sequence[RangeFilter], *rest: Any) -> list[FetchObject | EndOfRange]:
+        return super().fill_items(ds, start, end, descending, (), *rest)
+
+
+class NeverResetsRelay(Relay):
+    """MOQT-FILL-CANCEL-RESETS: never resets a data stream, so a cancelled subscription's fill stays open."""
+
+    async def _serve_peer(self, conn: quic.MoqtConnection) -> None:
+        conn.session.reset_data_stream = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        await super()._serve_peer(conn)
+
+
+class CacheForeverRelay(Relay):
+    """MOQT-RELAY-MAX-CACHE-DURATION: ignores the Track Property MAX_CACHE_DURATION (serves expired objects)."""
+
+    def _learn_track(self, track: Track, props: tuple[KeyValuePair, ...], largest: Location | None) -> None:
+        super()._learn_track(track, props, largest)
+        track.cache.max_cache_duration_ms = None
+
+
+class AcceptsConflictsRelay(Relay):
+    """MOQT-DATA-MALFORMED-DUPLICATE: drops a conflicting duplicate silently instead of treating the track as
+    malformed (no PUBLISH_DONE MALFORMED_TRACK)."""
+
+    def _track_malformed(self, track: Track) -> None:
+        return None
+
+
+# ---- FETCH ------------------------------------------------------------------------------------------
+
+
+class ReorderedFetchRelay(Relay):
+    """MOQT-FETCH-ORDER: writes a FETCH's groups in the opposite of the requested group order."""
+
+    def serve_fetch_range(self, peer: Peer, req: Request, track: Track, stream_id: int,
+                          items: Sequence[FetchObject | EndOfRange]) -> None:
+        writer = peer.session._out[stream_id].fetch
+        flipped = GroupOrder.DESCENDING if writer.group_order == GroupOrder.ASCENDING else GroupOrder.ASCENDING
+        writer.group_order = flipped  # the stream stays decodable, with the groups in the wrong order
+        objects = [i for i in items if isinstance(i, FetchObject)]
+        sign = -1 if flipped == GroupOrder.DESCENDING else 1
+        objects.sort(key=lambda o: (sign * o.group_id, o.object_id))
+        self.write_fetch_items(peer, stream_id, objects)
+
+
+class EmptyFetchResetRelay(Relay):
+    """MOQT-FETCH-EMPTY: resets the fetch stream of a range that holds no object instead of ending it with FIN."""
+
+    def serve_fetch_range(self, peer: Peer, req: Request, track: Track, stream_id: int,
+                          items: Sequence[FetchObject | EndOfRange]) -> None:
+        if not any(isinstance(i, FetchObject) for i in items):
+            peer.session.reset_data_stream(stream_id, StreamResetCode.INTERNAL_ERROR)
+            return
+        super().serve_fetch_range(peer, req, track, stream_id, items)
+
+
+class InternalErrorRefusalRelay(Relay):
+    """MOQT-FETCH-INVALID-RANGE: refuses every request it refuses with REQUEST_ERROR INTERNAL_ERROR (0x0)."""
+
+    def _refuse(self, peer: Peer, req: Request, code: int, reason: str) -> None:
+        super()._refuse(peer, req, RequestErrorCode.INTERNAL_ERROR, reason)
+
+
+# ---- namespaces ---------------------------------------------------------------------------------------
+
+
+class SilentNamespaceRelay(Relay):
+    """MOQT-NS-SUBSCRIBE-NAMESPACE: announces only the publications that existed when SUBSCRIBE_NAMESPACE
+    arrived; later ones and withdrawals are never sent (no NAMESPACE / NAMESPACE_DONE)."""
+
+    def _announce(self, ns: TrackNamespace, done: bool) -> None:
+        return None
+
+
+class OverlapBlindRelay(Relay):
+    """MOQT-NS-PREFIX-OVERLAP: accepts a SUBSCRIBE_NAMESPACE whose prefix overlaps an active one."""
+
+    def handle_subscribe_namespace(self, peer: Peer, req: Request, msg: SubscribeNamespace) -> None:
+        active = dict(peer.namespace_subs)
+        peer.namespace_subs.clear()  # hide the active prefixes from the overlap test
+        try:
+            super().handle_subscribe_namespace(peer, req, msg)
+        finally:
+            peer.namespace_subs.update(active)
+
+
+class ExactRoutingRelay(Relay):
+    """MOQT-RELAY-SUBSCRIBE-ROUTING: routes a SUBSCRIBE only to a publisher of exactly its namespace, not
+    to the publishers of its prefixes."""
+
+    def publishers_for(self, namespace: TrackNamespace) -> list[Peer]:
+        return [p for p in self.peers if not p.gone and namespace in p.publications.values()]
+
+
+class ForwardsPublishNamespaceRelay(Relay):
+    """MOQT-NS-NO-FORWARD-PUBLISH-NAMESPACE: also forwards PUBLISH_NAMESPACE to namespace subscribers (the
+    pre-d22 behaviour)."""
+
+    def _announce(self, ns: TrackNamespace, done: bool) -> None:
+        super()._announce(ns, done)
+        if done:
+            return
+        for sub_peer in self.peers:
+            if not sub_peer.gone and any(p.is_prefix_of(ns) for p in sub_peer.namespace_subs.values()):
+                sub_peer.session.publish_namespace(ns)
+
+
+class EagerOkRelay(Relay):
+    """MOQT-RELAY-ESTABLISHED-BEFORE-OK: answers SUBSCRIBE_OK without waiting for the upstream subscription."""
+
+    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+        self.accept_subscribe(peer, req, msg, track)
+
+
+class ClosesOnUnknownCodeRelay(Relay):
+    """MOQT-ERR-UNKNOWN-CODE: closes the publisher's session when it refuses a SUBSCRIBE with a code the relay
+    does not know."""
+
+    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+        sources = [u.peer for u in track.upstreams]
+        try:
+            await super()._subscribe_when_ready(peer, req, msg, track)
+        except _Refusal as refusal:
+            if refusal.code not in set(RequestErrorCode):
+                for source in sources:
+                    source.session.close(SessionError.PROTOCOL_VIOLATION, f"unknown code 0x{refusal.code:x}")
+            raise
+
+
+class SkipsRequestIdRelay(Relay):
+    """MOQT-CTRL-REQUEST-ID-SEQUENCE: burns a Request ID before each upstream SUBSCRIBE (gaps in 1, 3, 5...)."""
+
+    def open_upstream(self, source: Peer, track: Track) -> Upstream:
+        source.session.next_request_id()
+        return super().open_upstream(source, track)
+
+
+# ---- authorization ------------------------------------------------------------------------------------
+
+
+class OpenRelay(Relay):
+    """MOQT-AUTH-SUBSCRIBE: authorizes every request whatever its token (no authorization at all)."""
+
+    def authorize(self, peer: Peer, right: Right, namespace: TrackNamespace, params: Parameters) -> Decision:
+        return Decision(True)
+
+
+class ExpiryBlindRelay(Relay):
+    """MOQT-AUTH-TOKEN: refuses an expired token with UNAUTHORIZED instead of EXPIRED_AUTH_TOKEN (0x5)."""
+
+    def authorize(self, peer: Peer, right: Right, namespace: TrackNamespace, params: Parameters) -> Decision:
+        decision = super().authorize(peer, right, namespace, params)
+        if not decision.allowed and decision.code == RequestErrorCode.EXPIRED_AUTH_TOKEN:
+            return Decision(False, RequestErrorCode.UNAUTHORIZED, decision.reason)
+        return decision
+
+
+# ---- malformed control messages -----------------------------------------------------------------------
+
+
+class _WrongCloseCode(Relay):
+    """Closes offending sessions with ``wrong`` wherever the session would have used ``right``."""
+
+    right: int = SessionError.PROTOCOL_VIOLATION
+    wrong: int = SessionError.INTERNAL_ERROR
+
+    async def _serve_peer(self, conn: quic.MoqtConnection) -> None:
+        session = conn.session
+        close = session.close
+
+        def close_with_wrong_code(code: int = SessionError.NO_ERROR, reason: str = "") -> None:
+            close(self.wrong if code == self.right else code, reason)
+
+        session.close = close_with_wrong_code  # type: ignore[method-assign]
+        await super()._serve_peer(conn)
+
+
+class InternalErrorCloseRelay(_WrongCloseCode):
+    """MOQT-CTRL-LENGTH-MISMATCH: closes sessions that send malformed messages (bad length, unknown type,
+    parameter not allowed) with INTERNAL_ERROR (0x1) instead of PROTOCOL_VIOLATION (0x3)."""
+
+
+class ParityAsViolationRelay(_WrongCloseCode):
+    """MOQT-CTRL-REQUEST-ID-PARITY: closes on a wrong-parity or duplicate Request ID with
+    PROTOCOL_VIOLATION instead of INVALID_REQUEST_ID (0x4)."""
+
+    right = SessionError.INVALID_REQUEST_ID
+    wrong = SessionError.PROTOCOL_VIOLATION
+
+
+class IgnoresUnknownStreamsRelay(Relay):
+    """MOQT-CTRL-UNKNOWN-STREAM-TYPE: reads a unidirectional stream of unknown type as padding instead of
+    closing the session."""
+
+    async def _serve_peer(self, conn: quic.MoqtConnection) -> None:
+        session = conn.session
+        classify = session._classify
+
+        def lenient(st: Any) -> bool:
+            try:
+                return bool(classify(st))
+            except MoqtDecodeError:
+                st.kind = "padding"
+                return True
+
+        session._classify = lenient  # type: ignore[method-assign]
+        await super()._serve_peer(conn)
+
+
+class FragileRelay(Relay):
+    """MOQT-CTRL-LENGTH-MISMATCH: closes the offending session, then shuts down the whole relay with it."""
+
+    def _peer_gone(self, peer: Peer) -> None:
+        super()._peer_gone(peer)
+        closed = peer.session.closed
+        if closed is not None and not closed.by_peer and closed.code != SessionError.NO_ERROR:
+            asyncio.get_running_loop().create_task(self.close())
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """What a mutant must make fail: its suite, the requirement it breaks, the check functions that must
+    report it, and PICS overrides it runs with (what it declares)."""
+
+    suite: str
+    requirement: str
+    checks: tuple[str, ...]
+    pics: tuple[str, ...] = ()
+
+
+_EXACTLY_ONCE = ("test_next_object_plus_fill_is_exactly_once_mid_track",
+                 "test_objects_published_while_the_subscribe_is_in_flight",
+                 "test_several_subscribers_joining_at_different_points")
+_AUTH = ("test_unauthorized_publish_namespace_is_refused",
+         "test_unauthorized_subscribe_is_refused_and_nothing_delivered",
+         "test_unauthorized_fetch_is_refused_and_nothing_delivered",
+         "test_unauthorized_subscribe_namespace_is_refused")
+
+MUTANTS: dict[str, Mutant] = {
+    "DropsFillRelay": Mutant("moqt-relay", "MOQT-FILL-EXACTLY-ONCE",
+                             (*_EXACTLY_ONCE, "test_cached_objects_are_byte_identical")),
+    "DoubleFillRelay": Mutant("moqt-relay", "MOQT-FILL-EXACTLY-ONCE", _EXACTLY_ONCE),
+    "AlteringRelay": Mutant("moqt-relay", "MOQT-RELAY-NO-MODIFY", ("test_forwarded_objects_are_unchanged_and_in_order",
+                                                                   "test_next_object_plus_fill_is_exactly_once_mid_track")),
+    "DropsEndMarkersRelay": Mutant("moqt-relay", "MOQT-RELAY-END-MARKERS",
+                                   ("test_end_of_group_and_end_of_track_reach_the_subscriber",)),
+    "CorruptCacheRelay": Mutant("moqt-relay", "MOQT-RELAY-CACHE-IDENTICAL",
+                                ("test_cached_objects_are_byte_identical",
+                                 "test_fetch_ranges_arrive_in_ascending_group_order")),
+    "ReorderedFetchRelay": Mutant("moqt-relay", "MOQT-FETCH-ORDER",
+                                  ("test_fetch_ranges_arrive_in_ascending_group_order",
+                                   "test_fetch_descending_group_order")),
+    "EmptyFetchResetRelay": Mutant("moqt-relay", "MOQT-FETCH-EMPTY", ("test_fetch_of_a_range_without_objects",)),
+    "InternalErrorRefusalRelay": Mutant("moqt-relay", "MOQT-FETCH-INVALID-RANGE",
+                                        ("test_fetch_past_the_largest_object_is_invalid_range", *_AUTH)),
+    "SilentNamespaceRelay": Mutant("moqt-relay", "MOQT-NS-SUBSCRIBE-NAMESPACE",
+                                   ("test_namespace_prefix_subscription_sees_every_matching_publication",)),
+    "OverlapBlindRelay": Mutant("moqt-relay", "MOQT-NS-PREFIX-OVERLAP",
+                                ("test_overlapping_namespace_prefixes_in_one_session",)),
+    "ExactRoutingRelay": Mutant("moqt-relay", "MOQT-RELAY-SUBSCRIBE-ROUTING",
+                                ("test_subscribe_reaches_the_publisher_of_a_namespace_prefix",)),
+    "OpenRelay": Mutant("moqt-relay", "MOQT-AUTH-SUBSCRIBE", _AUTH),
+    "ExpiryBlindRelay": Mutant("moqt-relay", "MOQT-AUTH-TOKEN", ("test_expired_token_is_expired_auth_token",)),
+    "InternalErrorCloseRelay": Mutant("moqt-relay", "MOQT-CTRL-LENGTH-MISMATCH",
+                                      ("test_message_length_mismatch", "test_unknown_message_type",
+                                       "test_parameter_not_allowed_in_message",
+                                       "test_response_message_opens_a_request_stream", "test_control_stream_misuse",
+                                       "test_namespace_limits", "test_forbidden_parameter_inside_fill_parameters",
+                                       "test_unknown_location_filter_type")),
+    "IgnoresUnknownStreamsRelay": Mutant("moqt-relay", "MOQT-CTRL-UNKNOWN-STREAM-TYPE",
+                                         ("test_unknown_unidirectional_stream_type",)),
+    "MalformedPropertiesRelay": Mutant("moqt-relay", "MOQT-CTRL-KVP", ("test_everything_the_relay_writes_decodes",)),
+    "NoFirstObjectRelay": Mutant("moqt-relay", "MOQT-DATA-FIRST-OBJECT",
+                                 ("test_end_of_group_and_end_of_track_reach_the_subscriber",)),
+    "IgnoresForwardRelay": Mutant("moqt-relay", "MOQT-SUB-FORWARD",
+                                  ("test_forward_state_0_sends_nothing_until_updated",)),
+    "DropsTrackPropertiesRelay": Mutant("moqt-relay", "MOQT-RELAY-TRACK-PROPERTIES",
+                                        ("test_track_properties_reach_subscribers",)),
+    "RangeFilterBlindFillRelay": Mutant("moqt-relay", "MOQT-PARAM-RANGE-FILTER",
+                                        ("test_object_id_filter_selects_the_first_objects",)),
+    "ForwardsPublishNamespaceRelay": Mutant("moqt-relay", "MOQT-NS-NO-FORWARD-PUBLISH-NAMESPACE",
+                                            ("test_namespace_prefix_subscription_sees_every_matching_publication",)),
+    "EagerOkRelay": Mutant("moqt-relay", "MOQT-RELAY-ESTABLISHED-BEFORE-OK",
+                           ("test_subscribe_ok_only_after_the_upstream_subscription_is_established",)),
+    "NeverResetsRelay": Mutant("moqt-relay", "MOQT-FILL-CANCEL-RESETS",
+                               ("test_cancelling_the_subscription_resets_its_open_fill",)),
+    "CacheForeverRelay": Mutant("moqt-relay", "MOQT-RELAY-MAX-CACHE-DURATION",
+                                ("test_expired_objects_are_not_served_from_cache",)),
+    "AcceptsConflictsRelay": Mutant("moqt-relay", "MOQT-DATA-MALFORMED-DUPLICATE",
+                                    ("test_a_duplicate_object_with_another_payload_makes_the_track_malformed",)),
+    "ClosesOnUnknownCodeRelay": Mutant("moqt-relay", "MOQT-ERR-UNKNOWN-CODE",
+                                       ("test_unknown_error_code_from_upstream_keeps_the_session",)),
+    "SkipsRequestIdRelay": Mutant("moqt-relay", "MOQT-CTRL-REQUEST-ID-SEQUENCE", ("test_the_relays_own_requests",)),
+    "ParityAsViolationRelay": Mutant("moqt-relay", "MOQT-CTRL-REQUEST-ID-PARITY", ("test_wrong_request_id",)),
+    "FragileRelay": Mutant("moqt-relay", "MOQT-CTRL-LENGTH-MISMATCH", ("test_message_length_mismatch",)),
+}
+
+# Checks no mutant is required to fail, and why.
+UNMUTATED_CHECKS: dict[str, str] = {
+    "test_non_minimal_integers_are_accepted": (
+        "vi64 decoding is the shared codec (kvconform.moqt.vi64) under every Relay subclass, so no relay mutant can "
+        "refuse non-minimal encodings without replacing the codec; tests/moqt/test_vi64.py covers the decoder"),
+}
