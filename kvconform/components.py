@@ -15,6 +15,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -23,6 +25,7 @@ from kvconform.tlkv.grpc_decode import DecodeServer, format_address
 from kvconform.tlkv.tool import parse_geometry, parse_versions
 
 STATS_INTERVAL = 5.0  # seconds between counter lines on a terminal
+EXAMPLE_POLICY = "example"  # serve moqt-relay --policy: the packaged policy the loopback PICS describe
 
 
 def serve_tlkv_decode(argv: list[str], stop: threading.Event | None = None) -> int:
@@ -92,8 +95,9 @@ def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> in
                                      description="caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
     parser.add_argument("--port", type=int, default=4443, help="UDP port to bind; 0 picks a free one")
-    parser.add_argument("--policy", help="authorization policy YAML (testbeds/moqt-relay-policy.yaml); "
-                                         "default: every request is authorized")
+    parser.add_argument("--policy", default=EXAMPLE_POLICY,
+                        help="authorization policy YAML; default: the packaged testbeds/moqt-relay-policy.yaml, "
+                             "which the loopback testbed's PICS describe; 'open' authorizes every request")
     parser.add_argument("--relay-class", default="kvconform.moqt.relay:Relay",
                         help="module:Class of the relay to run (a kvconform.moqt.relay.Relay subclass)")
     parser.add_argument("--fill-timeout", type=int, default=DEFAULT_FILL_TIMEOUT_MS,
@@ -106,7 +110,12 @@ def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> in
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        policy = load_policy(args.policy) if args.policy else None
+        if args.policy == "open":
+            policy = None
+        elif args.policy == EXAMPLE_POLICY:
+            policy = load_policy(Path(str(resources.files("kvconform.testbeds"))) / "moqt-relay-policy.yaml")
+        else:
+            policy = load_policy(args.policy)
         relay_class = load_relay_class(args.relay_class)
     except (PolicyError, ValueError, ImportError) as exc:
         print(f"kvconform serve moqt-relay: {exc}", file=sys.stderr)

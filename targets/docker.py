@@ -31,9 +31,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from kvconform.fixtures import evidence
+from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import TargetSpec
 from kvconform.targets.testbed import Testbed
-from kvconform.targets.tlkv import DriverError, TargetUnavailable
 
 if TYPE_CHECKING:  # the SDK is optional at run time
     from docker import DockerClient

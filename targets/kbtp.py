@@ -21,9 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvconform.kbtp.constants import Features, Status
 from kvconform.rdma import PROFILES, ActorGen, Connection, Fabric, Node, Profile
-
-# The lane-independent driver helpers live with the first lane; KBTP reuses them.
-from kvconform.targets.tlkv import DriverError, TargetUnavailable, load_python_target
+from kvconform.targets.drivers import DriverError, TargetUnavailable, load_python_target
 
 __all__ = [
     "DriverError",

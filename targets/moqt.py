@@ -17,11 +17,11 @@ the policy an owned relay starts with.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvconform.moqt.structures import AuthToken, TrackNamespace
+from kvconform.targets.drivers import DriverError, TargetUnavailable, import_python_target
 from kvconform.targets.spec import Pics
 
 __all__ = [
@@ -42,14 +42,6 @@ STOP_TIMEOUT = 5.0
 # Prefix under which the suite publishes when a relay declares no authorization (and so no prefix).
 DEFAULT_PREFIX: tuple[str, ...] = ("kvconform", "moqt-relay")
 TOKEN_ROLES = ("publisher", "subscriber", "outsider", "expired")
-
-
-class DriverError(RuntimeError):
-    """The relay misbehaved while driven, or the target cannot play moqt-relay: a finding or a usage error."""
-
-
-class TargetUnavailable(DriverError):
-    """The relay could not be started or reached at all: a setup problem, never a verdict on it."""
 
 
 # ---- what the PICS declare ----------------------------------------------------------------------
@@ -203,13 +195,7 @@ class RemoteRelay:
 
 
 def _relay_class(value: str) -> type[Any]:
-    module_name, _, attr = value.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise DriverError(f"python target {value}: cannot import it: {exc}") from exc
+    obj = import_python_target(value)
     from kvconform.moqt.relay import Relay
 
     if not (isinstance(obj, type) and issubclass(obj, Relay)):

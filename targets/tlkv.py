@@ -10,7 +10,6 @@ One protocol per role, four ways to reach it:
 
 from __future__ import annotations
 
-import importlib
 import json
 import shlex
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from kvconform.targets.drivers import DriverError, TargetUnavailable, load_python_target
 from kvconform.targets.spec import CMD_PLACEHOLDER_ROLES, cmd_roles
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
@@ -31,14 +31,6 @@ from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
 
 OUTCOMES = ("ok", "format", "shape", "version")
 
-
-
-class DriverError(RuntimeError):
-    """The target misbehaved while driven (it crashed, hung or answered nonsense): a finding."""
-
-
-class TargetUnavailable(DriverError):
-    """The target could not be started or reached at all: a setup problem, never a verdict on it."""
 
 
 @dataclass
@@ -292,15 +284,6 @@ class CmdPrefill:
 
 
 # ---- resolution ----------------------------------------------------------------------------------
-
-
-def load_python_target(value: str) -> Any:
-    """`module:factory` -> the object the factory returns (a class is instantiated with no arguments)."""
-    module_name, _, attr = value.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj() if callable(obj) else obj
 
 
 ROLE_PROTOCOLS: dict[str, type] = {

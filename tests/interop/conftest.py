@@ -15,8 +15,8 @@ import pytest
 
 from kvconform.fixtures import evidence
 from kvconform.targets import docker as dk
+from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.testbed import Testbed
-from kvconform.targets.tlkv import TargetUnavailable
 from kvconform.verdicts import inconclusive
 
 from .peers import (

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from kvconform.fixtures import evidence
 from kvconform.targets import docker as dk
+from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import TargetSpec, parse_target
 from kvconform.targets.testbed import Testbed, default_testbed_path, load_testbed
-from kvconform.targets.tlkv import DriverError, TargetUnavailable
 
 from .tap import TapError, TapPoint, parse_tap
 

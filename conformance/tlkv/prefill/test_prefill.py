@@ -22,8 +22,9 @@ import pytest
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.scenarios import case_seed, make_contents, make_tokens
 from kvconform.fixtures import evidence
+from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import Pics
-from kvconform.targets.tlkv import DriverError, Prefill, TargetUnavailable
+from kvconform.targets.tlkv import Prefill
 from kvconform.tlkv.blockhash import block_fills, chain_hashes
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.content import write_sequence
