@@ -524,6 +524,10 @@ class DataStreamParser:
         self.header: SubgroupHeader | FetchHeader | None = None
         self._buf = bytearray()
         self._base = 0  # stream offset of _buf[0]
+        # Bytes _buf must hold before the next object can be complete: set once an object's header
+        # parsed but its payload has not all arrived, so a big payload arriving packet by packet is not
+        # re-parsed (and re-failed) on every chunk; parsing the same prefix again gives the same result.
+        self._need = 0
         # subgroup state
         self._sg_prev: int | None = None
         self._sg_id: int | None = None
@@ -535,6 +539,9 @@ class DataStreamParser:
 
     def feed(self, data: bytes) -> list[DataEvent]:
         self._buf += data
+        if len(self._buf) < self._need:
+            return []
+        self._need = 0
         out: list[DataEvent] = []
         while self._buf:
             r = Reader(self._buf, 0, final=False)
@@ -615,12 +622,17 @@ class DataStreamParser:
             if status != ObjectStatus.NORMAL and props:
                 raise r.error("Properties", "status objects cannot carry properties", sat)
         else:
-            payload = r.take(length, "Object Payload")
+            payload = self._payload(r, length)
         sub = h.subgroup_id
         if sub is None:  # mode 0b01: the first Object ID on this stream
             sub = self._sg_id if self._sg_id is not None else oid
         self._sg_prev, self._sg_id = oid, sub
         return SubgroupObject(oid, payload, status, props, h.track_alias, h.group_id, sub, h.publisher_priority)
+
+    def _payload(self, r: Reader, length: int) -> bytes:
+        if r.pos + length > r.end:
+            self._need = r.pos + length  # r reads _buf from 0: wait for the whole payload
+        return r.take(length, "Object Payload")
 
     def _fetch_object(self, r: Reader) -> FetchObject | EndOfRange:
         at = r.pos
@@ -686,7 +698,7 @@ class DataStreamParser:
             check_properties(r, decode_kvps(props_r, "Properties"), "Properties", props_r.end - plen)
             props = bytes(self._buf[props_r.end - plen : props_r.end])
         length = r.vi64("Object Payload Length")
-        payload = r.take(length, "Object Payload")
+        payload = self._payload(r, length)
         assert group is not None
         self._group, self._object, self._priority = group, obj, prio
         if subgroup is not None:

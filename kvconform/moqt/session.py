@@ -564,6 +564,10 @@ class Session:
         self._events.clear()
         return out
 
+    def has_pending(self) -> bool:
+        """Whether commands or events are queued (the adapter skips a send pass when there are none)."""
+        return bool(self._commands or self._events)
+
     def _cmd(self, command: Command) -> None:
         if self.closed is not None and not isinstance(command, CloseConnection):
             return

@@ -132,12 +132,12 @@ class Reader:
     def take(self, n: int, field: str) -> bytes:
         if self.pos + n > self.end:
             raise self._short(field, n)
-        value = bytes(self.buf[self.pos : self.pos + n])
+        value = _copy(self.buf, self.pos, self.pos + n)
         self.pos += n
         return value
 
     def rest(self) -> bytes:
-        value = bytes(self.buf[self.pos : self.end])
+        value = _copy(self.buf, self.pos, self.end)
         self.pos = self.end
         return value
 
@@ -148,3 +148,12 @@ class Reader:
         inner = Reader(self.buf, self.pos, self.pos + length, final=True, code=self.code, context=self.context)
         self.pos += length
         return inner
+
+
+def _copy(buf: bytes | bytearray | memoryview, start: int, end: int) -> bytes:
+    """``bytes(buf[start:end])`` with one copy, not two (a bytearray slice is itself a copy); the view
+    is released at once, so the caller may resize a bytearray afterwards."""
+    if isinstance(buf, bytes):
+        return buf[start:end]
+    with memoryview(buf) as view, view[start:end] as part:
+        return bytes(part)
