@@ -14,7 +14,8 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from types import FrameType
@@ -48,37 +49,24 @@ def serve_tlkv_decode(argv: list[str], stop: threading.Event | None = None) -> i
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
 
-    previous: dict[int, Any] = {}
-    if stop is None:
-        stop = threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            event = stop
-
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                event.set()
-
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[signum] = signal.signal(signum, on_signal)
-
-    server = DecodeServer(DecodeSide(args.pool, args.versions), args.host, args.port, args.workers)
-    try:
-        port = server.start()
-    except OSError as exc:
-        print(f"kvconform serve tlkv-decode: {exc}", file=sys.stderr)
-        _restore(previous)
-        return 1
-    print(f"listening on {format_address(args.host, port)}", flush=True)
-    interactive = sys.stdout.isatty()
-    try:
-        while not stop.wait(STATS_INTERVAL):
-            if interactive:
-                counts = server.status_counts()
-                pool = server.side.pool.stats()
-                line = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no RPCs yet"
-                print(f"{line} | pool blocks={pool.blocks} refs={pool.refs} bytes={pool.bytes}", flush=True)
-    finally:
-        server.stop(grace=1.0)
-        _restore(previous)
+    with _until_stopped(stop) as stop:
+        server = DecodeServer(DecodeSide(args.pool, args.versions), args.host, args.port, args.workers)
+        try:
+            port = server.start()
+        except OSError as exc:
+            print(f"kvconform serve tlkv-decode: {exc}", file=sys.stderr)
+            return 1
+        print(f"listening on {format_address(args.host, port)}", flush=True)
+        interactive = sys.stdout.isatty()
+        try:
+            while not stop.wait(STATS_INTERVAL):
+                if interactive:
+                    counts = server.status_counts()
+                    pool = server.side.pool.stats()
+                    line = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no RPCs yet"
+                    print(f"{line} | pool blocks={pool.blocks} refs={pool.refs} bytes={pool.bytes}", flush=True)
+        finally:
+            server.stop(grace=1.0)
     return 0
 
 
@@ -121,29 +109,34 @@ def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> in
         print(f"kvconform serve moqt-relay: {exc}", file=sys.stderr)
         return 2
 
-    previous: dict[int, Any] = {}
-    if stop is None:
-        stop = threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            event = stop
-
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                event.set()
-
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[signum] = signal.signal(signum, on_signal)
-    try:
+    with _until_stopped(stop) as stop:
         relay = relay_class(policy=policy, host=args.host, port=args.port, fill_timeout_ms=args.fill_timeout,
                             cache_bytes=args.cache_mb * 2**20)
         return run_relay(relay, stop, interval=STATS_INTERVAL, show_counters=sys.stdout.isatty(),
                          verbose=args.verbose)
+
+
+@contextmanager
+def _until_stopped(stop: threading.Event | None) -> Iterator[threading.Event]:
+    """The event a component runs until: the caller's, or one SIGINT/SIGTERM set (handlers restored after;
+    only the main thread may install them, so in-process callers pass their own)."""
+    if stop is not None:
+        yield stop
+        return
+    event = threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            event.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        yield event
     finally:
-        _restore(previous)
-
-
-def _restore(previous: dict[int, Any]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 COMPONENTS: dict[str, Callable[[list[str]], int]] = {
