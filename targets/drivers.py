@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DriverError", "TargetUnavailable", "import_python_target", "load_python_target"]
+__all__ = ["DriverError", "TargetUnavailable", "import_python_target", "load_python_target", "python_driver"]
 
 
 class DriverError(RuntimeError):
@@ -36,3 +36,11 @@ def load_python_target(value: str) -> Any:
     """`module:factory` -> the object the factory returns (a class is instantiated with no arguments)."""
     obj = import_python_target(value)
     return obj() if callable(obj) else obj
+
+
+def python_driver(value: str, suite: str, role: type) -> Any:
+    """A ``python:`` target that must implement ``role`` (a runtime-checkable Protocol) to play ``suite``."""
+    obj = load_python_target(value)
+    if not isinstance(obj, role):
+        raise DriverError(f"python target {value}: does not implement {role.__name__} (suite {suite})")
+    return obj

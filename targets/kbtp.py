@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvconform.kbtp.constants import Features, Status
 from kvconform.rdma import PROFILES, ActorGen, Connection, Fabric, Node, Profile
-from kvconform.targets.drivers import DriverError, TargetUnavailable, load_python_target
+from kvconform.targets.drivers import DriverError, TargetUnavailable, python_driver
 
 __all__ = [
     "DriverError",
@@ -250,11 +250,7 @@ def driver_for(suite: str, kind: str, value: str) -> Any:
     if kind == "reference":
         return reference_driver(suite)
     if kind == "python":
-        obj = load_python_target(value)
-        if not isinstance(obj, ROLE_PROTOCOLS[suite]):
-            raise DriverError(f"python target {value}: does not implement {ROLE_PROTOCOLS[suite].__name__} "
-                              f"(suite {suite})")
-        return obj
+        return python_driver(value, suite, ROLE_PROTOCOLS[suite])
     raise DriverError(f"target {kind}:{value} cannot play {suite}: KBTP implementations are reached on a "
                       "harness fabric (reference or python:<module>:<factory>)")
 

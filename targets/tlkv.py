@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable, load_python_target
+from kvconform.targets.drivers import DriverError, TargetUnavailable, python_driver
 from kvconform.targets.spec import CMD_PLACEHOLDER_ROLES, cmd_roles
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
@@ -304,11 +304,7 @@ def driver_for(suite: str, kind: str, value: str) -> Any:
     if kind == "reference":
         return reference_driver(suite)
     if kind == "python":
-        obj = load_python_target(value)
-        if not isinstance(obj, ROLE_PROTOCOLS[suite]):
-            raise DriverError(f"python target {value}: does not implement {ROLE_PROTOCOLS[suite].__name__} "
-                              f"(suite {suite})")
-        return obj
+        return python_driver(value, suite, ROLE_PROTOCOLS[suite])
     if kind == "cmd":
         template = value
         if suite not in cmd_roles(template):
