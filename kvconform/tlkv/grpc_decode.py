@@ -216,6 +216,25 @@ class DecodeServer:
             _record("received", "KvChunk", _chunk_fields(chunk))
             self._observe("KvChunk", chunk)
             stream.receive(chunk)
+        _confirm_half_close(requests)
         if not context.is_active():
             return None  # the requests ended because the call did (cancelled, deadline): commit nothing
         return stream.finish()
+
+
+def _confirm_half_close(requests: Iterator[bytes]) -> None:
+    """Raise grpc.RpcError if the request stream ended because the call was cancelled, not half-closed.
+
+    grpc's sync server ends the request iterator the same way for both: a cancelled call's pending
+    receive also completes with no message, and the cancellation is recorded only when the separate
+    RECV_CLOSE_ON_SERVER event is processed, so ``context.is_active()`` right after the loop can still
+    be True (a stream cut by its deadline got committed: TLKV-XFER-ATOMIC).  One more read is a round
+    trip through grpc's single completion-queue poller: on a half-closed call it ends at once, and on a
+    cancelled one its completion queues behind the RECV_CLOSE_ON_SERVER event core posted with the
+    cancellation, so the iterator raises instead (core's order as observed in grpcio 1.85, not a
+    documented promise: tests/tlkv/test_grpc.py holds the poller between the two events to pin it).
+    What is left is what no RPC can close: a cancellation that arrives after the client's half-close
+    (then the server commits and the client may still see an error).
+    """
+    if next(requests, None) is not None:  # grpc never delivers a message after the end of stream
+        raise RuntimeError("PushKv: grpc delivered a request after the end of the request stream")

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -220,3 +221,86 @@ def test_server_records_evidence(kit: Kit, client: KvTransferClient) -> None:
     assert recorded == [("received", "KvChunk"), ("received", "KvChunk"), ("sent", "PushKvStatus")]
     assert transcript.events[0].fields["block_hash"] == f"0x{kit.hashes[0]:016X}"
     assert transcript.events[2].fields["status"] == "INVALID_ARGUMENT"
+
+
+class _HeldEndOfStream:
+    """Holds grpc's poller thread right after it hands the handler an end of stream (test-only hook).
+
+    grpc's sync server reports a client's cancellation in two completion-queue events: the pending
+    receive ends with no message (read by the request iterator exactly like a half-close), then
+    RECV_CLOSE_ON_SERVER marks the call cancelled.  One poller thread runs both callbacks, so keeping
+    it inside the first until the handler has either finished or asked for another message forces the
+    handler through the window between the two events every time, instead of under load only.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        server_module = pytest.importorskip("grpc._server")
+        original = getattr(server_module, "_receive_message", None)
+        token = getattr(server_module, "_RECEIVE_MESSAGE_TOKEN", None)
+        if original is None or token is None:
+            pytest.skip("grpc._server internals changed: cannot hold the poller between the two events")
+        self.handler_done = threading.Event()
+        self.held = 0
+        self._conditions: list[threading.Condition] = []
+
+        def receive_message(state: Any, call: Any, deserializer: Any) -> Callable[[Any], Any]:
+            callback = original(state, call, deserializer)
+            with state.condition:  # the handler asks for another message: wake a held poller
+                state.condition.notify_all()
+
+            def hold_after_end(event: Any) -> Any:
+                outcome = callback(event)
+                if event.batch_operations[0].message() is None:  # end of stream, whatever the cause
+                    self.held += 1
+                    with state.condition:
+                        self._conditions.append(state.condition)
+                        # bounded: a handler that neither finishes nor reads on is a failure below
+                        state.condition.wait_for(
+                            lambda: self.handler_done.is_set() or token in state.due, timeout=TIMEOUT)
+                return outcome
+
+            return hold_after_end
+
+        monkeypatch.setattr(server_module, "_receive_message", receive_message)
+
+    def observe(self, *event: object) -> None:
+        if event[0] == "PushKvEnd":
+            self.handler_done.set()
+            for condition in list(self._conditions):
+                with condition:
+                    condition.notify_all()
+
+
+def test_a_deadline_between_the_two_grpc_events_stores_nothing(kit: Kit, side: DecodeSide, serve: Serve,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The deterministic form of the CI flake: the handler sees the requests end before grpc has
+    # processed the cancellation; it must still not commit (TLKV-XFER-ATOMIC).
+    hold = _HeldEndOfStream(monkeypatch)
+    server = serve(side, observer=hold.observe)
+    release = threading.Event()
+
+    def stalled() -> Iterator[Chunk]:
+        yield kit.chunk(0)
+        release.wait(TIMEOUT)  # bounded: the deadline below ends the call long before
+
+    try:
+        with KvTransferClient(server.address, timeout=0.5) as client:
+            outcome = client.push(stalled())
+    finally:
+        release.set()
+    assert outcome.status_name == "DEADLINE_EXCEEDED"
+    assert hold.handler_done.wait(TIMEOUT), "the PushKv handler never finished"
+    assert hold.held >= 1, "the hook never saw the end of the request stream"
+    assert side.has_blocks([kit.hashes[0]]) == [False], "a stream cut by its deadline was committed"
+    assert server.status_counts() == {"PushKv CANCELLED": 1}
+
+
+def test_a_completed_stream_under_the_same_hold_is_stored(kit: Kit, side: DecodeSide, serve: Serve,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The control: a real half-close through the same hook must still commit.
+    hold = _HeldEndOfStream(monkeypatch)
+    server = serve(side, observer=hold.observe)
+    with KvTransferClient(server.address, TIMEOUT) as client:
+        outcome = client.push([kit.chunk(0)])
+    assert outcome.ok, outcome.details
+    assert hold.held >= 1 and side.has_blocks([kit.hashes[0]]) == [True]
