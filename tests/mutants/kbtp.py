@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Any
 
 from kvconform.kbtp.constants import RING_SLOT_SIZE, EntryFlags, Features, RequestFlags, Status
@@ -19,6 +18,7 @@ from kvconform.kbtp.messages import Hello, Message
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import Access, Command, Window, pause
 from kvconform.targets.kbtp import ReferenceInitiatorDriver, ReferenceInitiatorEndpoint, ReferenceTargetDriver
+from tests.mutants import Mutant
 
 Steps = Generator[Command, Any, Any]
 
@@ -594,17 +594,6 @@ class AllocatesOutsideItsRange(ReferenceInitiatorDriver):
     """KBTP-HANDLE-OWN-RANGE: unmapped stores name handles past the end of the initiator's range."""
 
     initiator_class = _OutOfRange
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """What a mutant must make fail: its suite, the requirement it breaks, the check functions that must
-    report it, and PICS overrides it runs with (what it declares)."""
-
-    suite: str
-    requirement: str
-    checks: tuple[str, ...]
-    pics: tuple[str, ...] = ()
 
 
 _IB = ("kbtp.target.binding=ib-rc", "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvconform.moqt import quic
@@ -23,6 +22,7 @@ from kvconform.moqt.policy import Decision, Right
 from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, _Refusal
 from kvconform.moqt.session import Request
 from kvconform.moqt.structures import KeyValuePair, Location, Parameters, TrackNamespace
+from tests.mutants import Mutant
 
 # ---- delivery and fill ------------------------------------------------------------------------------
 
@@ -332,17 +332,6 @@ class FragileRelay(Relay):
 
 
 # ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """What a mutant must make fail: its suite, the requirement it breaks, the check functions that must
-    report it, and PICS overrides it runs with (what it declares)."""
-
-    suite: str
-    requirement: str
-    checks: tuple[str, ...]
-    pics: tuple[str, ...] = ()
 
 
 _EXACTLY_ONCE = ("test_next_object_plus_fill_is_exactly_once_mid_track",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -38,6 +37,7 @@ from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.payload import E4M3_MAX, encode_payload, v2_scales
 from kvconform.tlkv.prefill import plan_push
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader, FormatError, Header, VersionError
+from tests.mutants import Mutant
 
 F16Array = npt.NDArray[np.float16]
 
@@ -602,17 +602,6 @@ class UnspecifiedFormatPrefill(_Prefill):
 
     def plan(self, chunks: list[Chunk]) -> list[Chunk]:
         return [Chunk(c.request_id, c.block_index, c.block_hash, 0, c.payload, c.crc32c) for c in chunks]
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """What a mutant must make fail: its suite, the requirement it breaks, the check functions that must
-    report it, and PICS overrides it runs with (what it declares)."""
-
-    suite: str
-    requirement: str
-    checks: tuple[str, ...]
-    pics: tuple[str, ...] = ()
 
 
 MUTANTS: dict[str, Mutant] = {
