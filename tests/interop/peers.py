@@ -40,7 +40,6 @@ __all__ = [
     "aiomoqt_testbed",
     "aiomoqt_testcases",
     "our_relay",
-    "our_relay_problem",
     "run_aiomoqt_client",
     "write_certificates",
 ]
@@ -137,18 +136,6 @@ def run_aiomoqt_client(testbed: Testbed, testcase: str, relay_url: str,
 # ---- our relay -----------------------------------------------------------------------------------------
 
 
-def our_relay_problem() -> str | None:
-    """Why ``kvconform serve moqt-relay`` cannot run here, or None."""
-    try:
-        from kvconform.components import COMPONENTS
-    except ImportError as exc:
-        return f"kvconform.components does not import: {exc}"
-    if "moqt-relay" not in COMPONENTS:
-        return ("`kvconform serve moqt-relay` is not registered in kvconform.components.COMPONENTS yet "
-                "(kvconform/moqt/relay.py)")
-    return None
-
-
 def _follow(stream: Iterator[str], lines: queue.Queue[str | None], name: str) -> None:
     for line in stream:
         line = line.rstrip("\n")
@@ -162,9 +149,6 @@ def our_relay(testbed: Testbed, extra_args: tuple[str, ...] = ()) -> Iterator[Re
     """The testbed's ``kvconform-relay`` command (``kvconform serve moqt-relay``) on a free UDP port of
     127.0.0.1, run by this interpreter, ready when it prints ``listening on``; SIGTERM (then SIGKILL) on
     exit, every wait bounded."""
-    problem = our_relay_problem()
-    if problem:
-        raise TargetUnavailable(problem)
     port = dk.free_port("udp")
     argv = shlex.split(_target(testbed, OUR_RELAY_TARGET).value.replace("{port}", str(port)))
     if argv[:1] == ["kvconform"]:
