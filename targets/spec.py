@@ -35,13 +35,15 @@ __all__ = [
 TargetKind = Literal["reference", "url", "cmd", "python"]
 
 # URL scheme -> suites a target reached that way can play; each protocol lane adds its schemes.
-URL_SCHEME_ROLES: dict[str, set[str]] = {"grpc": {"tlkv-decode"}, "moqt": {"moqt-relay"}}
+URL_SCHEME_ROLES: dict[str, set[str]] = {"grpc": {"tlkv-decode"}, "moqt": {"moqt-relay", "kvcs-relay"}}
 
 # cmd: placeholder -> suite a spawned implementation with that placeholder plays; each lane adds its own.
 CMD_PLACEHOLDER_ROLES: dict[str, str] = {
     "{decode_addr}": "tlkv-prefill",
     "{envelope}": "tlkv-reader",
     "{sequence}": "tlkv-writer",
+    "{token}": "kvcs-publisher",
+    "{out}": "kvcs-consumer",
 }
 
 
@@ -49,6 +51,8 @@ def cmd_roles(command: str) -> set[str]:
     """The suites a cmd: template plays, from its placeholders (a prefill side may also name its sequence)."""
     if "{decode_addr}" in command:
         return {CMD_PLACEHOLDER_ROLES["{decode_addr}"]}
+    if "{relay}" in command:  # both KVCS endpoints take {relay} and {cache}: a consumer writes {out}
+        return {"kvcs-consumer" if "{out}" in command else "kvcs-publisher"}
     return {suite for ph, suite in CMD_PLACEHOLDER_ROLES.items() if ph in command}
 
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://")
