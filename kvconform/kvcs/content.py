@@ -33,7 +33,7 @@ from kvconform.kvsp import KvspError, KvspProfile, load_profile
 
 __all__ = ["REQ_CONTENT", "CacheSpec", "SegmentLayout", "example_spec"]
 
-REQ_CONTENT = "KVCS-KVSP-CONTENT"
+REQ_CONTENT = "KVCS-KVSP-CACHE-SPEC"
 ELEMENT_OCTETS = {"f16": 2}
 
 

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 __all__ = ["ALGORITHMS", "CoseError", "ProducerKey", "PublicKey", "load_public_key", "sign", "verify"]
 
-REQ_COSE = "KVCS-MAN-COSE"
+REQ_COSE = "KVCS-MANIFEST-COSE-SIGN"
 COSE_SIGN1_TAG = 18
 HDR_ALG = 1
 HDR_KID = 4

@@ -20,9 +20,11 @@ from kvconform.kvsp import KvspError, KvspProfile
 __all__ = ["REQ_MANIFEST", "REQ_MANIFEST_COMPAT", "Manifest", "SegmentEntry", "block_keys_sha256",
            "manifest_problems", "parse_manifest"]
 
-REQ_MANIFEST = "KVCS-MAN-JSON"
-REQ_MANIFEST_COMPAT = "KVCS-MAN-COMPAT"
-REQ_OBJECT_DIGESTS = "KVCS-MAN-DIGESTS"
+REQ_MANIFEST = "KVCS-MANIFEST-JSON"
+REQ_MANIFEST_COMPAT = "KVCS-MANIFEST-COMPAT-CONSISTENT"
+REQ_OBJECT_DIGESTS = "KVCS-MANIFEST-OBJECT-DIGESTS"
+REQ_SEGMENTS = "KVCS-MANIFEST-SEGMENTS"
+REQ_BLOCK_KEYS = "KVCS-MANIFEST-BLOCK-KEYS-SHA256"
 
 
 def block_keys_sha256(keys: Sequence[bytes]) -> bytes:
@@ -165,7 +167,7 @@ def manifest_problems(manifest: Manifest, namespace: KvcsNamespace, profile: Kvs
     for i, seg in enumerate(manifest.segments):
         where = f"manifest segments[{i}]"
         if seg.segment != i:
-            problems.append(f"{where}.segment: {seg.segment}, expected {i} (segments in order) [{REQ_MANIFEST}]")
+            problems.append(f"{where}.segment: {seg.segment}, expected {i} (segments in order) [{REQ_SEGMENTS}]")
         if seg.first_block != next_block:
             problems.append(f"{where}.first_block: {seg.first_block}, the previous segments end at block "
                             f"{next_block} [{REQ_MANIFEST}]")
@@ -177,7 +179,7 @@ def manifest_problems(manifest: Manifest, namespace: KvcsNamespace, profile: Kvs
                 problems.append(f"{where}.tracks: {exc}")
                 continue
             if not isinstance(parsed, DataTrack) or parsed.segment != seg.segment:
-                problems.append(f"{where}.tracks: {t!r} is not a data track of segment {seg.segment} [{REQ_MANIFEST}]")
+                problems.append(f"{where}.tracks: {t!r} is not a data track of segment {seg.segment} [{REQ_SEGMENTS}]")
         for track, groups in (seg.object_digests or {}).items():
             if track not in seg.tracks:
                 problems.append(f"{where}.object_digests: {track!r} is not one of the segment's tracks "
@@ -194,5 +196,5 @@ def manifest_problems(manifest: Manifest, namespace: KvcsNamespace, profile: Kvs
             keys = list(block_keys[seg.first_block:seg.first_block + seg.blocks])
             if len(keys) == seg.blocks and block_keys_sha256(keys) != seg.block_keys_sha256:
                 problems.append(f"{where}.block_keys_sha256: does not match the Block Keys of blocks "
-                                f"{seg.first_block}..{next_block - 1} [{REQ_MANIFEST}]")
+                                f"{seg.first_block}..{next_block - 1} [{REQ_BLOCK_KEYS}]")
     return problems

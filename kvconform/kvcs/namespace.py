@@ -13,7 +13,7 @@ from kvconform.moqt.structures import TrackNamespace
 __all__ = ["FIELD_LENGTHS", "KVCS_TAG", "REQ_NAMESPACE", "KvcsNamespace", "new_publication_id"]
 
 KVCS_TAG = b"kvcs-1"
-REQ_NAMESPACE = "KVCS-NS-FIELDS"
+REQ_NAMESPACE = "KVCS-NS-FIVE-FIELDS"
 # (name, length) of fields 0..4
 FIELD_LENGTHS: tuple[tuple[str, int], ...] = (("kvcs-1 tag", 6), ("Scope ID", 16), ("Compatibility ID", 32),
                                               ("Anchor Key", 32), ("Publication ID", 16))

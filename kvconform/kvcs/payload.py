@@ -13,14 +13,20 @@ from dataclasses import dataclass, replace
 
 from kvconform.kvcs.errors import KvcsError
 
-__all__ = ["HEADER_LEN", "MAGIC", "REQ_VERIFY", "VERSION", "ObjectHeader", "decode_object", "encode_object",
-           "encode_raw", "verify_object"]
+__all__ = ["HEADER_LEN", "MAGIC", "REQ_VERIFY_BLOCK", "REQ_VERIFY_DIGEST", "REQ_VERIFY_LAYER", "REQ_VERIFY_LENGTH",
+           "REQ_VERIFY_MAGIC", "VERSION", "ObjectHeader", "decode_object", "encode_object", "encode_raw",
+           "verify_object"]
 
 MAGIC = 0x4B564F31  # "KVO1"
 VERSION = 1
 HEADER_LEN = 68
-REQ_LAYOUT = "KVCS-OBJ-LAYOUT"
-REQ_VERIFY = "KVCS-OBJ-VERIFY"
+REQ_LAYOUT = "KVCS-PAYLOAD-LAYOUT"
+# What an End Subscriber verifies, one requirement per check.
+REQ_VERIFY_MAGIC = "KVCS-PAYLOAD-VERIFY-MAGIC"
+REQ_VERIFY_LAYER = "KVCS-PAYLOAD-VERIFY-LAYER"
+REQ_VERIFY_BLOCK = "KVCS-PAYLOAD-VERIFY-BLOCK"
+REQ_VERIFY_LENGTH = "KVCS-PAYLOAD-VERIFY-LENGTH"
+REQ_VERIFY_DIGEST = "KVCS-PAYLOAD-VERIFY-DIGEST"
 # Magic, Version, Component, Flags, Layer, Block Index, Token Start, Token Count, Codec, Reserved,
 # Data Length, Data Digest: network byte order.
 _HEADER = struct.Struct("!IBBHIIQIHHI32s")
@@ -81,18 +87,18 @@ def decode_object(payload: bytes) -> tuple[ObjectHeader, bytes]:
     """Split a payload into its header and Data; KvcsError when the header or the length does not hold."""
     if len(payload) < HEADER_LEN:
         raise KvcsError("KVO1 header", f"payload of {len(payload)} octets is shorter than the 68-octet header",
-                        requirement=REQ_VERIFY, offset=len(payload))
+                        requirement=REQ_VERIFY_LENGTH, offset=len(payload))
     (magic, version, component, flags, layer, block, start, count, codec, reserved, length,
      digest) = _HEADER.unpack_from(payload)
     header = ObjectHeader(component, layer, block, start, count, codec, length, digest, magic, version, flags,
                           reserved)
     if magic != MAGIC:
-        raise KvcsError("Magic", f"0x{magic:08x}, expected 0x4b564f31 ('KVO1')", requirement=REQ_VERIFY, offset=0)
+        raise KvcsError("Magic", f"0x{magic:08x}, expected 0x4b564f31 ('KVO1')", requirement=REQ_VERIFY_MAGIC, offset=0)
     if version != VERSION:
-        raise KvcsError("Version", f"{version}, expected 1", requirement=REQ_VERIFY, offset=4)
+        raise KvcsError("Version", f"{version}, expected 1", requirement=REQ_VERIFY_MAGIC, offset=4)
     if HEADER_LEN + length != len(payload):
         raise KvcsError("Data Length", f"{length}: header + Data Length = {HEADER_LEN + length} octets, the payload "
-                        f"has {len(payload)}", requirement=REQ_VERIFY, offset=32)
+                        f"has {len(payload)}", requirement=REQ_VERIFY_LENGTH, offset=32)
     return header, payload[HEADER_LEN:]
 
 
@@ -105,13 +111,13 @@ def verify_object(payload: bytes, group: int, object_id: int) -> list[str]:
         return [str(exc)]
     problems = []
     if header.layer != group:
-        problems.append(f"Layer (offset 8): {header.layer}, the object is in Group {group} [{REQ_VERIFY}]")
+        problems.append(f"Layer (offset 8): {header.layer}, the object is in Group {group} [{REQ_VERIFY_LAYER}]")
     if header.block_index != object_id:
         problems.append(f"Block Index (offset 12): {header.block_index}, the object's ID is {object_id} "
-                        f"[{REQ_VERIFY}]")
+                        f"[{REQ_VERIFY_BLOCK}]")
     if hashlib.sha256(data).digest() != header.digest:
         problems.append(f"Data Digest (offset 36): {header.digest.hex()[:16]}.. is not the SHA-256 of the "
-                        f"{len(data)}-octet Data ({hashlib.sha256(data).hexdigest()[:16]}..) [{REQ_VERIFY}]")
+                        f"{len(data)}-octet Data ({hashlib.sha256(data).hexdigest()[:16]}..) [{REQ_VERIFY_DIGEST}]")
     return problems
 
 

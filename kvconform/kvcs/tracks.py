@@ -12,7 +12,7 @@ __all__ = ["COMPONENTS", "COMPONENT_NAMES", "MANIFEST", "MANIFEST_COSE", "REQ_TR
 
 MANIFEST = b"manifest"
 MANIFEST_COSE = b"manifest.cose"
-REQ_TRACK_NAME = "KVCS-TRACK-NAME"
+REQ_TRACK_NAME = "KVCS-TRACK-NAME-ABNF"
 COMPONENTS: dict[str, int] = {"k": 1, "v": 2, "kv": 3}
 COMPONENT_NAMES: dict[int, str] = {v: k for k, v in COMPONENTS.items()}
 

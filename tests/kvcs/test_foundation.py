@@ -71,7 +71,7 @@ def test_every_end_subscriber_check_rejects_its_fault(change: dict[str, object],
     header, data = decode_object(encode_object(component=1, layer=0, block_index=1, token_start=4, token_count=4,
                                                codec=1, data=bytes(range(16))))
     problems = verify_object(encode_raw(header.with_(**change), data), group, obj)
-    assert problems and expect in problems[0] and "KVCS-OBJ-VERIFY" in problems[0]
+    assert problems and expect in problems[0] and "KVCS-PAYLOAD-VERIFY-" in problems[0]
 
 
 def test_flags_are_ignored_on_receipt_and_truncation_is_caught() -> None:
@@ -91,7 +91,7 @@ def test_track_names_of_the_abnf_parse(name: bytes) -> None:
 @pytest.mark.parametrize("name", [b"k.raw.s01", b"q.raw.s0", b"k.RAW.s0", b"k.raw", b"k..s0", b"manifest.json",
                                   b"k." + b"a" * 33 + b".s0", b"k.raw.s-1"])
 def test_names_off_the_abnf_are_refused(name: bytes) -> None:
-    with pytest.raises(KvcsError, match="KVCS-TRACK-NAME"):
+    with pytest.raises(KvcsError, match="KVCS-TRACK-NAME-ABNF"):
         parse_track_name(name)
 
 
@@ -156,7 +156,7 @@ def test_manifest_round_trips_and_its_consistency_is_checked() -> None:
     assert parsed == manifest
     assert manifest_problems(parsed, ns, spec.profile, block_keys=spec.block_keys) == []
     other = example_spec(model="other").namespace(bytes(16))
-    assert any("KVCS-MAN-COMPAT" in p for p in manifest_problems(parsed, other, spec.profile))
+    assert any("KVCS-MANIFEST-COMPAT-CONSISTENT" in p for p in manifest_problems(parsed, other, spec.profile))
     broken = json.loads(manifest.to_json())
     broken["segments"][1]["first_block"] = 5
     broken["segments"][0]["object_digests"]["k.raw.s0"].pop()
