@@ -42,6 +42,8 @@ class Requirement:
     source: str | None = None
     testable: bool = True
     why: str | None = None
+    # Provisional profiles its checks rely on (declared in the catalog's `provisional` header).
+    depends_on: tuple[str, ...] = ()
     file: str = ""
 
 
@@ -55,6 +57,8 @@ class ProtocolCatalog:
     roles: tuple[str, ...]
     suites: dict[str, str]
     file: str
+    # Provisional profile name -> what it stands in for (requirements name them in depends_on).
+    provisional: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -143,8 +147,9 @@ def _load_file(path: Path, catalog: Catalog) -> None:
             raise CatalogError(f"{path}: $.suites: suite {suite!r} does not start with {proto + '-'!r}")
         if role not in roles:
             raise CatalogError(f"{path}: $.suites.{suite}: role {role!r} is not one of $.roles {list(roles)}")
+    provisional: dict[str, str] = dict(doc.get("provisional", {}))
     catalog.protocols[proto] = ProtocolCatalog(
-        proto, doc["title"], doc["source"], roles, dict(doc["suites"]), str(path)
+        proto, doc["title"], doc["source"], roles, dict(doc["suites"]), str(path), provisional
     )
     prefix = proto.upper() + "-"
     for i, raw in enumerate(doc["requirements"]):
@@ -159,6 +164,11 @@ def _load_file(path: Path, catalog: Catalog) -> None:
                 raise CatalogError(
                     f"{where}.roles: role {role!r} of {rid} is not one of $.roles {list(roles)}"
                 )
+        for name in raw.get("depends_on", []):
+            if name not in provisional:
+                raise CatalogError(
+                    f"{where}.depends_on: {name!r} of {rid} is not declared in $.provisional {sorted(provisional)}"
+                )
         catalog._by_id[rid] = Requirement(
             id=rid,
             protocol=proto,
@@ -170,6 +180,7 @@ def _load_file(path: Path, catalog: Catalog) -> None:
             source=raw.get("source"),
             testable=raw.get("testable", True),
             why=raw.get("why"),
+            depends_on=tuple(raw.get("depends_on", ())),
             file=str(path),
         )
 

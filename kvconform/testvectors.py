@@ -43,7 +43,7 @@ __all__ = [
 # Overrides the packaged vectors folder (the harness's own tests use a temporary copy).
 VECTORS_DIR_ENV = "KVCONFORM_VECTORS_DIR"
 # Modules exposing CHECKERS: dict[kind, Checker] and generate() -> dict[relative path, document].
-PROVIDERS = ("kvconform.tlkv.vectors", "kvconform.kbtp.vectors")
+PROVIDERS = ("kvconform.tlkv.vectors", "kvconform.kbtp.vectors", "kvconform.kvcs.vectors")
 SCHEMA_DIR = "schema"
 _CASE_KEYS = ("tcId", "comment", "flags", "result")
 

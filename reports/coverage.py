@@ -24,6 +24,7 @@ __all__ = [
     "TestResult",
     "build_coverage",
     "load_coverage",
+    "provisional_counts",
     "suite_counts",
     "worst_verdict",
     "write_coverage_json",
@@ -75,6 +76,15 @@ def suite_counts(results: Iterable[TestResult]) -> dict[str, dict[str, int]]:
     return {suite: dict(sorted(c.items())) for suite, c in sorted(counts.items())}
 
 
+def provisional_counts(catalog: Catalog, results: Iterable[TestResult]) -> dict[str, int]:
+    """Per provisional profile, how many tests cite a requirement that depends on it."""
+    counts: Counter[str] = Counter()
+    for r in results:
+        profiles = {p for rid in r.reqs if rid in catalog for p in catalog.get(rid).depends_on}
+        counts.update(profiles)
+    return dict(sorted(counts.items()))
+
+
 def _relative_evidence(r: TestResult, report_dir: str | None) -> TestResult:
     if not r.evidence or not report_dir:
         return r
@@ -111,6 +121,8 @@ def _requirement_entry(req: Requirement, tests: list[dict[str, Any]]) -> dict[st
     }
     if req.why:
         entry["why"] = req.why
+    if req.depends_on:
+        entry["depends_on"] = list(req.depends_on)
     return entry
 
 
@@ -174,6 +186,8 @@ def build_coverage(
             "tests": len(results),
             "verdicts": dict(sorted(Counter(r.verdict for r in results).items())),
             "suites": suite_counts(results),
+            # Checks whose verdict rests on a provisional profile (e.g. kvsp-provisional-1), not the spec alone.
+            "provisional": provisional_counts(catalog, results),
         },
         "protocols": doc_protocols,
         "unknown_requirements": unknown,

@@ -23,6 +23,7 @@ th{background:#f0f0f0}
 .msg{font-family:monospace;font-size:.85em;color:#900;white-space:pre-wrap}
 .meta td:first-child{font-weight:600;width:12em}
 .nid{font-family:monospace;font-size:.85em}
+.prov{display:inline-block;padding:0 .4em;border-radius:3px;background:#fde7c4;font-size:.85em}
 """
 
 
@@ -74,13 +75,18 @@ def _problems(doc: Mapping[str, Any], evidence_base: str | None) -> list[str]:
     bad = [t for t in doc.get("tests", []) if t.get("verdict") in ("fail", "inconclusive")]
     if not bad:
         return []
+    # A failure of a check that rests on a provisional profile may be the profile's, not the implementation's.
+    depends = {r["id"]: r.get("depends_on", []) for p in doc.get("protocols", {}).values()
+               for role in p.get("roles", {}).values() for r in role.get("requirements", [])}
     out = [f"<h2>Failed and inconclusive checks ({len(bad)})</h2><table><tr><th>verdict</th><th>check</th>"
            "<th>requirements</th><th>message</th></tr>"]
     for t in bad:
         msg = str(t.get("message", "")).strip().splitlines()
+        profiles = sorted({p for rid in t.get("reqs", []) for p in depends.get(rid, [])})
+        marks = "".join(f"<br><span class='prov'>depends on {escape(p)}</span>" for p in profiles)
         out.append(f"<tr><td>{_badge(t['verdict'])}</td><td class='nid'>{escape(t['nodeid'])}"
                    f"{_link(t.get('evidence'), evidence_base)}</td>"
-                   f"<td class='nid'>{escape(' '.join(t.get('reqs', [])))}</td>"
+                   f"<td class='nid'>{escape(' '.join(t.get('reqs', [])))}{marks}</td>"
                    f"<td class='msg'>{escape(msg[0] if msg else '')}</td></tr>")
     out.append("</table>")
     return out
@@ -112,7 +118,13 @@ def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str
     ]
     out += [f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows]
     counts = " ".join(f"{_badge(v)} {n}" for v, n in summary.get("verdicts", {}).items())
-    out.append(f"<tr><td>tests ({summary.get('tests', 0)})</td><td>{counts}</td></tr></table>")
+    out.append(f"<tr><td>tests ({summary.get('tests', 0)})</td><td>{counts}</td></tr>")
+    provisional = summary.get("provisional", {})
+    if provisional:
+        per = ", ".join(f"{n} on {p}" for p, n in provisional.items())
+        out.append(f"<tr><td>provisional profiles</td><td>{escape(per)} "
+                   "(verdicts that rest on a stand-in profile, not on the spec texts alone)</td></tr>")
+    out.append("</table>")
     out += _problems(doc, evidence_base)
 
     for proto, pdoc in doc.get("protocols", {}).items():
@@ -132,6 +144,8 @@ def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str
                 text = escape(req["text"])
                 if req.get("why"):
                     text += f"<br><i>untestable: {escape(req['why'])}</i>"
+                for profile in req.get("depends_on", []):
+                    text += f"<br><span class='prov'>depends on {escape(profile)}</span>"
                 out.append(
                     f"<tr><td class='nid'>{escape(req['id'])}</td><td>{escape(req['level'])}</td>"
                     f"<td>{escape(req['section'])}</td><td>{text}</td><td>{_badge(req['verdict'])}</td>"

@@ -94,3 +94,29 @@ def test_levels_and_expect_one_of() -> None:
     with pytest.raises(AssertionError, match=r"DEMO-A: reaction: observed 'OK', expected one of \['GOAWAY'"):
         expect_one_of("OK", {"RST", "GOAWAY"}, what="reaction", requirement="DEMO-A")
     assert Verdict("not-applicable") is Verdict.NOT_APPLICABLE
+
+
+def test_depends_on_names_a_declared_provisional_profile(tmp_path: Path) -> None:
+    header = HEADER.replace("requirements:\n", "provisional: {demo-prov-1: stand-in}\nrequirements:\n")
+    _write(tmp_path, "  - {id: DEMO-A, section: S, level: RULE, roles: [reader], text: a, depends_on: [demo-prov-1]}\n"
+                     "  - {id: DEMO-B, section: S, level: RULE, roles: [reader], text: b}\n", header=header)
+    cat = load_catalogs(tmp_path)
+    assert cat.get("DEMO-A").depends_on == ("demo-prov-1",) and cat.get("DEMO-B").depends_on == ()
+    assert cat.protocols["demo"].provisional == {"demo-prov-1": "stand-in"}
+    _write(tmp_path, "  - {id: DEMO-A, section: S, level: RULE, roles: [reader], text: a, depends_on: [other-1]}\n",
+           header=header)
+    with pytest.raises(CatalogError, match=r"requirements\[0\]\.depends_on: 'other-1' of DEMO-A is not declared"):
+        load_catalogs(tmp_path)
+    _write(tmp_path, "  - {id: DEMO-A, section: S, level: RULE, roles: [reader], text: a, depends_on: []}\n",
+           header=header)
+    with pytest.raises(CatalogError, match=r"depends_on"):
+        load_catalogs(tmp_path)
+
+
+def test_kvcs_provisional_kvsp_requirements_are_marked() -> None:
+    """Issue 5: every KVCS-KVSP-* rule comes from the issue and depends on the provisional KVSP profile."""
+    cat = load_catalogs()
+    kvsp = [r for r in cat.requirements("kvcs") if r.id.startswith("KVCS-KVSP-")]
+    assert kvsp, "the provisional KVSP rules are catalogued"
+    assert all(r.depends_on == ("kvsp-provisional-1",) and r.source == "issue-5" for r in kvsp)
+    assert "kvsp-provisional-1" in cat.protocols["kvcs"].provisional

@@ -23,9 +23,10 @@ title: Demo
 source: demo.txt
 roles: [reader, writer]
 suites: {demo-reader: reader, demo-writer: writer}
+provisional: {demo-prov-1: a stand-in profile}
 requirements:
   - {id: DEMO-A, section: S1, level: MUST, roles: [reader, writer], text: "a <b>"}
-  - {id: DEMO-B, section: S2, level: SHOULD, roles: [reader], text: b}
+  - {id: DEMO-B, section: S2, level: SHOULD, roles: [reader], text: b, depends_on: [demo-prov-1]}
   - {id: DEMO-C, section: S2, level: RULE, roles: [writer], text: c, testable: false, why: internal state}
 """,
     "other.yaml": """\
@@ -120,3 +121,20 @@ def test_html_puts_problems_first_and_folds_passing_instances(catalog: Catalog) 
     assert "5 passing</summary>" in page, "the passing instances of a parametrised check fold into one line"
     assert "pass</span> ×5" in page and "fail</span> <span" in page
     assert "<details><summary><b>role writer" in page, "a role whose suite did not run is folded"
+
+
+def test_provisional_dependencies_are_carried_and_counted(catalog: Catalog) -> None:
+    results = [_result("t::a", "pass"), _result("t::b1", "pass", ("DEMO-B",)),
+               _result("t::b2", "fail", ("DEMO-A", "DEMO-B"))]
+    doc = build_coverage(catalog, results, {"exit_code": 1})
+    reader = {r["id"]: r for r in doc["protocols"]["demo"]["roles"]["reader"]["requirements"]}
+    assert reader["DEMO-B"]["depends_on"] == ["demo-prov-1"]
+    assert "depends_on" not in reader["DEMO-A"]
+    assert doc["summary"]["provisional"] == {"demo-prov-1": 2}, "t::b1 and t::b2 cite DEMO-B; t::a does not"
+    page = render_html(doc)
+    assert page.count("depends on demo-prov-1") == 2, "a marker on DEMO-B's row and on the failed check citing it"
+    problems = page[page.index("Failed and inconclusive checks"):page.index("role reader")]
+    assert "depends on demo-prov-1" in problems
+    assert "2 on demo-prov-1" in page
+    plain = build_coverage(catalog, results[:1], {"exit_code": 0})
+    assert plain["summary"]["provisional"] == {} and "provisional profiles" not in render_html(plain)
