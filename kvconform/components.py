@@ -2,6 +2,7 @@
 
     kvconform serve tlkv-decode [--host 127.0.0.1] [--port 50051] [--pool 16,32,8,128] [--versions 1,2]
     kvconform serve moqt-relay [--host 127.0.0.1] [--port 4443] [--policy FILE] [--relay-class module:Class]
+    kvconform serve kvcs-publisher --relay URL --cache SPEC [--token T] [--kv] [--deterministic] [...]
 
 prints ``listening on HOST:PORT`` (flushed) once it accepts connections (``--port 0`` picks a free
 port), shows per-status counters every few seconds when stdout is a terminal, and stops cleanly on
@@ -116,6 +117,55 @@ def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> in
                          verbose=args.verbose)
 
 
+def serve_kvcs_publisher(argv: list[str], stop: threading.Event | None = None) -> int:
+    """The reference KVCS Original Publisher (``kvconform.kvcs.publisher``): publishes the cache a cache
+    spec describes to the relay, prints ``published ...`` (flushed) once everything is published, and keeps
+    serving the tracks (the relay fetches fills from it) until SIGINT/SIGTERM or ``stop``."""
+    from kvconform.kvcs.content import CacheSpec  # KVCS (aioquic) only when asked for
+    from kvconform.kvcs.errors import KvcsError
+    from kvconform.kvcs.publisher import (
+        DEFAULT_CACHE_DURATION_MS,
+        MANIFEST_EVERY,
+        load_publisher_class,
+        serve_publisher,
+    )
+
+    parser = argparse.ArgumentParser(prog="kvconform serve kvcs-publisher",
+                                     description="KVCS Original Publisher (MOQT draft-22 client of a relay)")
+    parser.add_argument("--relay", required=True, help="moqt://host:port of the relay to publish to")
+    parser.add_argument("--cache", required=True, help="cache spec JSON (the test-content convention)")
+    parser.add_argument("--token", default=None,
+                        help="the scope's authorization token (sent as USE_VALUE, Token Type 0, UTF-8 octets)")
+    parser.add_argument("--kv", action="store_true", help="also publish a jointly encoded kv track per segment")
+    parser.add_argument("--deterministic", action="store_true", help='say "deterministic": true in the manifest')
+    parser.add_argument("--pub-id", default=None, help="Publication ID (32 hex digits); default random")
+    parser.add_argument("--cache-duration", type=int, default=DEFAULT_CACHE_DURATION_MS,
+                        help="MAX_CACHE_DURATION track property in ms (the scope's retention)")
+    parser.add_argument("--manifest-every", type=int, default=MANIFEST_EVERY,
+                        help="completed layers between manifest versions (at most 8)")
+    parser.add_argument("--layer-interval", type=float, default=0.0,
+                        help="seconds of simulated computation per layer (live production)")
+    parser.add_argument("--publisher-class", default="kvconform.kvcs.publisher:KvcsPublisher",
+                        help="module:Class of the publisher to run (a KvcsPublisher subclass)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        spec = CacheSpec.load(args.cache)
+        publisher_class = load_publisher_class(args.publisher_class)
+        pub_id = bytes.fromhex(args.pub_id) if args.pub_id is not None else None
+        publisher = publisher_class(spec, pub_id=pub_id, kv_track=args.kv, deterministic=args.deterministic,
+                                    cache_duration_ms=args.cache_duration, manifest_every=args.manifest_every,
+                                    layer_interval=args.layer_interval)
+    except (KvcsError, ValueError, ImportError) as exc:
+        print(f"kvconform serve kvcs-publisher: {exc}", file=sys.stderr)
+        return 2
+    token = args.token.encode("utf-8") if args.token is not None else None
+    with _until_stopped(stop) as stop:
+        return serve_publisher(args.relay, spec, token, stop, publisher=publisher)
+
+
 @contextmanager
 def _until_stopped(stop: threading.Event | None) -> Iterator[threading.Event]:
     """The event a component runs until: the caller's, or one SIGINT/SIGTERM set (handlers restored after;
@@ -142,6 +192,7 @@ def _until_stopped(stop: threading.Event | None) -> Iterator[threading.Event]:
 COMPONENTS: dict[str, Callable[[list[str]], int]] = {
     "tlkv-decode": serve_tlkv_decode,
     "moqt-relay": serve_moqt_relay,
+    "kvcs-publisher": serve_kvcs_publisher,
 }
 
 

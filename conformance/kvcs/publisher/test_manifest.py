@@ -1,0 +1,289 @@
+"""kvcs-publisher: the manifest track (KVCS "Manifest Track", "Publisher Behavior", "Security Considerations").
+
+Versions are read live (arrival order = publication order) and, for the latest, from a probe's fill with
+Relative Start 1; each is parsed (and, for manifest.cose, verified with the producer key of the cache spec).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from typing import Any
+
+import pytest
+
+from kvconform.conformance.kvcs.publisher.harness import Observation, Seen, need_live, need_publication, report
+from kvconform.kvcs.manifest import Manifest, manifest_problems
+from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
+from kvconform.moqt.data import ObjectStatus
+from kvconform.verdicts import inconclusive
+
+
+def _live_versions(obs: Observation) -> list[tuple[Seen, Manifest | None, str]]:
+    """Manifest versions as they arrived live: (object, parsed manifest or None, problem)."""
+    name = obs.manifest_track
+    if name is None:
+        return []
+    out = []
+    for o in sorted(obs.live(name), key=lambda o: o.seq):
+        if o.status == ObjectStatus.NORMAL:
+            manifest, problem = obs.decode_manifest(name, o.payload)
+            out.append((o, manifest, problem))
+    return out
+
+
+def _completion(obs: Observation, segment: int) -> tuple[list[bytes], dict[bytes, list[int]]]:
+    """The segment's data tracks and, per track, the arrival seq at which each Group had all its blocks."""
+    layout = obs.spec.segment_layout()[segment]
+    names = [t.name for t in obs.data_tracks() if t.segment == segment]
+    done: dict[bytes, list[int]] = {}
+    for name in names:
+        seqs = []
+        for g in range(obs.spec.layers):
+            objs = [o.seq for o in obs.live(name) if o.location.group == g and o.status == ObjectStatus.NORMAL
+                    and o.location.object < layout.blocks]
+            if len({o for o in objs}) >= layout.blocks:
+                seqs.append(max(objs))
+        done[name] = seqs
+    return names, done
+
+
+def _completed_at(done: dict[bytes, list[int]], seq: int) -> int:
+    """Layers completed on every track of a segment by arrival ``seq``."""
+    return min((sum(1 for s in seqs if s < seq) for seqs in done.values()), default=0)
+
+
+@pytest.mark.req("KVCS-MANIFEST-ONE-TRACK", "KVCS-IANA-RESERVED-NAMES")
+def test_exactly_one_manifest_track(kvcs_publication: Any) -> None:
+    """The publication has exactly one manifest track: "manifest" or "manifest.cose"."""
+    obs = kvcs_publication
+    need_publication(obs)
+    served = [n.decode() for n in (MANIFEST, MANIFEST_COSE) if obs.offered(n)]
+    if len(served) != 1:
+        raise AssertionError(f"KVCS-MANIFEST-ONE-TRACK: case {obs.case.name}: the publisher serves {served or 'no'} "
+                             "manifest track(s), expected exactly one of 'manifest' and 'manifest.cose'")
+
+
+@pytest.mark.req("KVCS-PUB-MANIFEST-FIRST")
+def test_manifest_before_the_first_data_object(kvcs_publication: Any) -> None:
+    """The first manifest version is published before, or together with, the first data object: it reaches the
+    relay before the first Group of any data track is complete."""
+    obs = kvcs_publication
+    need_live(obs)
+    versions = _live_versions(obs)
+    if not versions:
+        raise AssertionError(f"KVCS-PUB-MANIFEST-FIRST: case {obs.case.name}: no manifest version arrived on the "
+                             "relay's subscription to the manifest track")
+    first_manifest = versions[0][0].seq
+    data = [o for t in obs.data_tracks() for o in obs.live(t.name)]
+    if not data:
+        inconclusive(f"case {obs.case.name}: no data object arrived live to compare the manifest with")
+    first_data = min(data, key=lambda o: o.seq)
+    ends = [o.seq for o in data if o.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
+            or o.location.group > first_data.location.group]
+    boundary = min(ends, default=max(o.seq for o in data) + 1)
+    if first_manifest > boundary:
+        late = sum(1 for o in data if o.seq < first_manifest)
+        raise AssertionError(f"KVCS-PUB-MANIFEST-FIRST: case {obs.case.name}: the first manifest version arrived after "
+                             f"{late} data objects, past the end of the first Group (first data object "
+                             f"{first_data.location} of {first_data.track.decode()})")
+
+
+@pytest.mark.req("KVCS-MANIFEST-VERSION-GROUP")
+def test_each_manifest_version_is_object_0_of_the_next_group(kvcs_publication: Any) -> None:
+    """Manifest version m is Object 0 of Group m: Groups 0, 1, 2, ... in publication order, one object each."""
+    obs = kvcs_publication
+    need_live(obs)
+    name = obs.manifest_track
+    live = [o for o in sorted(obs.live(name), key=lambda o: o.seq)] if name else []
+    normal = [o for o in live if o.status == ObjectStatus.NORMAL]
+    if not normal:
+        raise AssertionError(f"KVCS-MANIFEST-VERSION-GROUP: case {obs.case.name}: no manifest version arrived live")
+    problems = []
+    for i, o in enumerate(normal):
+        if o.location.object != 0:
+            problems.append(f"manifest version at {o.location}: not Object 0 of its Group "
+                            "[KVCS-MANIFEST-VERSION-GROUP]")
+        if o.location.group != i:
+            problems.append(f"manifest version {i} (in publication order) is in Group {o.location.group}, expected "
+                            f"Group {i}: Group IDs increase by one per version [KVCS-MANIFEST-VERSION-GROUP]")
+            break
+    report(problems, f"case {obs.case.name}: manifest versions are not Object 0 of consecutive Groups")
+
+
+def _listed_layers(m: Manifest, segment: int) -> int | None:
+    """Layers a version says are complete on every data track of ``segment`` (from object_digests), None when it
+    does not list the segment or its digests."""
+    e = m.segment(segment)
+    if e is None or e.object_digests is None or not e.tracks:
+        return None
+    return min(len(e.object_digests.get(t, [])) for t in e.tracks)
+
+
+@pytest.mark.req("KVCS-MANIFEST-CADENCE")
+def test_a_new_manifest_version_at_least_every_8_layers(kvcs_publication: Any) -> None:
+    """While a segment is produced, no more than eight layers complete without a new manifest version: the
+    completed Groups the versions list (object_digests) never grow by more than 8 from one version to the next
+    (the cases have 20, 10 and 9 layers). Without object_digests, the versions' arrival is compared with the
+    layers completed on the wire (a sender that prioritises the manifest moves it earlier, never later)."""
+    obs = kvcs_publication
+    need_live(obs)
+    versions = _live_versions(obs)
+    problems = []
+    for seg in obs.spec.segment_layout():
+        listed = [_listed_layers(m, seg.segment) for _, m, _ in versions if m is not None]
+        names, done = _completion(obs, seg.segment)
+        if listed and all(n is not None for n in listed):
+            counts = sorted({n for n in listed if n is not None})
+            how = "listed in object_digests"
+        elif names:
+            counts = sorted({_completed_at(done, o.seq) for o, _, _ in versions})
+            how = "completed when the version arrived"
+        else:
+            continue
+        marks = sorted({0, *counts, obs.spec.layers})
+        for a, b in itertools.pairwise(marks):
+            if b - a > 8:
+                problems.append(f"segment {seg.segment}: layers {a + 1}..{b} ({b - a}) completed with no new manifest "
+                                f"version (versions at {counts} layers {how}) [KVCS-MANIFEST-CADENCE]")
+    report(problems, f"case {obs.case.name}: manifest versions are further apart than 8 completed layers")
+
+
+@pytest.mark.req("KVCS-MANIFEST-NEW-VERSION-SEGMENT")
+def test_a_new_manifest_version_when_a_segment_is_added_or_completes(kvcs_publication: Any) -> None:
+    """Each segment is listed by a version published when it was added (the first version listing it lists none
+    of its layers complete, or at least lists it incomplete), and a version marks it complete.
+
+    Arrival order is not publication order here: a MOQT sender serves the lower Group of equal priority first,
+    so a manifest version may legitimately reach the relay after the first objects of the segment it adds."""
+    obs = kvcs_publication
+    need_publication(obs)
+    versions = [m for _, m, _ in obs.manifest_versions() if m is not None]
+    problems = []
+    for seg in obs.spec.segment_layout():
+        listing = [m for m in versions if m.segment(seg.segment) is not None]
+        if not listing:
+            problems.append(f"segment {seg.segment}: no manifest version lists it [KVCS-MANIFEST-NEW-VERSION-SEGMENT]")
+            continue
+        first = listing[0]
+        entry = first.segment(seg.segment)
+        layers = _listed_layers(first, seg.segment)
+        if (entry is not None and entry.complete) or (layers is not None and layers > 0):
+            problems.append(f"segment {seg.segment}: the first version listing it already has "
+                            f"{obs.spec.layers if layers is None else layers} layers complete: no version was "
+                            "published when it was added [KVCS-MANIFEST-NEW-VERSION-SEGMENT]")
+        if not any((e := m.segment(seg.segment)) is not None and e.complete for m in listing):
+            problems.append(f"segment {seg.segment}: no manifest version marks it complete "
+                            "[KVCS-MANIFEST-NEW-VERSION-SEGMENT]")
+    report(problems, f"case {obs.case.name}: no new manifest version when a segment was added or completed")
+
+
+@pytest.mark.req("KVCS-MANIFEST-JSON", "KVCS-MANIFEST-SEGMENTS", "KVCS-MANIFEST-BLOCK-KEYS-SHA256",
+                 "KVCS-MANIFEST-COMPAT-CONSISTENT", "KVCS-KVSP-COMPAT-DESCRIPTOR", "KVCS-TRACK-NAME-ABNF")
+def test_manifest_is_consistent_with_the_namespace_and_the_cache(kvcs_publication: Any) -> None:
+    """Every version parses; its "compat" hashes to the namespace's Compatibility ID; layers and block_tokens
+    match; each segment entry has the segment's first_block, blocks, block_keys_sha256 and data tracks (names
+    that follow the ABNF and are served); "complete" only once every Group was published."""
+    obs = kvcs_publication
+    need_publication(obs)
+    ns = obs.namespace
+    versions = obs.manifest_versions()
+    if ns is None or not versions:
+        absent = (("an accepted namespace", ns is None), ("a manifest version", not versions))
+        missing = [what for what, gone in absent if gone]
+        raise AssertionError(f"KVCS-MANIFEST-JSON: case {obs.case.name}: no {' nor '.join(missing)} to check")
+    layout = obs.spec.segment_layout()
+    served = {t.name.decode() for t in obs.data_tracks()}
+    problems = []
+    for o, m, problem in versions:
+        where = f"manifest version {o.location.group} ({o.via})"
+        if m is None:
+            problems.append(f"{where}: {problem} [KVCS-MANIFEST-JSON]")
+            continue
+        found = manifest_problems(m, ns, obs.spec.profile, block_keys=obs.spec.block_keys)
+        problems += [f"{where}: {p}" for p in found]
+        if (m.layers, m.block_tokens) != (obs.spec.layers, obs.spec.block_tokens):
+            problems.append(f"{where}: layers {m.layers}, block_tokens {m.block_tokens}; the cache has "
+                            f"{obs.spec.layers}, {obs.spec.block_tokens} [KVCS-MANIFEST-JSON]")
+        for e in m.segments:
+            if e.segment >= len(layout):
+                problems.append(f"{where}: segment {e.segment} does not exist in the cache [KVCS-MANIFEST-SEGMENTS]")
+                continue
+            want = layout[e.segment]
+            if (e.first_block, e.blocks) != (want.first_block, want.blocks):
+                problems.append(f"{where}: segment {e.segment} first_block {e.first_block} blocks {e.blocks}, expected "
+                                f"{want.first_block}, {want.blocks} [KVCS-MANIFEST-SEGMENTS]")
+            needed = {str(t) for t in obs.spec.data_tracks(e.segment)}
+            if not needed <= set(e.tracks) or not set(e.tracks) <= served:
+                problems.append(f"{where}: segment {e.segment} tracks {list(e.tracks)}; it needs {sorted(needed)} and "
+                                f"the publisher serves {sorted(served)} [KVCS-MANIFEST-SEGMENTS]")
+            if e.complete:
+                for t in e.tracks:
+                    have = {x.location for x in obs.of(t.encode()) if x.status == ObjectStatus.NORMAL}
+                    if len(have) < obs.spec.layers * want.blocks:
+                        problems.append(f"{where}: segment {e.segment} marked complete, but {t} published "
+                                        f"{len(have)} of {obs.spec.layers * want.blocks} objects "
+                                        "[KVCS-MANIFEST-SEGMENTS]")
+    report(problems, f"case {obs.case.name}: the manifest is not consistent with the namespace and the cache")
+
+
+@pytest.mark.req("KVCS-MANIFEST-OBJECT-DIGESTS")
+def test_manifest_lists_the_object_digests(kvcs_publication: Any) -> None:
+    """Each segment entry carries "object_digests": per data track one array per completed Group, each the Data
+    Digests of its objects in Object order, equal to the digests of the cache's data; a complete segment lists
+    all its Groups."""
+    obs = kvcs_publication
+    need_publication(obs)
+    layout = obs.spec.segment_layout()
+    tracks = {str(t): t for t in obs.expected_tracks()}
+    problems = []
+    for o, m, _ in obs.manifest_versions():
+        if m is None:
+            continue
+        where = f"manifest version {o.location.group}"
+        for e in m.segments:
+            if e.object_digests is None:
+                problems.append(f"{where}: segment {e.segment} has no object_digests [KVCS-MANIFEST-OBJECT-DIGESTS]")
+                continue
+            for name in e.tracks:
+                groups = e.object_digests.get(name)
+                track = tracks.get(name)
+                if groups is None or track is None:
+                    problems.append(f"{where}: segment {e.segment} object_digests has no array for {name} "
+                                    "[KVCS-MANIFEST-OBJECT-DIGESTS]")
+                    continue
+                if e.complete and len(groups) != obs.spec.layers:
+                    problems.append(f"{where}: {name} lists {len(groups)} Groups in a complete segment of "
+                                    f"{obs.spec.layers} layers [KVCS-MANIFEST-OBJECT-DIGESTS]")
+                for g, digests in enumerate(groups[:obs.spec.layers]):
+                    want = [hashlib.sha256(obs.spec.object_data(track, g, b)).digest()
+                            for b in range(layout[track.segment].blocks)]
+                    if digests != want:
+                        problems.append(f"{where}: {name} Group {g} digests differ from the Data Digests of its "
+                                        "objects [KVCS-MANIFEST-OBJECT-DIGESTS]")
+                        break
+    report(problems, f"case {obs.case.name}: the manifest does not list the objects' digests")
+
+
+@pytest.mark.req("KVCS-MANIFEST-COSE-SIGN", "KVCS-SEC-COSE-REQUIRED")
+def test_signed_manifest_verifies_with_the_producer_key(kvcs_signed: Any) -> None:
+    """Given a producer key, the publisher uses the "manifest.cose" track (not "manifest"), every version is a
+    COSE_Sign1 that verifies with that key under its kid (ES256 or EdDSA), and each carries object_digests."""
+    obs = kvcs_signed
+    need_publication(obs)
+    problems = []
+    if not obs.offered(MANIFEST_COSE) or obs.offered(MANIFEST):
+        problems.append(f"tracks served: manifest {obs.offered(MANIFEST)}, manifest.cose {obs.offered(MANIFEST_COSE)}; "
+                        "with a producer key only manifest.cose [KVCS-MANIFEST-COSE-SIGN, KVCS-SEC-COSE-REQUIRED]")
+    versions = obs.manifest_versions()
+    if obs.manifest_track == MANIFEST_COSE and not versions:
+        problems.append("no manifest.cose version arrived [KVCS-MANIFEST-COSE-SIGN]")
+    for o, m, problem in versions:
+        if obs.manifest_track != MANIFEST_COSE:
+            break
+        if m is None:
+            problems.append(f"manifest.cose version {o.location.group} ({o.via}): {problem} [KVCS-MANIFEST-COSE-SIGN]")
+        elif any(e.object_digests is None for e in m.segments):
+            problems.append(f"manifest.cose version {o.location.group}: a segment without object_digests "
+                            "[KVCS-SEC-COSE-REQUIRED]")
+    report(problems, "the signed manifest does not verify with the producer key")

@@ -1,0 +1,193 @@
+"""kvcs-publisher: how the objects are delivered live (KVCS "Groups", "Objects"; moqt-d22-profile sections
+9.2, 9.3 and 13 #11): layer by layer, one Subgroup 0 stream per Group in ascending Object ID order with
+FIRST_OBJECT, End of Group after each layer, End of Track after the last, Publisher Priorities.
+
+These read the relay's own subscriptions, which it opens before answering PUBLISH_NAMESPACE, so every object
+of a publisher that waits for that answer is seen live, in the order it was sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvconform.conformance.kvcs.publisher.harness import Observation, Seen, need_live, report, track_name
+from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
+from kvconform.moqt.data import SG_FIRST_OBJECT, ObjectStatus
+from kvconform.moqt.structures import Location, PropertyType, property_int
+
+
+def _data_live(obs: Observation) -> dict[bytes, list[Seen]]:
+    """Live objects per data track the publisher served, in arrival order."""
+    return {t.name: sorted(obs.live(t.name), key=lambda o: o.seq) for t in obs.data_tracks()}
+
+
+def _blocks(obs: Observation, name: bytes) -> int:
+    segment = int(name.rsplit(b".s", 1)[1])
+    return obs.spec.segment_layout()[segment].blocks
+
+
+@pytest.mark.req("KVCS-GROUP-ORDER")
+def test_groups_are_published_in_layer_order(kvcs_publication: Any) -> None:
+    """In every data track all objects of Group g are published before any of Group g+1 (the relay receives no
+    object of a Group after one of a later Group)."""
+    obs = kvcs_publication
+    need_live(obs)
+    problems = []
+    for name, objects in _data_live(obs).items():
+        highest = -1
+        for o in objects:
+            if o.location.group < highest:
+                problems.append(f"{track_name(name)}: {o.location} arrived after objects of Group {highest} "
+                                "[KVCS-GROUP-ORDER]")
+                break
+            highest = max(highest, o.location.group)
+    report(problems, f"case {obs.case.name}: Groups are not published layer by layer")
+
+
+@pytest.mark.req("KVCS-GROUP-SUBGROUP-ZERO", "MOQT-DATA-FIRST-OBJECT", "MOQT-DATA-FIN")
+def test_each_group_is_one_subgroup_0_stream_in_ascending_object_order(kvcs_publication: Any) -> None:
+    """Each Group of a data track travels on one subgroup stream: Subgroup ID 0, FIRST_OBJECT set (the original
+    publisher opens the subgroup), Object IDs ascending from 0, closed with FIN."""
+    obs = kvcs_publication
+    need_live(obs)
+    problems = []
+    ends = {sid: end for a in obs.answers if a.kind == "subscribe" for sid, end in a.data_streams.items()}
+    for name, objects in _data_live(obs).items():
+        groups: dict[int, list[Seen]] = {}
+        for o in objects:
+            groups.setdefault(o.location.group, []).append(o)
+        for g, objs in sorted(groups.items()):
+            where = f"{track_name(name)} Group {g}"
+            streams = sorted({o.stream_id for o in objs})
+            if len(streams) != 1:
+                problems.append(f"{where}: on {len(streams)} subgroup streams, expected one [KVCS-GROUP-SUBGROUP-ZERO]")
+            subgroups = sorted({o.subgroup for o in objs}, key=lambda s: -1 if s is None else s)
+            if subgroups != [0]:
+                problems.append(f"{where}: Subgroup IDs {subgroups}, expected only 0 [KVCS-GROUP-SUBGROUP-ZERO]")
+            ids = [o.location.object for o in objs]
+            if ids != sorted(set(ids)) or ids[0] != 0:
+                problems.append(f"{where}: Object IDs in the order {ids[:10]}, expected ascending from 0 "
+                                "[KVCS-GROUP-SUBGROUP-ZERO]")
+            flags = objs[0].header_flags
+            if flags is not None and not flags & SG_FIRST_OBJECT:
+                problems.append(f"{where}: SUBGROUP_HEADER 0x{flags:02x} without FIRST_OBJECT (0x40) on the stream "
+                                "that opens the subgroup [MOQT-DATA-FIRST-OBJECT]")
+            for sid in streams:
+                if ends.get(sid) != "fin":
+                    problems.append(f"{where}: its stream {sid} ended {ends.get(sid, 'never')!r}, expected FIN "
+                                    "[MOQT-DATA-FIN]")
+    report(problems, f"case {obs.case.name}: Groups are not one Subgroup 0 stream in Object ID order")
+
+
+@pytest.mark.req("KVCS-GROUP-END-OF-GROUP", "MOQT-DATA-OBJECT-STATUS")
+def test_end_of_group_after_each_layer(kvcs_publication: Any) -> None:
+    """After the last object of each Group of a data track comes an End of Group status object (Object ID past
+    the last block, no payload), and nothing after it in that Group. The last Group may end with End of Track
+    instead (moqt-d22-profile section 13 #11)."""
+    obs = kvcs_publication
+    need_live(obs)
+    problems = []
+    layers = obs.spec.layers
+    for name, objects in _data_live(obs).items():
+        blocks = _blocks(obs, name)
+        for g in range(layers):
+            objs = [o for o in objects if o.location.group == g]
+            where = f"{track_name(name)} Group {g}"
+            eog = [o for o in objs if o.status == ObjectStatus.END_OF_GROUP]
+            eot_here = [o for o in objs if o.status == ObjectStatus.END_OF_TRACK]
+            if g == layers - 1 and eot_here and not eog:
+                continue  # End of Track at {L-1, n} closes the last Group (accepted, section 13 #11)
+            if len(eog) != 1:
+                problems.append(f"{where}: {len(eog)} End of Group status objects, expected one after Object "
+                                f"{blocks - 1} [KVCS-GROUP-END-OF-GROUP]")
+                continue
+            marker = eog[0]
+            if marker.location.object < blocks or marker.payload:
+                problems.append(f"{where}: End of Group at Object {marker.location.object}, expected after the "
+                                f"last block (Object ID >= {blocks}) and no payload [KVCS-GROUP-END-OF-GROUP]")
+            after = [o for o in objs if o.seq > marker.seq or o.location.object > marker.location.object]
+            if after:
+                problems.append(f"{where}: {[str(o.location) for o in after][:4]} after its End of Group "
+                                "[KVCS-GROUP-END-OF-GROUP, MOQT-DATA-OBJECT-STATUS]")
+    report(problems, f"case {obs.case.name}: End of Group does not follow each layer")
+
+
+def _end_of_track(obs: Observation, name: bytes) -> Location | None:
+    marks = [o.location for o in obs.live(name) if o.status == ObjectStatus.END_OF_TRACK]
+    return marks[0] if len(marks) == 1 else None
+
+
+@pytest.mark.req("KVCS-GROUP-END-OF-TRACK", "MOQT-SUB-LARGEST-OBJECT")
+def test_end_of_track_after_the_last_layer(kvcs_publication: Any) -> None:
+    """After the last Group of each data track comes one End of Track status object at {L, 0} (or at {L-1, n}
+    past the last block, moqt-d22-profile section 13 #11) and nothing after it; a later SUBSCRIBE_OK's
+    LARGEST_OBJECT is that Location or the last object."""
+    obs = kvcs_publication
+    need_live(obs)
+    layers = obs.spec.layers
+    problems = []
+    for name, objects in _data_live(obs).items():
+        blocks = _blocks(obs, name)
+        marks = [o for o in objects if o.status == ObjectStatus.END_OF_TRACK]
+        where = track_name(name)
+        if len(marks) != 1:
+            problems.append(f"{where}: {len(marks)} End of Track status objects, expected one after Group "
+                            f"{layers - 1} [KVCS-GROUP-END-OF-TRACK]")
+            continue
+        loc = marks[0].location
+        if loc != Location(layers, 0) and not (loc.group == layers - 1 and loc.object >= blocks):
+            problems.append(f"{where}: End of Track at {loc}, expected {{{layers},0}} (or "
+                            f"{{{layers - 1},n>={blocks}}}) [KVCS-GROUP-END-OF-TRACK]")
+        after = [o.location for o in objects if o.seq > marks[0].seq or o.location > loc]
+        if after:
+            problems.append(f"{where}: {[str(a) for a in after[:4]]} after End of Track [KVCS-GROUP-END-OF-TRACK]")
+        last = Location(layers - 1, blocks - 1)
+        for a in obs.answers_for(name, "probe-subscribe"):
+            if a.ok and a.largest not in (loc, last):
+                problems.append(f"{where}: SUBSCRIBE_OK after the end has LARGEST_OBJECT {a.largest}, expected {loc} "
+                                f"(End of Track) or {last} [MOQT-SUB-LARGEST-OBJECT]")
+    report(problems, f"case {obs.case.name}: End of Track does not follow the last layer")
+
+
+def _priority(obs: Observation, o: Seen) -> int:
+    """The Publisher Priority an object carries (DEFAULT_PRIORITY: the track's DEFAULT_PUBLISHER_PRIORITY)."""
+    if o.priority is not None:
+        return o.priority
+    props = next((a.track_properties for a in obs.answers_for(o.track, "subscribe") if a.ok), ())
+    return property_int(props, PropertyType.DEFAULT_PUBLISHER_PRIORITY, 128) or 0
+
+
+@pytest.mark.req("KVCS-OBJ-PRIORITY")
+def test_data_priority_is_floor_128_g_over_l(kvcs_publication: Any) -> None:
+    """The objects of Group g carry Publisher Priority floor(128 * g / L) (the cases' layer counts make floor,
+    round and ceil differ)."""
+    obs = kvcs_publication
+    need_live(obs)
+    layers = obs.spec.layers
+    problems = []
+    for name, objects in _data_live(obs).items():
+        for o in objects:
+            if o.location.group >= layers:
+                continue  # End of Track at {L, 0} has no layer
+            want = 128 * o.location.group // layers
+            got = _priority(obs, o)
+            if got != want:
+                problems.append(f"{track_name(name)} {o.location}: Publisher Priority {got}, expected floor(128*"
+                                f"{o.location.group}/{layers}) = {want} [KVCS-OBJ-PRIORITY]")
+                break
+    report(problems, f"case {obs.case.name}: data objects do not carry floor(128*g/L)")
+
+
+@pytest.mark.req("KVCS-OBJ-MANIFEST-PRIORITY")
+def test_manifest_priority_is_0(kvcs_publication: Any) -> None:
+    """Every manifest version carries Publisher Priority 0."""
+    obs = kvcs_publication
+    need_live(obs)
+    manifests = [o for name in (MANIFEST, MANIFEST_COSE) for o in obs.live(name)]
+    if not manifests:
+        raise AssertionError(f"KVCS-OBJ-MANIFEST-PRIORITY: case {obs.case.name}: no manifest object arrived live")
+    problems = [f"{track_name(o.track)} {o.location}: Publisher Priority {_priority(obs, o)}, expected 0 "
+                "[KVCS-OBJ-MANIFEST-PRIORITY]" for o in manifests if _priority(obs, o) != 0]
+    report(problems, f"case {obs.case.name}: the manifest track does not use Publisher Priority 0")

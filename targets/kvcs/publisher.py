@@ -1,0 +1,195 @@
+"""Drivers of the ``kvcs-publisher`` role: an Original Publisher the harness (playing the relay) points
+at its own relay URL with a cache spec and the scope's token.
+
+- ``reference``: kvconform's publisher (``kvconform.kvcs.publisher.KvcsPublisher``), in-process on its own
+  thread and event loop (``serve_publisher``);
+- ``python:<module>:<Class>``: a ``KvcsPublisher`` subclass (the mutant publishers), run the same way;
+- ``cmd:<template>``: a spawned publisher; placeholders ``{relay}`` (moqt://127.0.0.1:PORT), ``{cache}``
+  (the cache spec JSON) and ``{token}`` (the scope token, UTF-8 text). It must publish the cache and keep
+  serving until SIGTERM, e.g. ``cmd:kvconform serve kvcs-publisher --relay {relay} --cache {cache}
+  --token {token}``. Its stdout and stderr are kept for the evidence.
+
+Every driver is started once per publication and always stopped: ``stop()`` is bounded (SIGTERM, then
+SIGKILL for a spawned one) and returns what the publisher printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from kvconform.targets.drivers import DriverError, TargetUnavailable, import_python_target
+from kvconform.targets.spec import CMD_PLACEHOLDER_ROLES, cmd_roles
+
+__all__ = ["SUITE", "CmdPublisher", "InProcessPublisher", "PublisherDriver", "PublisherExit", "driver_for"]
+
+SUITE = "kvcs-publisher"
+STOP_TIMEOUT = 5.0  # seconds a publisher gets to stop after SIGTERM / its stop event
+OUTPUT_TAIL = 4000  # characters of a publisher's output kept for the evidence
+
+
+@dataclass(frozen=True)
+class PublisherExit:
+    """How a publisher run ended: exit status (None: still running when abandoned), what it printed."""
+
+    code: int | None
+    stdout: str
+    stderr: str
+
+
+@runtime_checkable
+class PublisherDriver(Protocol):
+    """kvcs-publisher: start a publisher against a relay URL with a cache spec and a token; stop it."""
+
+    def start(self, relay_url: str, cache: Path, token: str) -> None:
+        """Start publishing (returns at once; the harness watches the relay for the publication)."""
+        ...
+
+    def running(self) -> bool:
+        """False once the publisher has exited (it must keep serving until stopped)."""
+        ...
+
+    def stop(self) -> PublisherExit:
+        """Stop it (bounded) and return how it ended."""
+        ...
+
+
+class InProcessPublisher:
+    """A ``KvcsPublisher`` (sub)class served by ``serve_publisher`` on a thread of this process."""
+
+    def __init__(self, publisher_class: type[Any], **options: Any) -> None:
+        self.publisher_class = publisher_class
+        self.options = options  # KvcsPublisher keyword arguments (kv_track, layer_interval, ...)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._out = io.StringIO()
+        self._err = io.StringIO()
+        self._code: int | None = None
+
+    def start(self, relay_url: str, cache: Path, token: str) -> None:
+        from kvconform.kvcs.content import CacheSpec
+        from kvconform.kvcs.errors import KvcsError
+        from kvconform.kvcs.publisher import serve_publisher
+
+        try:
+            spec = CacheSpec.load(cache)
+            publisher = self.publisher_class(spec, **self.options)
+        except (KvcsError, ValueError, TypeError) as exc:
+            raise TargetUnavailable(f"{self.publisher_class.__name__} cannot be set up for {cache}: {exc}") from exc
+
+        def serve() -> None:
+            try:
+                self._code = serve_publisher(relay_url, spec, token.encode("utf-8"), self._stop, publisher=publisher,
+                                             out=self._out)
+            except Exception as exc:  # a crashing publisher is a finding: keep what it said
+                self._err.write(f"{type(exc).__name__}: {exc}\n")
+                self._code = 1
+
+        self._thread = threading.Thread(target=serve, name=f"kvcs-publisher-{self.publisher_class.__name__}",
+                                        daemon=True)
+        self._thread.start()
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> PublisherExit:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT)
+            if self._thread.is_alive():
+                self._err.write(f"did not stop within {STOP_TIMEOUT} s of its stop event\n")
+        return PublisherExit(self._code, self._out.getvalue()[-OUTPUT_TAIL:], self._err.getvalue()[-OUTPUT_TAIL:])
+
+
+class CmdPublisher:
+    """A spawned publisher (its own process group, so SIGTERM reaches a wrapper's children too)."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    def start(self, relay_url: str, cache: Path, token: str) -> None:
+        argv = [arg.format(relay=relay_url, cache=str(cache), token=token) for arg in shlex.split(self.template)]
+        self._tmp = tempfile.TemporaryDirectory(prefix="kvconform-publisher-")
+        out = Path(self._tmp.name)
+        try:
+            with open(out / "stdout", "wb") as stdout, open(out / "stderr", "wb") as stderr:
+                self._proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
+        except OSError as exc:
+            self._tmp.cleanup()
+            self._tmp = None
+            raise TargetUnavailable(f"cannot start {argv!r}: {exc}") from exc
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)  # the group this driver created for it, by its id
+
+    def stop(self) -> PublisherExit:
+        if self._proc is None:
+            return PublisherExit(None, "", "")
+        note = ""
+        if self._proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self._proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                note = f"\n[kvconform] did not exit within {STOP_TIMEOUT} s of SIGTERM; killed"
+                self._signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(STOP_TIMEOUT)
+        code = self._proc.poll()
+        stdout = stderr = ""
+        if self._tmp is not None:
+            out = Path(self._tmp.name)
+            stdout = (out / "stdout").read_text("utf-8", "replace")[-OUTPUT_TAIL:]
+            stderr = (out / "stderr").read_text("utf-8", "replace")[-OUTPUT_TAIL:] + note
+            self._tmp.cleanup()
+            self._tmp = None
+        self._proc = None
+        return PublisherExit(code, stdout, stderr)
+
+
+def _publisher_class(value: str) -> type[Any]:
+    obj = import_python_target(value)
+    from kvconform.kvcs.publisher import KvcsPublisher
+
+    if not (isinstance(obj, type) and issubclass(obj, KvcsPublisher)):
+        raise DriverError(f"python target {value}: not a subclass of kvconform.kvcs.publisher.KvcsPublisher "
+                          f"(suite {SUITE})")
+    return obj
+
+
+def driver_for(suite: str, kind: str, value: str, **options: Any) -> PublisherDriver:
+    """The kvcs-publisher driver for a target of ``kind``; ``options`` (KvcsPublisher keyword arguments, e.g.
+    ``kv_track`` from the PICS) go to in-process publishers; a cmd: template carries its own options."""
+    if suite != SUITE:
+        raise DriverError(f"no KVCS publisher driver for suite {suite}")
+    if kind == "reference":
+        from kvconform.kvcs.publisher import KvcsPublisher
+
+        return InProcessPublisher(KvcsPublisher, **options)
+    if kind == "python":
+        return InProcessPublisher(_publisher_class(value), **options)
+    if kind == "cmd":
+        if suite not in cmd_roles(value):
+            wanted = [ph for ph, s in CMD_PLACEHOLDER_ROLES.items() if s == suite] or ["{relay}", "{cache}", "{token}"]
+            raise DriverError(f"cmd target {value!r}: plays {sorted(cmd_roles(value))}, not {suite} "
+                              f"(placeholders {', '.join(wanted)})")
+        return CmdPublisher(value)
+    raise DriverError(f"target {kind}:{value} cannot play {suite} (use reference, python:<module>:<Class> or "
+                      "cmd:<template with {relay} {cache} {token}>)")

@@ -1,0 +1,325 @@
+"""Broken KVCS Original Publishers (targets: python:tests.mutants.kvcs:<Name>), for the kvcs-publisher suite.
+
+Each class is the reference publisher (``kvconform.kvcs.publisher.KvcsPublisher``) with one behaviour
+overridden, breaking the requirement its docstring's first line names; MUTANTS maps it to the check functions
+that must fail. The harness starts them like the reference: in-process, against its recording relay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from kvconform.kvcs.content import CacheSpec
+from kvconform.kvcs.cose import ProducerKey, sign
+from kvconform.kvcs.manifest import Manifest
+from kvconform.kvcs.publisher import KvcsPublisher
+from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack
+from kvconform.moqt.client import LocalTrack
+from kvconform.moqt.data import ObjectStatus
+from kvconform.moqt.errors import PublishDoneCode
+from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, PropertyType
+from tests.mutants import Mutant
+
+# ---- the announcement ------------------------------------------------------------------------------------
+
+
+class NoTokenPublisher(KvcsPublisher):
+    """KVCS-PUB-ANNOUNCE: sends PUBLISH_NAMESPACE without the scope's authorization token."""
+
+    def auth_tokens(self, token: bytes | None) -> tuple[AuthToken, ...]:
+        return ()
+
+
+class ContentDerivedIdPublisher(KvcsPublisher):
+    """KVCS-NS-PUBID-RANDOM: derives the Publication ID from the content, so every production of a cache
+    gets the same one."""
+
+    def __init__(self, spec: CacheSpec, **options: Any) -> None:
+        options["pub_id"] = hashlib.sha256(b"pub" + spec.anchor_key).digest()[:16]
+        super().__init__(spec, **options)
+
+
+# ---- the objects -----------------------------------------------------------------------------------------
+
+
+class CorruptDataPublisher(KvcsPublisher):
+    """KVCS-PAYLOAD-DIGEST: flips the last Data octet of block 0 of layer 1 after computing its Data Digest."""
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        payload = super().object_payload(track, layer, object_id)
+        if (layer, object_id) == (1, 0):
+            return payload[:-1] + bytes([payload[-1] ^ 0x01])
+        return payload
+
+
+class MissingBlockPublisher(KvcsPublisher):
+    """KVCS-TRACK-COMPLETE-OWN: leaves the last block of layer 2 out of every track (End of Group still follows)."""
+
+    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+        if layer != 2:
+            super().publish_layer(local, track, layer, blocks)
+            return
+        prio = self.priority(layer)
+        for oid in range(blocks - 1):
+            local.publish_object(layer, oid, self.object_payload(track, layer, oid), priority=prio)
+        local.publish_object(layer, blocks, priority=prio, status=ObjectStatus.END_OF_GROUP)
+
+
+class RepublishingPublisher(KvcsPublisher):
+    """KVCS-PUB-NO-DUP-LOCATION: once a track ended, serves fills and FETCHes of block 0 of layer 0 with another
+    payload than the one it published live."""
+
+    def end_track(self, local: LocalTrack) -> None:
+        loc = Location(0, 0)
+        obj = local.objects.get(loc)
+        if obj is not None and obj.payload:
+            local.objects[loc] = dataclasses.replace(obj, payload=obj.payload[:-1] + bytes([obj.payload[-1] ^ 0xFF]))
+        super().end_track(local)
+
+
+class FalselyDeterministicPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-DETERMINISTIC: says "deterministic": true, yet ends block 0 of layer 0 with its Publication
+    ID, so two productions of the same cache differ there."""
+
+    def __init__(self, spec: CacheSpec, **options: Any) -> None:
+        options["deterministic"] = True
+        super().__init__(spec, **options)
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        payload = super().object_payload(track, layer, object_id)
+        if (layer, object_id) == (0, 0):
+            return payload[:-16] + self.namespace.pub_id
+        return payload
+
+
+class AbsoluteObjectIdPublisher(KvcsPublisher):
+    """KVCS-OBJ-ID-BLOCK: numbers the objects of an appended segment by their absolute block index instead of
+    their index within the segment."""
+
+    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+        first = self.layout[track.segment].first_block
+        prio = self.priority(layer)
+        for oid in range(blocks):
+            local.publish_object(layer, first + oid, self.object_payload(track, layer, oid), priority=prio)
+        local.publish_object(layer, first + blocks, priority=prio, status=ObjectStatus.END_OF_GROUP)
+
+
+# ---- delivery ----------------------------------------------------------------------------------------------
+
+
+class DescendingLayersPublisher(KvcsPublisher):
+    """KVCS-GROUP-ORDER: produces and publishes the layers last to first."""
+
+    def layer_order(self) -> Sequence[int]:
+        return range(self.spec.layers - 1, -1, -1)
+
+
+class SubgroupOnePublisher(KvcsPublisher):
+    """KVCS-GROUP-SUBGROUP-ZERO: sends each Group in Subgroup 1."""
+
+    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+        prio = self.priority(layer)
+        for oid in range(blocks):
+            local.publish_object(layer, oid, self.object_payload(track, layer, oid), subgroup=1, priority=prio)
+        local.publish_object(layer, blocks, subgroup=1, priority=prio, status=ObjectStatus.END_OF_GROUP)
+
+
+class NoEndOfGroupPublisher(KvcsPublisher):
+    """KVCS-GROUP-END-OF-GROUP: ends each Group's stream with FIN after the last block, no End of Group."""
+
+    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+        prio = self.priority(layer)
+        for oid in range(blocks):
+            local.publish_object(layer, oid, self.object_payload(track, layer, oid), priority=prio,
+                                 end_subgroup=oid == blocks - 1)
+
+
+class NoEndOfTrackPublisher(KvcsPublisher):
+    """KVCS-GROUP-END-OF-TRACK: ends its tracks with PUBLISH_DONE only, never an End of Track status object."""
+
+    def end_track(self, local: LocalTrack) -> None:
+        local.ended = True
+        for stream_id in list(local.subscribers):
+            local.finish(stream_id, PublishDoneCode.TRACK_ENDED)
+
+
+class RoundedPriorityPublisher(KvcsPublisher):
+    """KVCS-OBJ-PRIORITY: gives Group g the Publisher Priority round(128 * g / L) instead of its floor."""
+
+    def priority(self, layer: int) -> int:
+        return round(128 * layer / self.spec.layers)
+
+
+class UrgentManifestPriorityPublisher(KvcsPublisher):
+    """KVCS-OBJ-MANIFEST-PRIORITY: publishes the manifest with Publisher Priority 64 instead of 0."""
+
+    def manifest_priority(self) -> int:
+        return 64
+
+
+# ---- the manifest ------------------------------------------------------------------------------------------
+
+
+class LateManifestPublisher(KvcsPublisher):
+    """KVCS-PUB-MANIFEST-FIRST: holds the first manifest version back until layer 0 of every track is published."""
+
+    _held = False
+
+    def publish_manifest(self) -> None:
+        if self.manifest_versions == 0 and not self._held:
+            self._held = True
+            return
+        super().publish_manifest()
+
+    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+        super().publish_layer(local, track, layer, blocks)
+        if self._held and self.manifest_versions == 0 and track == self.tracks(track.segment)[-1]:
+            super().publish_manifest()
+
+
+class SparseManifestPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-CADENCE: publishes a new manifest version only every 16 completed layers."""
+
+    def manifest_due(self, layers_since_version: int) -> bool:
+        return layers_since_version >= 16
+
+
+class SilentCompletionPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-NEW-VERSION-SEGMENT: publishes no manifest version when a segment becomes complete."""
+
+    _ended = False
+
+    def end_track(self, local: LocalTrack) -> None:
+        super().end_track(local)
+        self._ended = True
+
+    def publish_manifest(self) -> None:
+        if self._ended:
+            self._ended = False
+            return
+        super().publish_manifest()
+
+
+class SkippedVersionGroupsPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-VERSION-GROUP: puts manifest version m in Group 2m, leaving a Group out between versions."""
+
+    def publish_manifest(self) -> None:
+        local = self.local[self.manifest_track]
+        local.publish_object(2 * self.manifest_versions, 0, self.manifest_payload(self.build_manifest()),
+                             priority=self.manifest_priority(), end_subgroup=True)
+        self.manifest_versions += 1
+
+
+class WrongBlockKeysPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-BLOCK-KEYS-SHA256: lists the SHA-256 of the segment's Block Keys in reverse order."""
+
+    def build_manifest(self) -> Manifest:
+        manifest = super().build_manifest()
+        segments = []
+        for entry in manifest.segments:
+            keys = self.spec.block_keys[entry.first_block:entry.first_block + entry.blocks]
+            segments.append(dataclasses.replace(entry, block_keys_sha256=hashlib.sha256(b"".join(keys[::-1])).digest()))
+        return dataclasses.replace(manifest, segments=tuple(segments))
+
+
+class NoObjectDigestsPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-OBJECT-DIGESTS: leaves "object_digests" out of an unsigned manifest."""
+
+    def build_manifest(self) -> Manifest:
+        if self.signing_key is not None:
+            return super().build_manifest()  # a signed manifest needs them (KVCS-SEC-COSE-REQUIRED)
+        return self.spec.manifest(self.completed, kv=self.kv_track, deterministic=self.deterministic,
+                                  segments_added=len(self.added), with_digests=False)
+
+
+class ForeignKeyPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-COSE-SIGN: signs manifest.cose with another key under the producer key's kid."""
+
+    def manifest_payload(self, manifest: Manifest) -> bytes:
+        if self.signing_key is None:
+            return super().manifest_payload(manifest)
+        other = ProducerKey.generate(self.signing_key.alg, self.signing_key.kid)
+        return sign(manifest.to_json(), other)
+
+
+class TwoManifestTracksPublisher(KvcsPublisher):
+    """KVCS-MANIFEST-ONE-TRACK: serves both "manifest" and "manifest.cose" (the second one stays empty)."""
+
+    def register(self, client: Any) -> None:
+        super().register(client)
+        other = MANIFEST if self.manifest_track == MANIFEST_COSE else MANIFEST_COSE
+        client.track(self.announced_namespace(), other, properties=self.track_properties(other))
+
+
+# ---- properties ----------------------------------------------------------------------------------------------
+
+
+class DeliveryTimeoutPublisher(KvcsPublisher):
+    """KVCS-PUB-NO-DELIVERY-TIMEOUT: sets the Track Property OBJECT_DELIVERY_TIMEOUT (5 s) on every track."""
+
+    def track_properties(self, name: bytes) -> tuple[KeyValuePair, ...]:
+        return (KeyValuePair(PropertyType.OBJECT_DELIVERY_TIMEOUT, 5000), *super().track_properties(name))
+
+
+class NoCacheDurationPublisher(KvcsPublisher):
+    """KVCS-PUB-MAX-CACHE-DURATION: sets no MAX_CACHE_DURATION Track Property."""
+
+    def track_properties(self, name: bytes) -> tuple[KeyValuePair, ...]:
+        return ()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+SUITE = "kvcs-publisher"
+SIGNING = ("kvcs.publisher.signing=true",)
+
+MUTANTS: dict[str, Mutant] = {
+    "NoTokenPublisher": Mutant(SUITE, "KVCS-PUB-ANNOUNCE",
+                               ("test_publish_namespace_is_the_full_namespace_with_the_scope_token",)),
+    "ContentDerivedIdPublisher": Mutant(SUITE, "KVCS-NS-PUBID-RANDOM",
+                                        ("test_publication_id_is_new_for_each_production",)),
+    "CorruptDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DIGEST", ("test_every_object_is_the_expected_payload",
+                                                                  "test_k_and_v_data_give_the_kvsp_layer_digest")),
+    "MissingBlockPublisher": Mutant(SUITE, "KVCS-TRACK-COMPLETE-OWN",
+                                    ("test_every_block_of_every_layer_is_published",)),
+    "RepublishingPublisher": Mutant(SUITE, "KVCS-PUB-NO-DUP-LOCATION",
+                                    ("test_no_two_payloads_at_one_location",
+                                     "test_a_late_subscription_is_filled_with_every_object_once",
+                                     "test_fetch_returns_the_track_in_ascending_order")),
+    "FalselyDeterministicPublisher": Mutant(SUITE, "KVCS-MANIFEST-DETERMINISTIC",
+                                            ("test_a_deterministic_claim_holds_across_productions",)),
+    "AbsoluteObjectIdPublisher": Mutant(SUITE, "KVCS-OBJ-ID-BLOCK",
+                                        ("test_appended_tokens_are_published_as_a_new_segment",
+                                         "test_every_object_is_the_expected_payload")),
+    "DescendingLayersPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
+    "SubgroupOnePublisher": Mutant(SUITE, "KVCS-GROUP-SUBGROUP-ZERO",
+                                   ("test_each_group_is_one_subgroup_0_stream_in_ascending_object_order",)),
+    "NoEndOfGroupPublisher": Mutant(SUITE, "KVCS-GROUP-END-OF-GROUP", ("test_end_of_group_after_each_layer",)),
+    "NoEndOfTrackPublisher": Mutant(SUITE, "KVCS-GROUP-END-OF-TRACK", ("test_end_of_track_after_the_last_layer",)),
+    "RoundedPriorityPublisher": Mutant(SUITE, "KVCS-OBJ-PRIORITY", ("test_data_priority_is_floor_128_g_over_l",)),
+    "UrgentManifestPriorityPublisher": Mutant(SUITE, "KVCS-OBJ-MANIFEST-PRIORITY", ("test_manifest_priority_is_0",)),
+    "LateManifestPublisher": Mutant(SUITE, "KVCS-PUB-MANIFEST-FIRST",
+                                    ("test_manifest_before_the_first_data_object",)),
+    "SparseManifestPublisher": Mutant(SUITE, "KVCS-MANIFEST-CADENCE",
+                                      ("test_a_new_manifest_version_at_least_every_8_layers",)),
+    "SilentCompletionPublisher": Mutant(SUITE, "KVCS-MANIFEST-NEW-VERSION-SEGMENT",
+                                        ("test_a_new_manifest_version_when_a_segment_is_added_or_completes",)),
+    "SkippedVersionGroupsPublisher": Mutant(SUITE, "KVCS-MANIFEST-VERSION-GROUP",
+                                            ("test_each_manifest_version_is_object_0_of_the_next_group",)),
+    "WrongBlockKeysPublisher": Mutant(SUITE, "KVCS-MANIFEST-BLOCK-KEYS-SHA256",
+                                      ("test_manifest_is_consistent_with_the_namespace_and_the_cache",)),
+    "NoObjectDigestsPublisher": Mutant(SUITE, "KVCS-MANIFEST-OBJECT-DIGESTS",
+                                       ("test_manifest_lists_the_object_digests",)),
+    "ForeignKeyPublisher": Mutant(SUITE, "KVCS-MANIFEST-COSE-SIGN",
+                                  ("test_signed_manifest_verifies_with_the_producer_key",), SIGNING),
+    "TwoManifestTracksPublisher": Mutant(SUITE, "KVCS-MANIFEST-ONE-TRACK", ("test_exactly_one_manifest_track",)),
+    "DeliveryTimeoutPublisher": Mutant(SUITE, "KVCS-PUB-NO-DELIVERY-TIMEOUT",
+                                       ("test_no_delivery_timeout_on_data_tracks",)),
+    "NoCacheDurationPublisher": Mutant(SUITE, "KVCS-PUB-MAX-CACHE-DURATION", ("test_max_cache_duration_is_set",)),
+}
+
+# Checks no publisher mutant is required to fail, and why.
+UNMUTATED_CHECKS: dict[str, str] = {}
