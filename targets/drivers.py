@@ -7,9 +7,17 @@ not be started or reached at all) is a setup problem, so the check is inconclusi
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
 
-__all__ = ["DriverError", "TargetUnavailable", "import_python_target", "load_python_target", "python_driver"]
+__all__ = ["DriverError", "TargetUnavailable", "import_python_target", "load_python_target", "load_subclass",
+           "python_driver"]
+
+T = TypeVar("T")
 
 
 class DriverError(RuntimeError):
@@ -44,3 +52,34 @@ def python_driver(value: str, suite: str, role: type) -> Any:
     if not isinstance(obj, role):
         raise DriverError(f"python target {value}: does not implement {role.__name__} (suite {suite})")
     return obj
+
+
+def load_subclass(spec: str, base: type[T], option: str) -> type[T]:
+    """``module:Class`` or ``path/to/file.py:Class`` naming a subclass of ``base`` (how a ``serve`` component
+    starts a mutant or a vendor's class: ``--relay-class``, ``--publisher-class``). A dotted module not
+    importable as installed is looked up from the current directory too, so ``tests.mutants...`` works from
+    a checkout whichever way kvconform was started. ValueError naming ``option`` otherwise."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{option} {spec!r}: expected module:Class")
+    module: ModuleType
+    if module_name.endswith(".py"):
+        path = Path(module_name).resolve()
+        loader_spec = importlib.util.spec_from_file_location(f"_class_from_{path.stem}", path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ValueError(f"{option} {spec!r}: cannot load {path}")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[loader_spec.name] = module
+        loader_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            if os.getcwd() in sys.path:
+                raise
+            sys.path.append(os.getcwd())
+            module = importlib.import_module(module_name)
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{option} {spec!r}: {attr} is not a subclass of {base.__module__}.{base.__qualname__}")
+    return cls

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -311,20 +309,7 @@ async def _watch(stop: threading.Event, done: asyncio.Event) -> None:
 
 
 def load_publisher_class(spec: str) -> type[KvcsPublisher]:
-    """``module:Class`` naming a ``KvcsPublisher`` subclass (how mutant publishers are started); a dotted
-    module not importable as installed is looked up from the current directory too (``tests.mutants...``)."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--publisher-class {spec!r}: expected module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError:
-        if os.getcwd() in sys.path:
-            raise
-        sys.path.append(os.getcwd())
-        module = importlib.import_module(module_name)
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, KvcsPublisher)):
-        raise ValueError(f"--publisher-class {spec!r}: {attr} is not a subclass of "
-                         "kvconform.kvcs.publisher.KvcsPublisher")
-    return cls
+    """``module:Class`` naming a ``KvcsPublisher`` subclass (how mutant publishers are started)."""
+    from kvconform.targets.drivers import load_subclass
+
+    return load_subclass(spec, KvcsPublisher, "--publisher-class")

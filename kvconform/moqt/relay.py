@@ -33,18 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import logging
-import os
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import Any, TextIO
 
 from kvconform.moqt import quic
@@ -1360,32 +1355,10 @@ def _loc_tuple(loc: Location) -> tuple[int, int]:
 
 def load_relay_class(spec: str) -> type[Relay]:
     """``module:Class`` or ``path/to/file.py:Class`` naming a ``Relay`` subclass (the mutant runner starts
-    mutants this way). A dotted module not importable as installed is looked up from the current
-    directory too, so ``tests.mutants...`` works from a checkout whichever way kvconform was started."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--relay-class {spec!r}: expected module:Class")
-    module: ModuleType
-    if module_name.endswith(".py"):
-        path = Path(module_name).resolve()
-        loader_spec = importlib.util.spec_from_file_location(f"_relay_class_{path.stem}", path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"--relay-class {spec!r}: cannot load {path}")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[loader_spec.name] = module
-        loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError:
-            if os.getcwd() in sys.path:
-                raise
-            sys.path.append(os.getcwd())
-            module = importlib.import_module(module_name)
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, Relay)):
-        raise ValueError(f"--relay-class {spec!r}: {attr} is not a subclass of kvconform.moqt.relay.Relay")
-    return cls
+    mutants this way)."""
+    from kvconform.targets.drivers import load_subclass
+
+    return load_subclass(spec, Relay, "--relay-class")
 
 
 def run_relay(relay: Relay, stop: threading.Event, *, interval: float = 5.0,
