@@ -11,7 +11,8 @@ A relay is reached at a ``moqt://host:port`` URL; the driver only decides who ru
 
 The suite's authorization expectations are data in the PICS (``moqt.relay.prefix``,
 ``moqt.relay.tokens``), never guessed: ``RelayAccess`` reads them and ``harness_policy`` turns them into
-the policy an owned relay starts with.
+the policy an owned relay starts with. The ``kvcs-relay`` suite drives relays the same way, with one
+``RelayAccess`` per declared scope (``kvconform.fixtures.kvcs.relay``) merged into one policy.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kvconform.targets.spec import Pics
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "RELAY_SUITES",
     "DriverError",
     "InProcessRelay",
     "RelayAccess",
@@ -42,6 +44,8 @@ STOP_TIMEOUT = 5.0
 # Prefix under which the suite publishes when a relay declares no authorization (and so no prefix).
 DEFAULT_PREFIX: tuple[str, ...] = ("kvconform", "moqt-relay")
 TOKEN_ROLES = ("publisher", "subscriber", "outsider", "expired")
+# Suites that drive a MOQT relay: KVCS needs nothing beyond MOQT from a relay (KVCS "Relay Considerations").
+RELAY_SUITES = ("moqt-relay", "kvcs-relay")
 
 
 # ---- what the PICS declare ----------------------------------------------------------------------
@@ -105,23 +109,32 @@ def _yaml_field(value: bytes) -> object:
     return text if text.isprintable() and text else {"hex": value.hex()}
 
 
-def harness_policy(access: RelayAccess) -> dict[str, Any]:
+def harness_policy(access: RelayAccess, *more: RelayAccess) -> dict[str, Any]:
     """The relay policy (testbeds/schema/moqt-relay-policy.schema.json) matching the declared PICS: the
     publisher token may publish and subscribe under the prefix, the subscriber token may subscribe, the
-    expired token held the subscribe right until 1970, the outsider token and anonymous requests nothing."""
-    if not access.authorization:
+    expired token held the subscribe right until 1970, the outsider token and anonymous requests nothing.
+    With ``more`` accesses (kvcs-relay: one per scope, each with its own prefix) a token gets the union of
+    the rights every access gives it."""
+    accesses = (access, *more)
+    if not all(a.authorization for a in accesses):
         return {"version": 1, "allow_all": True}
-    prefix = [_yaml_field(f) for f in access.prefix.fields]
-    tokens: list[dict[str, Any]] = [
-        {"name": "publisher", "value": _yaml_field(access.tokens["publisher"]),
-         "publish": [prefix], "subscribe": [prefix]},
-        {"name": "subscriber", "value": _yaml_field(access.tokens["subscriber"]), "subscribe": [prefix]},
-    ]
-    if "expired" in access.tokens:
-        tokens.append({"name": "expired", "value": _yaml_field(access.tokens["expired"]), "subscribe": [prefix],
-                       "expires": 1})
-    return {"version": 1, "description": "kvconform moqt-relay suite (from the PICS)",
-            "anonymous": {"subscribe": []}, "tokens": tokens}
+    entries: dict[bytes, dict[str, Any]] = {}  # token value -> its policy entry, in first-seen order
+    for i, a in enumerate(accesses):
+        prefix = [_yaml_field(f) for f in a.prefix.fields]
+        grants: list[tuple[str, tuple[str, ...], int | None]] = [
+            ("publisher", ("publish", "subscribe"), None), ("subscriber", ("subscribe",), None)]
+        if "expired" in a.tokens:
+            grants.append(("expired", ("subscribe",), 1))
+        for role, rights, expires in grants:
+            value = a.tokens[role]
+            entry = entries.setdefault(value, {"name": role if i == 0 else f"{role} #{i}",
+                                               "value": _yaml_field(value)})
+            for right in rights:
+                entry.setdefault(right, []).append(prefix)
+            if expires is not None:
+                entry["expires"] = expires
+    return {"version": 1, "description": "kvconform relay suite (from the PICS)",
+            "anonymous": {"subscribe": []}, "tokens": list(entries.values())}
 
 
 # ---- drivers ------------------------------------------------------------------------------------
@@ -194,25 +207,25 @@ class RemoteRelay:
         return None
 
 
-def _relay_class(value: str) -> type[Any]:
+def _relay_class(value: str, suite: str) -> type[Any]:
     obj = import_python_target(value)
     from kvconform.moqt.relay import Relay
 
     if not (isinstance(obj, type) and issubclass(obj, Relay)):
-        raise DriverError(f"python target {value}: not a subclass of kvconform.moqt.relay.Relay (suite moqt-relay)")
+        raise DriverError(f"python target {value}: not a subclass of kvconform.moqt.relay.Relay (suite {suite})")
     return obj
 
 
 def driver_for(suite: str, kind: str, value: str) -> RelayDriver:
-    """The driver of ``suite`` (moqt-relay) for a target of ``kind`` ("reference", "python", "url")."""
-    if suite != "moqt-relay":
+    """The driver of ``suite`` (one of RELAY_SUITES) for a target of ``kind`` ("reference", "python", "url")."""
+    if suite not in RELAY_SUITES:
         raise DriverError(f"no MOQT driver for suite {suite}")
     if kind == "reference":
         from kvconform.moqt.relay import Relay
 
         return InProcessRelay(Relay)
     if kind == "python":
-        return InProcessRelay(_relay_class(value))
+        return InProcessRelay(_relay_class(value, suite))
     if kind == "url":
         if not value.startswith("moqt://"):
             raise DriverError(f"target {value}: a relay is reached at moqt://host:port")

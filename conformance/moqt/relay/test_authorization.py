@@ -10,7 +10,6 @@ so whatever the relay was going to send for the refused requests has been sent b
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -19,24 +18,24 @@ import pytest
 from kvconform.fixtures.moqt import (
     CLIENT_TIMEOUT,
     TRACK_NAME,
+    UNAUTHORIZED,
+    UNKNOWN_TOKEN,
     RelayUnderTest,
+    leaked,
     publisher,
     record,
+    refusal_problem,
     run_check,
     session,
     subscribe,
 )
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.errors import RequestErrorCode
-from kvconform.moqt.session import DataStreamOpened, ObjectReceived
 from kvconform.moqt.structures import Location, TrackNamespace
 from kvconform.targets.spec import Pics
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
 
-UNAUTHORIZED: set[int] = {RequestErrorCode.UNAUTHORIZED}
-# A token the relay has never heard of may be called invalid instead (profile section 3.6).
-UNKNOWN_TOKEN: set[int] = {RequestErrorCode.UNAUTHORIZED, RequestErrorCode.MALFORMED_AUTH_TOKEN}
 EXPIRED: set[int] = {RequestErrorCode.EXPIRED_AUTH_TOKEN}
 
 
@@ -45,29 +44,6 @@ def attempts(relay: RelayUnderTest, *roles: str) -> list[tuple[str, tuple[Any, .
     out: list[tuple[str, tuple[Any, ...], set[int]]] = [("no token", (), UNAUTHORIZED)]
     for role in roles:
         out.append((f"{role} token", relay.token(role), UNKNOWN_TOKEN if role == "outsider" else UNAUTHORIZED))
-    return out
-
-
-async def refusal_problem(what: str, request: Awaitable[Any], acceptable: set[int]) -> str | None:
-    """Await ``request``; None when it was refused with an acceptable code, else what went wrong."""
-    try:
-        await request
-    except RequestRejected as exc:
-        record("received", "REQUEST_ERROR", what=what, code=exc.code)
-        if exc.code in acceptable:
-            return None
-        names = ", ".join(f"{RequestErrorCode(c).name} (0x{c:x})" for c in sorted(acceptable))
-        return f"{what}: {exc}; expected REQUEST_ERROR {names}"
-    return f"{what} was accepted"
-
-
-def leaked(client: Any) -> list[str]:
-    """Data the refused requester's session received outside any accepted request."""
-    out = []
-    while not client.unhandled.empty():
-        event = client.unhandled.get_nowait()
-        if isinstance(event, DataStreamOpened | ObjectReceived):
-            out.append(type(event).__name__)
     return out
 
 

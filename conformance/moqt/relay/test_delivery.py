@@ -23,12 +23,12 @@ from kvconform.fixtures.moqt import (
     Publisher,
     RelayUnderTest,
     exactly_once_problems,
+    finish,
     publisher,
     record,
     run_check,
     session,
     subscribe,
-    summary,
 )
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
@@ -51,16 +51,6 @@ def publish_group(pub: Publisher, rng: np.random.Generator, group: int, n: int, 
         pub.publish(group, obj, payload(rng, group, obj))
     if end_of_group:
         pub.end_of_group(group, n)
-
-
-async def finish(sub: Any) -> Any:
-    """Wait for the fill to end and for PUBLISH_DONE with every data stream it counts."""
-    if sub.fills or sub.largest is not None:
-        await sub.wait_fill(CLIENT_TIMEOUT)
-    done = await sub.wait_complete(CLIENT_TIMEOUT)
-    record("received", "subscription", objects=summary(sub.objects), fills=sub.fills,
-           publish_done=done.status_code, stream_count=done.stream_count)
-    return done
 
 
 @pytest.mark.req("MOQT-FILL-EXACTLY-ONCE", "MOQT-FILL-STREAM", "MOQT-SUB-LARGEST-OBJECT", "MOQT-RELAY-LARGEST-OBJECT")

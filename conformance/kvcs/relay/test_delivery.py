@@ -1,0 +1,210 @@
+"""kvcs-relay: a KVCS publication through the relay, live (KVCS "Retrieval during Production", "Relay
+Considerations"; moqt-d22-profile sections 11.3, 11.4, 12).
+
+The harness publishes a real publication (manifest, k.raw.s0, v.raw.s0; KVO1 objects of the test-content
+convention) layer by layer, and consumers join it at the points where relays differ: before the first data
+object, right after a layer's End of Group, in the middle of a layer (k and v split at different blocks),
+and while objects are being published during their SUBSCRIBE. Each uses the KVCS recipe on every track, so
+every object must arrive exactly once (fill if <= LARGEST_OBJECT, subscription otherwise), verify as KVO1
+and be byte-identical to what was published, whichever way it came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvconform.fixtures.kvcs.relay import (
+    KvcsPublication,
+    KvcsRelay,
+    cache_spec,
+    content_problems,
+    expected_from,
+    kvcs_publication,
+    subscribe_publication,
+    until_received,
+)
+from kvconform.fixtures.moqt import CLIENT_TIMEOUT, exactly_once_problems, fetch, finish, run_check, session
+from kvconform.moqt.client import RequestRejected
+from kvconform.moqt.data import GroupOrder
+from kvconform.moqt.structures import Location, TrackNamespace
+
+pytestmark = pytest.mark.usefixtures("kvcs_relay_sanity")
+
+
+def steps(pub: KvcsPublication, layers: range) -> list[Callable[[], None]]:
+    """Publishing ``layers`` one object (or End of Group) at a time, a manifest version after each layer."""
+    out: list[Callable[[], None]] = []
+    for g in layers:
+        for t in pub.data_tracks:
+            out += [functools.partial(pub.publish_blocks, t, g, (b,)) for b in range(pub.blocks)]
+            out.append(functools.partial(pub.end_layer, t, g))
+        out.append(pub.publish_manifest)
+    return out
+
+
+async def check_subscriptions(label: str, subs: dict[bytes, Any], pub: KvcsPublication) -> list[str]:
+    """Every track of one consumer: fill ended, PUBLISH_DONE, exactly once, KVO1-valid, published bytes."""
+    problems: list[str] = []
+    for name, sub in subs.items():
+        await finish(sub)
+        where = f"{label}, {name.decode()}, L={sub.largest}"
+        problems += [f"[{where}] {p}" for p in exactly_once_problems(sub, expected_from(name, sub, pub))]
+        problems += content_problems(where, name, sub.objects, pub, compare=False)  # bytes: exactly_once_problems
+    return problems
+
+
+@pytest.mark.req("KVCS-LIVE-EXACTLY-ONCE", "MOQT-FILL-EXACTLY-ONCE", "KVCS-RELAY-CACHE", "MOQT-RELAY-FILL-FROM-CACHE")
+def test_consumers_joining_a_live_publication_get_every_object_once(kvcs_relay: KvcsRelay,
+                                                                    rng: np.random.Generator) -> None:
+    view = kvcs_relay.scopes[0]
+    token = view.token("subscriber")
+
+    async def scenario() -> list[str]:
+        spec = cache_spec(rng, layers=5, blocks=3)
+        async with kvcs_publication(view, spec, rng) as pub, session(view, "early") as early, \
+                session(view, "layer boundary") as boundary, session(view, "mid-layer") as mid, \
+                session(view, "in flight") as flight:
+            k, v = pub.data_tracks
+            pub.publish_manifest()  # the manifest before the first data object
+            consumers = {"before the first object": await subscribe_publication(early, pub, token)}
+            pub.publish_layer(0)
+            pub.publish_layer(1)
+            pub.publish_manifest()
+            consumers["after End of Group of layer 1"] = await subscribe_publication(boundary, pub, token)
+            cut_k, cut_v = int(rng.integers(1, pub.blocks)), int(rng.integers(0, pub.blocks))
+            pub.publish_blocks(k, 2, range(cut_k))
+            pub.publish_blocks(v, 2, range(cut_v))
+            consumers[f"inside layer 2 (k at block {cut_k}, v at {cut_v})"] = \
+                await subscribe_publication(mid, pub, token)
+            pub.publish_blocks(k, 2, range(cut_k, pub.blocks))
+            pub.end_layer(k, 2)
+            pub.publish_blocks(v, 2, range(cut_v, pub.blocks))
+            pub.end_layer(v, 2)
+            pub.publish_manifest()
+            # One object per scheduling turn while the three SUBSCRIBEs travel through the relay.
+            pending = asyncio.ensure_future(subscribe_publication(flight, pub, token))
+            todo = steps(pub, range(3, spec.layers))
+            while todo and not pending.done():
+                todo.pop(0)()
+                await asyncio.sleep(0)
+            consumers[f"during its SUBSCRIBE ({len(todo)} steps left)"] = await pending
+            for step in todo:
+                step()
+            pub.end()
+            problems: list[str] = []
+            for label, subs in consumers.items():
+                problems += await check_subscriptions(label, subs, pub)
+            return problems
+
+    run_check(scenario, "KVCS-LIVE-EXACTLY-ONCE", "consumers joining a live publication")
+
+
+@pytest.mark.req("KVCS-RELAY-SAME-OBJECTS", "MOQT-RELAY-CACHE-IDENTICAL", "MOQT-SUB-MULTIPLE")
+def test_every_authorized_subscriber_gets_identical_objects(kvcs_relay: KvcsRelay, rng: np.random.Generator) -> None:
+    """Two live consumers (the scope's subscriber token and its publisher token, which may subscribe too),
+    one that joins after production (its fill from the relay's cache) and a FETCH of each whole data track:
+    every Location carries the same bytes for all of them, the published ones. Objects of 2 KiB sections
+    span several QUIC packets."""
+    view = kvcs_relay.scopes[0]
+
+    async def scenario() -> list[str]:
+        spec = cache_spec(rng, layers=3, blocks=4, head_dim=128)
+        async with kvcs_publication(view, spec, rng) as pub, session(view, "consumer 1") as c1, \
+                session(view, "consumer 2") as c2, session(view, "late consumer") as c3:
+            pub.publish_manifest()
+            live = {"live, subscriber token": await subscribe_publication(c1, pub, view.token("subscriber")),
+                    "live, publisher token": await subscribe_publication(c2, pub, view.token("publisher"))}
+            for g in range(spec.layers):
+                pub.publish_layer(g)
+            pub.publish_manifest()
+            last = Location(spec.layers - 1, pub.blocks - 1)
+            for subs in live.values():
+                for t in pub.data_tracks:
+                    await until_received(subs[t.name], last)  # the relay holds the whole publication
+            late = await subscribe_publication(c3, pub, view.token("subscriber"), manifest=False)
+            pub.end()
+            seen: dict[tuple[bytes, Location], dict[str, bytes]] = {}
+            problems: list[str] = []
+            views = {**live, "after production (fill)": late}
+            for label, subs in views.items():
+                problems += await check_subscriptions(label, subs, pub)
+                for name, sub in subs.items():
+                    for loc, payload in sub.payloads().items():
+                        seen.setdefault((name, loc), {})[label] = payload
+            for t in pub.data_tracks:
+                try:
+                    result = await fetch(c3, pub.ns, t.name, group_order=GroupOrder.ASCENDING,
+                                         auth=view.token("subscriber"))
+                except RequestRejected as exc:
+                    problems.append(f"[FETCH {t}] of the completed publication refused or reset: {exc}")
+                    continue
+                problems += content_problems(f"FETCH {t}", t.name, result.objects, pub)
+                for o in result.objects:
+                    if o.end_of_range is None:
+                        seen.setdefault((t.name, o.location), {})["FETCH"] = o.payload
+            for (name, loc), by in sorted(seen.items()):
+                if len(set(by.values())) > 1:
+                    problems.append(f"{name.decode()} {loc}: {len(set(by.values()))} different payloads among "
+                                    f"{sorted(by)}")
+            return problems
+
+    run_check(scenario, "KVCS-RELAY-SAME-OBJECTS", "identical objects to every subscriber")
+
+
+@pytest.mark.req("KVCS-RELAY-CACHE", "KVCS-RELAY-SAME-OBJECTS", "MOQT-NS-SUBSCRIBE-NAMESPACE")
+def test_publications_of_one_token_prefix_are_kept_apart(kvcs_relay: KvcsRelay, rng: np.random.Generator) -> None:
+    """Two productions of the same prefix (equal content fields, each its own Publication ID) whose bytes
+    differ, as two computations on different hardware may: discovery by the content prefix names both, and
+    every consumer, live, late (fill from the relay's cache) or by FETCH, gets its own publication's bytes:
+    the relay caches by Full Track Name, which includes the Publication ID."""
+    view = kvcs_relay.scopes[0]
+    token = view.token("subscriber")
+
+    async def scenario() -> list[str]:
+        first = cache_spec(rng, layers=3, blocks=2)
+        second = dataclasses.replace(first, content_seed=rng.bytes(16))  # same namespace fields, other bytes
+        problems: list[str] = []
+        async with kvcs_publication(view, first, rng) as p1, kvcs_publication(view, second, rng) as p2, \
+                session(view, "watcher") as watcher_client, session(view, "live consumer") as live_client, \
+                session(view, "late consumer") as late_client:
+            pubs = {"publication 1": p1, "publication 2": p2}
+            watcher = await watcher_client.subscribe_namespace(p1.namespace.content_prefix(), auth=token)
+            notices = {await watcher.next(CLIENT_TIMEOUT) for _ in pubs}
+            expected = {("namespace", TrackNamespace((p.namespace.pub_id,))) for p in pubs.values()}
+            if notices != expected:
+                problems.append(f"SUBSCRIBE_NAMESPACE of the content prefix got {sorted(map(str, notices))}, expected "
+                                f"one NAMESPACE per Publication ID {sorted(map(str, expected))}")
+            live = {label: await subscribe_publication(live_client, p, token) for label, p in pubs.items()}
+            for p in pubs.values():
+                p.publish_manifest()
+            for g in range(first.layers):  # interleaved: both publications' objects arrive side by side
+                for p in pubs.values():
+                    p.publish_layer(g)
+            last = Location(first.layers - 1, p1.blocks - 1)
+            for label, p in pubs.items():
+                for t in p.data_tracks:
+                    await until_received(live[label][t.name], last)
+            late = {label: await subscribe_publication(late_client, p, token, manifest=False)
+                    for label, p in pubs.items()}
+            for label, p in pubs.items():
+                p.publish_manifest()
+                p.end()
+                problems += await check_subscriptions(f"{label}, live", live[label], p)
+                problems += await check_subscriptions(f"{label}, late", late[label], p)
+                for t in p.data_tracks:
+                    try:
+                        result = await fetch(late_client, p.ns, t.name, group_order=GroupOrder.ASCENDING, auth=token)
+                    except RequestRejected as exc:
+                        problems.append(f"[{label}, FETCH {t}] refused or reset: {exc}")
+                        continue
+                    problems += content_problems(f"{label}, FETCH", t.name, result.objects, p)
+            return problems
+
+    run_check(scenario, "KVCS-RELAY-CACHE", "two publications of one prefix")
