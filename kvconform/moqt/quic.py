@@ -14,7 +14,8 @@ import contextlib
 import ipaddress
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any, TextIO, TypeVar, cast
 
 from aioquic._buffer import Buffer, BufferReadError  # aioquic.buffer re-exports these implicitly
@@ -24,7 +25,7 @@ from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.logger import QuicFileLogger
-from aioquic.quic.packet import pull_quic_transport_parameters
+from aioquic.quic.packet import QuicTransportParameters, pull_quic_transport_parameters
 
 from kvconform.fixtures import evidence
 from kvconform.moqt import tls
@@ -43,7 +44,8 @@ from kvconform.moqt.session import (
 )
 from kvconform.moqt.url import MoqtUrl, parse_url
 
-__all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "quic_configuration", "serve"]
+__all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_streams_uni",
+           "peer_transport_parameters", "quic_configuration", "serve"]
 
 T = TypeVar("T")
 
@@ -231,6 +233,43 @@ def _peer_max_udp_payload_size(quic: QuicConnection) -> int:
     return 1200
 
 
+def peer_transport_parameters(quic: QuicConnection) -> QuicTransportParameters | None:
+    """The QUIC transport parameters the peer sent in its handshake (RFC 9000 §18.2), as aioquic received
+    them (the TLS quic_transport_parameters extension); None before the handshake or when unreadable.
+    Their initial_max_streams_uni is what the peer granted at first: MAX_STREAMS frames may raise it later."""
+    for ext_type, data in getattr(quic.tls, "received_extensions", None) or ():
+        if ext_type in (0x39, 0xFFA5):  # quic_transport_parameters (RFC 9001 §8.2, and draft-29's)
+            try:
+                return pull_quic_transport_parameters(Buffer(data=data))
+            except (BufferReadError, ValueError):
+                return None
+    return None
+
+
+# initial_max_streams_uni the endpoints connected or served inside `granting_streams_uni` grant their
+# peers; None: aioquic's own (128). aioquic has no configuration knob for it.
+_GRANTED_STREAMS_UNI: ContextVar[int | None] = ContextVar("kvconform_granted_streams_uni", default=None)
+
+
+@contextlib.contextmanager
+def granting_streams_uni(count: int) -> Iterator[None]:
+    """Connections made (`connect`) and servers started (`serve`) inside this block grant their peers
+    `count` concurrent unidirectional streams in initial_max_streams_uni, instead of aioquic's 128 (how a
+    mutant under-grants). aioquic still raises the limit with MAX_STREAMS as streams are used."""
+    reset = _GRANTED_STREAMS_UNI.set(count)
+    try:
+        yield
+    finally:
+        _GRANTED_STREAMS_UNI.reset(reset)
+
+
+def _grant_streams_uni(quic: QuicConnection, count: int | None) -> None:
+    """Set the uni-stream limit `quic` announces in its transport parameters (before its handshake)."""
+    limit = getattr(quic, "_local_max_streams_uni", None)
+    if count is not None and limit is not None:
+        limit.value = limit.sent = count  # `sent` too: no MAX_STREAMS frame for the unchanged value
+
+
 def _several_pending(queue: list[Any]) -> bool:
     """Whether two or more streams of aioquic's send queue have something to send: with at most one
     the order cannot change what goes out, so the (per-send-pass) priority sort is skipped."""
@@ -277,6 +316,11 @@ class MoqtConnection:
     def closed(self) -> SessionClosed | None:
         """How the session ended, or None while it is open."""
         return self._protocol.session.closed
+
+    @property
+    def peer_transport_parameters(self) -> QuicTransportParameters | None:
+        """The QUIC transport parameters the peer sent in its handshake (see `peer_transport_parameters`)."""
+        return peer_transport_parameters(self._protocol._quic)
 
     async def next_event(self, timeout: float = DEFAULT_TIMEOUT) -> Event:
         """The next session event; TimeoutError after `timeout` seconds. The last event is SessionClosed."""
@@ -352,6 +396,7 @@ async def connect(
     infos = await asyncio.wait_for(loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM), timeout)
     family, _, _, _, addr = infos[0]
     quic = QuicConnection(configuration=configuration)
+    _grant_streams_uni(quic, _GRANTED_STREAMS_UNI.get())
     session = Session(config)
     transport, protocol = await loop.create_datagram_endpoint(
         lambda: MoqtProtocol(quic, session=session, transcript=transcript),
@@ -427,8 +472,10 @@ async def serve(
     configuration = quic_configuration(is_client=False, alpn=alpn, certificate=certificate, idle_timeout=idle_timeout,
                                        qlog_dir=qlog_dir, secrets_log=secrets_log)
     holder: list[MoqtServer] = []
+    streams_uni = _GRANTED_STREAMS_UNI.get()  # read now: create_protocol runs in the socket's callbacks
 
     def create_protocol(quic: QuicConnection, **kwargs: Any) -> MoqtProtocol:
+        _grant_streams_uni(quic, streams_uni)  # aioquic answers the ClientHello only after this returns
         config = config_factory() if config_factory is not None else SessionConfig(role=Role.SERVER)
         protocol = MoqtProtocol(quic, session=Session(config), transcript=transcript, **kwargs)
         connection = MoqtConnection(protocol, None, None)

@@ -128,10 +128,15 @@ __all__ = [
 
 log = logging.getLogger("kvconform.moqt.relay")
 
-DEFAULT_FILL_TIMEOUT_MS = 5000  # relay budget for upstream gap filling when a request names none
+# The relay's own budget for upstream gap filling when a request names no FILL_TIMEOUT: time without
+# progress (an object arriving), so a large range that keeps flowing is not cut off.
+DEFAULT_FILL_TIMEOUT_MS = 5000
 DEFAULT_CACHE_BYTES = 256 * 2**20  # payload bytes cached over all tracks before the oldest are evicted
 UPSTREAM_TIMEOUT = 5.0  # seconds to wait for an upstream SUBSCRIBE_OK / TRACK_STATUS answer
-DONE_GRACE = 2.0  # seconds to wait for upstream data streams before forwarding PUBLISH_DONE
+# Seconds without progress (an object or a stream end) on an upstream subscription's data streams after
+# its PUBLISH_DONE, before the relay stops waiting for the streams it counts: idle time, not total, so a
+# publisher with megabytes still in flight is not cut off.
+DONE_GRACE = 2.0
 EVENT_WAIT = 30.0  # a session task's bounded wait for its next event (it re-checks liveness after)
 UNKNOWN_AUTH_TOKEN_ALIAS = 0x17  # REQUEST_ERROR code aiomoqt uses (profile section 13 #14)
 
@@ -289,6 +294,7 @@ class UpstreamFetch:
     stream_fin: bool = False
     prev: Location | None = None  # last record seen on the data stream
     unknown: list[tuple[Location, Location]] = field(default_factory=list)
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # set as objects arrive
 
 
 class _Refusal(Exception):
@@ -693,12 +699,13 @@ class Relay:
         order = ds.peer.session.fill_group_order(ds.request.stream_id, fill)
         filters = _range_filters(fill.params) or ds.filters
         task = self._spawn(self.serve_fill(ds, request_id, fill, rng[0], rng[1], order == GroupOrder.DESCENDING,
-                                           filters, self.fill_timeout_ms if timeout is None else timeout), ds.peer)
+                                           filters, timeout), ds.peer)
         ds.fill_tasks.add(task)
         task.add_done_callback(ds.fill_tasks.discard)
 
     async def serve_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location,
-                         end: Location, descending: bool, filters: Sequence[RangeFilter], timeout_ms: int) -> None:
+                         end: Location, descending: bool, filters: Sequence[RangeFilter],
+                         timeout_ms: int | None) -> None:
         """A fill fetch stream: FETCH_HEADER at once, the range from cache (gaps fetched upstream), FIN.
         Failure = reset (section 11.2)."""
         session = ds.peer.session
@@ -729,25 +736,47 @@ class Relay:
 
     # cache filling and serving ranges -----------------------------------------------------------------
 
-    async def ensure_cached(self, track: Track, start: Location, end: Location, timeout_ms: int) -> int:
+    async def ensure_cached(self, track: Track, start: Location, end: Location, timeout_ms: int | None) -> int:
         """Make [start, end] (inclusive) known, FETCHing the unknown span upstream within ``timeout_ms``
-        (FILL_TIMEOUT; 0 = only what is cached now). Returns the End of Range kind for what stays unknown:
+        (the request's FILL_TIMEOUT, a total budget; 0 = only what is cached now; None = the relay's
+        ``fill_timeout_ms`` without progress). Returns the End of Range kind for what stays unknown:
         TIMED_OUT when the budget ran out (or was 0), UNKNOWN when no source could tell (section 9.4)."""
         gaps = track.cache.missing(start, next_loc(end))
-        if not gaps or timeout_ms <= 0:
+        if not gaps or (timeout_ms is not None and timeout_ms <= 0):
             return EndOfRangeKind.TIMED_OUT
         sources = [u.peer for u in track.upstreams if u.established] or self.publishers_for(track.namespace)
         if not sources:
             return EndOfRangeKind.UNKNOWN
         fetch = self.open_upstream_fetch(sources[0], track, gaps[0][0], gaps[-1][1])
+        if not await self._await_fetch(fetch, timeout_ms):
+            return EndOfRangeKind.TIMED_OUT
+        return EndOfRangeKind.UNKNOWN
+
+    async def _await_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None) -> bool:
+        """Wait for an upstream FETCH to finish: within ``timeout_ms`` in all (a request's FILL_TIMEOUT), or,
+        with None, for as long as its objects keep arriving (``fill_timeout_ms`` at most between two).
+        False (and the FETCH cancelled) when the budget ran out."""
+        done: asyncio.Future[Any] = fetch.done
         try:
-            await asyncio.wait_for(asyncio.shield(fetch.done), timeout_ms / 1000.0)
+            if timeout_ms is not None:
+                await asyncio.wait_for(asyncio.shield(done), timeout_ms / 1000.0)
+                return True
+            while not done.done():
+                fetch.progress.clear()
+                progressed: asyncio.Future[Any] = asyncio.ensure_future(fetch.progress.wait())
+                try:
+                    await asyncio.wait({progressed, done}, timeout=self.fill_timeout_ms / 1000.0,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    progressed.cancel()
+                if not done.done() and not fetch.progress.is_set():
+                    raise TimeoutError
+            return True
         except TimeoutError:
             with contextlib.suppress(SessionUsageError):
                 fetch.peer.session.cancel(fetch.request.stream_id)
             self._fetch_finished(fetch, False)
-            return EndOfRangeKind.TIMED_OUT
-        return EndOfRangeKind.UNKNOWN
+            return False
 
     def upstream_fetch_parameters(self, track: Track, flt: LocationFilter) -> Parameters:
         """The relay's own FETCH upstream: only its range (parameters are hop-by-hop, section 3.3)."""
@@ -831,8 +860,7 @@ class Relay:
             raise _Refusal(RequestErrorCode.MALFORMED_TRACK, track.cache.malformed)
         flt = req.location_filter or LocationFilter.none()
         descending = _int_param(params, ParamType.GROUP_ORDER) == GroupOrder.DESCENDING
-        timeout = _int_param(params, ParamType.FILL_TIMEOUT)
-        timeout_ms = self.fill_timeout_ms if timeout is None else timeout
+        timeout_ms = _int_param(params, ParamType.FILL_TIMEOUT)
         end_of_track: bool | None = None
         live = any(u.established for u in track.upstreams) or track.cache.end_of_track is not None
         sources = self.publishers_for(msg.track_namespace)
@@ -841,12 +869,7 @@ class Relay:
             # The relay does not follow this track: ask upstream for the same range to learn it.
             start = flt.start(None)
             fetch = self.open_upstream_fetch(sources[0], track, start, Location(MAX_ID + 1, 0), flt)
-            try:
-                await asyncio.wait_for(asyncio.shield(fetch.done), max(timeout_ms, 1) / 1000.0)
-            except TimeoutError:
-                with contextlib.suppress(SessionUsageError):
-                    fetch.peer.session.cancel(fetch.request.stream_id)
-                self._fetch_finished(fetch, False)
+            await self._await_fetch(fetch, None if timeout_ms is None else max(timeout_ms, 1))
             if fetch.error is not None:
                 raise _Refusal(fetch.error.error_code, "upstream FETCH failed: "
                                + fetch.error.reason.decode("utf-8", "replace"))
@@ -1179,6 +1202,8 @@ class Relay:
             if st.first_id is None:
                 st.first_id = obj.object_id
             st.last_id = obj.object_id
+            if st.upstream.done is not None:
+                st.upstream.progress.set()  # still arriving: _upstream_done keeps waiting
             for ds in list(track.subscribers):
                 if self.subscription_passes(ds, obj, cached.priority):
                     with contextlib.suppress(SessionUsageError):
@@ -1194,6 +1219,7 @@ class Relay:
             fetch.prev = obj.location
             return
         fetch.prev = obj.location
+        fetch.progress.set()
         self._admit(fetch.track, CachedObject(obj.group_id, obj.object_id, obj.subgroup_id, obj.publisher_priority,
                                               obj.payload, 0, obj.properties or b"", self.clock()))
 
@@ -1251,15 +1277,16 @@ class Relay:
     # -- ending subscriptions -------------------------------------------------------------------------
 
     async def _upstream_done(self, up: Upstream) -> None:
-        """PUBLISH_DONE upstream: once its data streams have ended (bounded wait), end the downstream
-        subscriptions that have no other source, after their own streams closed (section 6.2)."""
+        """PUBLISH_DONE upstream: once its data streams have ended (bounded: DONE_GRACE without progress),
+        end the downstream subscriptions that have no other source, after their own streams closed
+        (section 6.2)."""
         assert up.done is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DONE_GRACE
-        while up.streams_ended < up.done.stream_count and loop.time() < deadline:
+        while up.streams_ended < up.done.stream_count:
             up.progress.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(up.progress.wait(), deadline - loop.time())
+            try:
+                await asyncio.wait_for(up.progress.wait(), DONE_GRACE)
+            except TimeoutError:
+                break
         track = up.track
         if not any(u.established for u in track.upstreams if u is not up):
             # Subscribers accepted while this runs (``_answered``) are ended here too.

@@ -174,6 +174,8 @@ class Observation:
     waited: float
     exit: PublisherExit
     notes: list[str]
+    # initial_max_streams_uni the publisher's QUIC endpoint granted the relay (0: absent; None: unreadable)
+    granted_streams_uni: int | None = None
 
     # -- derived views --------------------------------------------------------------------------------
 
@@ -290,6 +292,7 @@ class RecordingRelay(Relay):
         self.last_change = time.monotonic()
         self.changed: asyncio.Event | None = None
         self.probe_kinds: dict[int, str] = {}
+        self.granted_streams_uni: dict[int, int | None] = {}  # peer number -> its initial_max_streams_uni
 
     # -- recording ------------------------------------------------------------------------------------
 
@@ -309,6 +312,9 @@ class RecordingRelay(Relay):
         return self.answers.get(req.stream_id) if req is not None and req.local else None
 
     def _record(self, peer: Peer, event: Event) -> None:
+        if isinstance(event, SetupReceived):  # the QUIC handshake is done: the peer's grant is known
+            params = peer.conn.peer_transport_parameters
+            self.granted_streams_uni[peer.number] = None if params is None else params.initial_max_streams_uni or 0
         if isinstance(event, SetupReceived | RequestReceived):
             self._tick()
             return
@@ -538,9 +544,11 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
     if log is not None:
         log(f"{case.name}: complete={complete} after {time.monotonic() - started:.1f} s")
     assert relay is not None
+    grants = relay.granted_streams_uni
+    granted = grants.get(relay.source.number) if relay.source is not None else next(iter(grants.values()), None)
     return Observation(case, spec, token, keys, list(relay.announces), list(relay.objects),
                        sorted(relay.answers.values(), key=lambda a: a.seq), complete,
-                       time.monotonic() - started, exit_, notes)
+                       time.monotonic() - started, exit_, notes, granted)
 
 
 def _wait_publication(thread: LoopThread, relay: RecordingRelay, driver: PublisherDriver, spec: CacheSpec,

@@ -15,11 +15,13 @@ from typing import Any
 from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.cose import ProducerKey, sign
 from kvconform.kvcs.manifest import Manifest
+from kvconform.kvcs.payload import decode_object, encode_raw
 from kvconform.kvcs.publisher import KvcsPublisher
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack
 from kvconform.moqt.client import LocalTrack
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
+from kvconform.moqt.quic import granting_streams_uni
 from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, PropertyType
 from tests.mutants import Mutant
 
@@ -273,6 +275,29 @@ class NoCacheDurationPublisher(KvcsPublisher):
 
 # ---------------------------------------------------------------------------------------------------------------
 
+# ---- the text's example, operations ------------------------------------------------------------------
+
+
+class BlockUnitTokenStartPublisher(KvcsPublisher):
+    """KVCS-EX-PAYLOAD-HEADER: writes Token Start in blocks instead of tokens (the Block Index: 1, not 4, for
+    the example's k object at {0,1}); Data and Data Digest stay right."""
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        header, data = decode_object(super().object_payload(track, layer, object_id))
+        return encode_raw(dataclasses.replace(header, token_start=header.block_index), data)
+
+
+FEW_STREAMS = 4  # initial_max_streams_uni of the under-granting mutants
+
+
+class FewStreamsPublisher(KvcsPublisher):
+    """KVCS-OPS-STREAMS: its QUIC endpoint grants the relay initial_max_streams_uni 4, less than the 42 the
+    20 layers of the plain case need (aioquic raises it with MAX_STREAMS as streams are used)."""
+
+    async def run(self, *args: Any, **kwargs: Any) -> None:
+        with granting_streams_uni(FEW_STREAMS):
+            await super().run(*args, **kwargs)
+
 SUITE = "kvcs-publisher"
 SIGNING = ("kvcs.publisher.signing=true",)
 
@@ -319,6 +344,9 @@ MUTANTS: dict[str, Mutant] = {
     "DeliveryTimeoutPublisher": Mutant(SUITE, "KVCS-PUB-NO-DELIVERY-TIMEOUT",
                                        ("test_no_delivery_timeout_on_data_tracks",)),
     "NoCacheDurationPublisher": Mutant(SUITE, "KVCS-PUB-MAX-CACHE-DURATION", ("test_max_cache_duration_is_set",)),
+    "BlockUnitTokenStartPublisher": Mutant(SUITE, "KVCS-EX-PAYLOAD-HEADER", ("test_the_texts_example_header",
+                                                                             "test_every_object_is_the_expected_payload")),
+    "FewStreamsPublisher": Mutant(SUITE, "KVCS-OPS-STREAMS", ("test_enough_unidirectional_streams_are_granted",)),
 }
 
 # Checks no publisher mutant is required to fail, and why.

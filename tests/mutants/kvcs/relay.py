@@ -17,6 +17,7 @@ from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOr
 from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Fetch, PublishNamespace, Subscribe, SubscribeNamespace
 from kvconform.moqt.policy import Decision, Grant, Policy, Right, is_prefix
+from kvconform.moqt.quic import granting_streams_uni
 from kvconform.moqt.relay import Downstream, Peer, Relay, Track
 from kvconform.moqt.session import Request, SessionUsageError
 from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, Parameters, ParamType, TrackNamespace
@@ -170,7 +171,7 @@ class NoGapFetchRelay(Relay):
     """KVCS-RELAY-CACHE: never fetches upstream what its cache lacks (a relay that joined a publication
     mid-production reports the earlier layers as unknown instead of filling the gap)."""
 
-    async def ensure_cached(self, track: Track, start: Location, end: Location, timeout_ms: int) -> int:
+    async def ensure_cached(self, track: Track, start: Location, end: Location, timeout_ms: int | None) -> int:
         return int(EndOfRangeKind.UNKNOWN)
 
 
@@ -198,6 +199,20 @@ class ObjectIdFilterBlindRelay(Relay):
 _AUTH_CROSS = ("test_subscribe_into_another_scope_is_refused", "test_fetch_from_another_scope_is_refused",
                "test_subscribe_namespace_into_another_scope_is_refused",
                "test_publish_namespace_into_another_scope_is_refused")
+
+# ---- operations ------------------------------------------------------------------------------------------
+
+FEW_STREAMS = 4  # initial_max_streams_uni the under-granting relay grants every session
+
+
+class FewStreamsRelay(Relay):
+    """KVCS-OPS-STREAMS: grants every session initial_max_streams_uni 4, less than the 12 the suite's 5-layer
+    publications need (aioquic raises it with MAX_STREAMS as streams are used)."""
+
+    async def start(self) -> Relay:
+        with granting_streams_uni(FEW_STREAMS):
+            return await super().start()
+
 
 MUTANTS: dict[str, Mutant] = {
     "ScopeBlindRelay": Mutant(SUITE, "KVCS-RELAY-AUTHZ-SCOPE",
@@ -227,6 +242,7 @@ MUTANTS: dict[str, Mutant] = {
                                     ("test_fetch_of_layer_ranges_of_a_completed_cache",)),
     "ObjectIdFilterBlindRelay": Mutant(SUITE, "MOQT-PARAM-RANGE-FILTER",
                                        ("test_fetch_of_the_first_blocks_with_objectid_filter",)),
+    "FewStreamsRelay": Mutant(SUITE, "KVCS-OPS-STREAMS", ("test_enough_unidirectional_streams_are_granted",)),
 }
 
 # Every kvcs-relay check is failed by some mutant above.
