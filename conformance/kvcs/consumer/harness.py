@@ -1,0 +1,448 @@
+"""The kvcs-consumer harness: the harness is the publisher AND the relay the consumer under test talks to.
+
+``play(consumer, stage)`` runs, on one event loop of the test's thread:
+
+* one or more ``RecordingRelay`` (the reference caching relay, ``kvconform.moqt.relay.Relay``, or a
+  misbehaving subclass) on 127.0.0.1, with a policy granting the subscriber token the subscribe right on
+  ("kvcs-1", Scope ID) (and the publisher token the publish right); each records what consumers ask
+  (SUBSCRIBE_NAMESPACE prefixes, SUBSCRIBE and FETCH with their parameters);
+* harness publishers: ``kvconform.kvcs.publisher.KvcsPublisher`` subclasses that publish the true bytes of
+  the test-content convention (``kvconform.kvcs.content``) except where a scenario mutates them
+  (``Poison``), drop objects, stop mid-production, lie in the manifest or sign it with the wrong key;
+* the consumer under test, on a worker thread (reference / python: targets) or as a process (cmd:),
+  bounded by its budget plus ``kvconform.targets.kvcs.consumer.GRACE``.
+
+It returns an ``Outcome``: the consumer's run (result JSON, exit status, time, output), what each relay
+recorded, and the Publication IDs. ``expected_digests`` gives the convention's layer digests (the
+definition is in ``kvconform.kvcs.consumer``'s docstring). The checks only read Outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvconform.fixtures import evidence
+from kvconform.kvcs.consumer import convention_layer_digest
+from kvconform.kvcs.content import CacheSpec
+from kvconform.kvcs.cose import ProducerKey, sign
+from kvconform.kvcs.manifest import Manifest
+from kvconform.kvcs.payload import decode_object, encode_raw
+from kvconform.kvcs.publisher import KvcsPublisher, Progress
+from kvconform.kvcs.tracks import DataTrack
+from kvconform.moqt import client as mc
+from kvconform.moqt.craft import raw_fetch_object
+from kvconform.moqt.data import FO_OBJECT_ID, EndOfRange, EndOfRangeKind, FetchObject, ObjectStatus
+from kvconform.moqt.errors import StreamResetCode
+from kvconform.moqt.messages import Fetch, Subscribe, SubscribeNamespace
+from kvconform.moqt.policy import policy_from_mapping
+from kvconform.moqt.relay import Peer, Relay
+from kvconform.moqt.session import Request, Role, SessionConfig
+from kvconform.moqt.structures import TrackNamespace
+from kvconform.targets.kvcs.consumer import GRACE, ConsumerDriver, ConsumerRun, FetchRequest
+from kvconform.targets.moqt import RelayAccess, harness_policy
+
+__all__ = ["PUBLISHER_TOKEN", "SUBSCRIBER_TOKEN", "Asked", "HarnessPublisher", "Outcome", "Poison",
+           "RecordingRelay", "Stage", "expected_digests", "play"]
+
+PUBLISHER_TOKEN = "kvcs-publisher-token"
+SUBSCRIBER_TOKEN = "kvcs-consumer-token"
+OUTSIDER_TOKEN = "kvcs-outsider-token"
+PUBLISH_TIMEOUT = 20.0  # seconds for a harness publisher to announce and publish a small cache
+SLACK = 3.0  # seconds past its budget a consumer may take to wrap up and write its result
+
+
+# ---- relays -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request a consumer sent to a harness relay."""
+
+    kind: str  # "SUBSCRIBE_NAMESPACE", "SUBSCRIBE", "FETCH"
+    namespace: TrackNamespace
+    name: bytes
+    parameters: Any  # kvconform.moqt.structures.Parameters
+
+    def param(self, ptype: int) -> Any:
+        return self.parameters.get(ptype)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name.decode('ascii', 'replace') or self.namespace} {self.parameters!r}"
+
+
+class RecordingRelay(Relay):
+    """The reference relay, recording every SUBSCRIBE_NAMESPACE, SUBSCRIBE and FETCH it receives (only
+    consumers send those: the harness publishers only announce)."""
+
+    misbehaves: str = ""  # what this relay does wrong (evidence)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.asked: list[Asked] = []
+
+    def handle_subscribe_namespace(self, peer: Peer, req: Request, msg: SubscribeNamespace) -> None:
+        self.asked.append(Asked("SUBSCRIBE_NAMESPACE", msg.track_namespace_prefix, b"", msg.parameters))
+        super().handle_subscribe_namespace(peer, req, msg)
+
+    def handle_subscribe(self, peer: Peer, req: Request, msg: Subscribe) -> None:
+        if not isinstance(msg, Fetch):
+            self.asked.append(Asked("SUBSCRIBE", msg.track_namespace, msg.track_name, msg.parameters))
+        super().handle_subscribe(peer, req, msg)
+
+    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+        self.asked.append(Asked("FETCH", msg.track_namespace, msg.track_name, msg.parameters))
+        await super().handle_fetch(peer, req, msg)
+
+    def data_asks(self, kind: str) -> list[Asked]:
+        return [a for a in self.asked if a.kind == kind and a.name not in (b"manifest", b"manifest.cose")]
+
+
+class NoFilterRangesRelay(RecordingRelay):
+    """A relay whose SETUP advertises no MAX_FILTER_RANGES (0): it accepts no OBJECTID_FILTER."""
+
+    misbehaves = "MAX_FILTER_RANGES 0"
+
+    def session_config(self) -> SessionConfig:
+        return SessionConfig(role=Role.SERVER, implementation="kvconform-harness-relay/0.1", max_filter_ranges=None)
+
+
+def _data_track(name: bytes) -> bool:
+    return name not in (b"manifest", b"manifest.cose")
+
+
+class GapRelay(RecordingRelay):
+    """Serves fills and FETCHes of data tracks without the objects of ``LAYER``: End of Unknown Range
+    records stand for them (profile §9.4), as a relay that lost them upstream would."""
+
+    LAYER = 1
+    misbehaves = "End of Unknown Range instead of layer 1"
+
+    def fetch_items(self, track: Any, start: Any, end: Any, descending: bool, filters: Any,
+                    gap_kind: int) -> list[FetchObject | EndOfRange]:
+        items = super().fetch_items(track, start, end, descending, filters, gap_kind)
+        if not _data_track(track.name) or descending:
+            return items
+        out: list[FetchObject | EndOfRange] = []
+        dropped: FetchObject | None = None
+        for item in items:
+            if isinstance(item, FetchObject) and item.group_id == self.LAYER:
+                dropped = item
+                continue
+            if dropped is not None:
+                out.append(EndOfRange(EndOfRangeKind.UNKNOWN, dropped.group_id, dropped.object_id))
+                dropped = None
+            out.append(item)
+        if dropped is not None:
+            out.append(EndOfRange(EndOfRangeKind.UNKNOWN, dropped.group_id, dropped.object_id))
+        return out
+
+
+class ResetRelay(RecordingRelay):
+    """Resets every fill and fetch stream of a data track once it reaches layer ``LAYER`` (section 11.2:
+    a reset fill means the objects it did not carry are missing)."""
+
+    LAYER = 1
+    misbehaves = "fill/fetch streams of data tracks reset at layer 1"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._reset_next = False  # set by fetch_items, used by the write that follows it synchronously
+
+    def fetch_items(self, track: Any, start: Any, end: Any, descending: bool, filters: Any,
+                    gap_kind: int) -> list[FetchObject | EndOfRange]:
+        items = super().fetch_items(track, start, end, descending, filters, gap_kind)
+        cut = [i for i in items if i.location.group < self.LAYER]
+        self._reset_next = _data_track(track.name) and len(cut) < len(items)
+        return cut if self._reset_next else items
+
+    def write_fetch_items(self, peer: Peer, stream_id: int, items: Sequence[FetchObject | EndOfRange]) -> None:
+        reset, self._reset_next = self._reset_next, False
+        super().write_fetch_items(peer, stream_id, items)
+        if reset and peer.session.data_stream_open(stream_id):
+            peer.session.reset_data_stream(stream_id, StreamResetCode.INTERNAL_ERROR)
+
+
+class DuplicatingRelay(RecordingRelay):
+    """Serves k.raw.s0 {DUP} twice on fill and fetch streams: first with its Data changed and its Data
+    Digest recomputed (per-object checks pass), then the true payload at the same Location (Object ID
+    Delta 0): the same Location with two payloads makes the track malformed (profile §9.3)."""
+
+    DUP = (1, 1)
+    misbehaves = "k.raw.s0 {1,1} served twice, poisoned copy first"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._dup_next = False  # set by fetch_items, used by the write that follows it synchronously
+
+    def fetch_items(self, track: Any, start: Any, end: Any, descending: bool, filters: Any,
+                    gap_kind: int) -> list[FetchObject | EndOfRange]:
+        items = super().fetch_items(track, start, end, descending, filters, gap_kind)
+        self._dup_next = track.name == b"k.raw.s0" and not descending
+        return items
+
+    def write_fetch_items(self, peer: Peer, stream_id: int, items: Sequence[FetchObject | EndOfRange]) -> None:
+        dup, self._dup_next = self._dup_next, False
+        for item in items:
+            if not peer.session.data_stream_open(stream_id):
+                return
+            if dup and isinstance(item, FetchObject) and (item.group_id, item.object_id) == self.DUP:
+                poisoned = dataclasses.replace(item, payload=Poison("data-rehash").apply(item.payload))
+                peer.session.write_fetch_object(stream_id, poisoned)
+                # the true payload again at the same Location: Object ID Delta 0, subgroup 0, same priority
+                peer.session.send_raw(stream_id, raw_fetch_object(FO_OBJECT_ID, object_delta=0, payload=item.payload))
+                continue
+            peer.session.write_fetch_object(stream_id, item)
+
+
+# ---- publishers -------------------------------------------------------------------------------------------
+
+
+POISON_KINDS = ("data", "data-rehash", "layer", "block", "magic", "version", "truncated", "flags")
+
+
+@dataclass(frozen=True)
+class Poison:
+    """A mutation of one object's payload. ``data``: a Data byte flipped, the Data Digest left (mismatch);
+    ``data-rehash``: a Data byte flipped and the digest recomputed (only a signed object_digests list catches
+    it); ``layer`` / ``block``: the Layer / Block Index field off by one; ``magic`` / ``version``: wrong;
+    ``truncated``: the last Data octet cut (Data Length unchanged); ``flags``: Flags 0x8001 (must be ignored)."""
+
+    kind: str
+    track: str = "k.raw.s0"
+    layer: int = 1
+    object: int = 1
+
+    def apply(self, payload: bytes) -> bytes:
+        header, data = decode_object(payload)
+        if self.kind == "data":
+            return encode_raw(header, _flip(data))
+        if self.kind == "data-rehash":
+            bad = _flip(data)
+            return encode_raw(header.with_(digest=hashlib.sha256(bad).digest()), bad)
+        if self.kind == "layer":
+            return encode_raw(header.with_(layer=header.layer + 1), data)
+        if self.kind == "block":
+            return encode_raw(header.with_(block_index=header.block_index + 1), data)
+        if self.kind == "magic":
+            return encode_raw(header.with_(magic=0x4B564F32), data)
+        if self.kind == "version":
+            return encode_raw(header.with_(version=2), data)
+        if self.kind == "truncated":
+            return payload[:-1]
+        if self.kind == "flags":
+            return encode_raw(header.with_(flags=0x8001), data)
+        raise ValueError(f"Poison kind {self.kind!r}: expected one of {POISON_KINDS}")
+
+
+def _flip(data: bytes) -> bytes:
+    return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0x5A]) + data[len(data) // 2 + 1:]
+
+
+class HarnessPublisher(KvcsPublisher):
+    """The reference publisher with the scenario's deviations (each off by default):
+
+    ``poisons``: payload mutations; ``skip_layers``: layers whose objects are never sent (End of Group and
+    the manifest's digests still are); ``stop_after``: publish layers below it, then nothing more (no End of
+    Track, no final manifest: production stalls); ``other_compat``: every manifest's "compat" describes
+    another model; ``forge_with``: sign manifest.cose with this key (same kid, wrong key);
+    ``no_digests``: manifests without object_digests (a SHOULD), so only per-object checks apply."""
+
+    def __init__(self, spec: CacheSpec, *, poisons: Sequence[Poison] = (), skip_layers: Sequence[int] = (),
+                 stop_after: int | None = None, other_compat: bool = False, forge_with: ProducerKey | None = None,
+                 no_digests: bool = False, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self.poisons = tuple(poisons)
+        self.skip_layers = frozenset(skip_layers)
+        self.stop_after = stop_after
+        self.other_compat = other_compat
+        self.forge_with = forge_with
+        self.no_digests = no_digests
+        self.stalled = asyncio.Event()
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        payload = super().object_payload(track, layer, object_id)
+        for p in self.poisons:
+            if p.track == str(track) and p.layer == layer and p.object == object_id:
+                payload = p.apply(payload)
+        return payload
+
+    def publish_layer(self, local: Any, track: DataTrack, layer: int, blocks: int) -> None:
+        if layer in self.skip_layers:
+            local.publish_object(layer, blocks, subgroup=0, priority=self.priority(layer),
+                                 status=ObjectStatus.END_OF_GROUP)
+            return
+        super().publish_layer(local, track, layer, blocks)
+
+    def build_manifest(self) -> Manifest:
+        manifest = super().build_manifest()
+        if self.other_compat:
+            manifest = dataclasses.replace(manifest, compat={**manifest.compat, "model": "some-other-model"})
+        if self.no_digests:
+            manifest = dataclasses.replace(manifest, segments=tuple(dataclasses.replace(s, object_digests=None)
+                                                                    for s in manifest.segments))
+        return manifest
+
+    def manifest_payload(self, manifest: Manifest) -> bytes:
+        if self.forge_with is not None:
+            return sign(manifest.to_json(), self.forge_with)
+        return super().manifest_payload(manifest)
+
+    async def publish_segment(self, seg: Any) -> None:
+        if self.stop_after is None:
+            await super().publish_segment(seg)
+            return
+        # Production that stalls: the manifest, layers below stop_after, then silence (no End of Track).
+        self.added.append(seg.segment)
+        tracks = self.tracks(seg.segment)
+        for track in tracks:
+            self.completed[track.name] = 0
+        self.publish_manifest()
+        for layer in range(min(self.stop_after, self.spec.layers)):
+            for track in tracks:
+                self.publish_layer(self.local[track.name], track, layer, seg.blocks)
+                self.completed[track.name] = layer + 1
+            await asyncio.sleep(self.layer_interval)
+        self.publish_manifest()  # lists the layers done so far, the segment incomplete
+        self.stalled.set()
+
+
+# ---- scenarios ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stage:
+    """A scenario: the cache, the relays (classes), the publications (publisher, relay indices), and the
+    retrieval the consumer is asked for. ``live_after``: start the consumer once the first publication
+    has published that many layers (it keeps publishing meanwhile); None = after everything is published."""
+
+    spec: CacheSpec
+    publications: list[tuple[KvcsPublisher, tuple[int, ...]]]
+    relays: tuple[type[RecordingRelay], ...] = (RecordingRelay,)
+    layers: tuple[int, int] | None = None
+    blocks: int | None = None
+    producer_keys: dict[str, str] = field(default_factory=dict)  # kid -> public PEM
+    live_after: int | None = None
+    relays_given: tuple[int, ...] = (0,)  # which relays the consumer is told about, in order
+
+
+@dataclass
+class Outcome:
+    """What happened: the consumer's run, the relays' records, the publications."""
+
+    run: ConsumerRun
+    asked: list[list[Asked]]  # per relay
+    pub_ids: list[bytes]
+    budget: float
+
+    @property
+    def result(self) -> Any:
+        return self.run.result
+
+    def require_result(self, requirement: str) -> Any:
+        """The parsed result; an AssertionError citing ``requirement`` when the consumer gave none."""
+        assert self.run.result is not None, (
+            f"{requirement}: the consumer produced no result ({self.run.error}; exit {self.run.code}, "
+            f"{self.run.elapsed:.1f} s)\nstderr: {self.run.stderr[-1500:]}")
+        return self.run.result
+
+
+def expected_digests(spec: CacheSpec, layers: Sequence[int], blocks: int | None = None) -> dict[int, bytes]:
+    """The convention's layer digests of what a consumer with the spec's tokens should assemble: every
+    segment (the consumer's Block Keys cover them all), the first ``blocks`` blocks when given."""
+    plan: list[tuple[int, int]] = []
+    left = blocks if blocks is not None else sum(s.blocks for s in spec.segment_layout())
+    for seg in spec.segment_layout():
+        if left <= 0:
+            break
+        plan.append((seg.segment, min(seg.blocks, left)))
+        left -= seg.blocks
+    return {layer: convention_layer_digest(spec, layer, plan) for layer in layers}
+
+
+def poisoned_layers_reported_good(outcome: Outcome, spec: CacheSpec, requirement: str,
+                                  blocks: int | None = None) -> list[str]:
+    """Every layer the consumer reports as assembled must carry the convention's digest: anything else is
+    poisoned (or mixed) content reported as good."""
+    result = outcome.require_result(requirement)
+    want = expected_digests(spec, sorted(result.layers), blocks)
+    return [f"layer {layer}: reported digest {d.hex()[:16]}.. is not the true content's {want[layer].hex()[:16]}.. "
+            f"[{requirement}]" for layer, d in sorted(result.layers.items()) if d is not None and d != want[layer]]
+
+
+async def _start_relays(stage: Stage, tokens: bool) -> list[RecordingRelay]:
+    prefix = TrackNamespace((b"kvcs-1", stage.spec.scope_id))
+    doc = harness_policy(RelayAccess(tokens, prefix, {"publisher": PUBLISHER_TOKEN.encode(),
+                                                      "subscriber": SUBSCRIBER_TOKEN.encode(),
+                                                      "outsider": OUTSIDER_TOKEN.encode()}))
+    policy = policy_from_mapping(doc, "kvcs-consumer harness")
+    relays: list[RecordingRelay] = []
+    for cls in stage.relays:
+        relay = cls(policy=policy, host="127.0.0.1", port=0)
+        await relay.start()
+        relays.append(relay)
+    return relays
+
+
+async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -> Outcome:
+    """Run the scenario (see the module docstring); every wait is bounded."""
+    tokens = driver.supports("token")
+    spec_path = stage.spec.write_json(tmp / "cache.json")
+    key_files: dict[str, Path] = {}
+    for kid, pem in stage.producer_keys.items():
+        key_files[kid] = tmp / f"producer-{kid}.pem"
+        key_files[kid].write_text(pem, "utf-8")
+    relays = await _start_relays(stage, tokens)
+    clients: list[mc.MoqtClient] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        live = asyncio.Event()
+        for n, (pub, where) in enumerate(stage.publications):
+            for i in where:
+                config = SessionConfig(role=Role.CLIENT, implementation="kvconform-harness-publisher/0.1")
+                client = await mc.connect(relays[i].url, config=config, timeout=5.0)
+                clients.append(client)
+                progress: Callable[[Progress], None] | None = None
+                if n == 0 and stage.live_after is not None:
+                    def progress(p: Progress, after: int = stage.live_after) -> None:
+                        if p.kind == "layer" and p.layer + 1 >= after:
+                            live.set()
+                coro = pub.publish(client, PUBLISHER_TOKEN.encode(), on_progress=progress, timeout=5.0)
+                if stage.live_after is None:
+                    await asyncio.wait_for(coro, PUBLISH_TIMEOUT)
+                else:
+                    tasks.append(asyncio.ensure_future(coro))
+        if stage.live_after is not None:
+            await asyncio.wait_for(live.wait(), PUBLISH_TIMEOUT)
+        evidence.record("note", "stage", {
+            "relays": [f"{r.url} {type(r).__name__} {r.misbehaves}" for r in relays],
+            "publications": [f"{p.namespace.pub_id.hex()} {type(p).__name__} via {list(w)}"
+                             for p, w in stage.publications]})
+        request = FetchRequest(tuple(relays[i].url for i in stage.relays_given), spec_path, budget,
+                               SUBSCRIBER_TOKEN if tokens else None, stage.layers, stage.blocks, key_files)
+        out = tmp / "result.json"
+        run = await asyncio.wait_for(asyncio.to_thread(driver.fetch, request, out), budget + GRACE + 15.0)
+        evidence.record("received", "consumer run", {
+            "code": run.code, "elapsed": round(run.elapsed, 3), "error": run.error, "killed": run.killed,
+            "stdout": run.stdout[-2000:], "stderr": run.stderr[-2000:],
+            "result": json.loads(out.read_text()) if out.exists() else None})
+        for r in relays:
+            evidence.record("note", "relay record", {"relay": r.url, "asked": [str(a)[:300] for a in r.asked]})
+        return Outcome(run, [list(r.asked) for r in relays], [p.namespace.pub_id for p, _ in stage.publications],
+                       budget)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close(timeout=0.2)
+        for r in relays:
+            with contextlib.suppress(Exception):
+                await r.close(2.0)

@@ -1,0 +1,87 @@
+"""kvcs-consumer: missing objects, recovery through another relay and the time budget (KVCS "Verification
+and Recovery": retry with another relay or publication; "It does not wait indefinitely")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvconform.conformance.kvcs.consumer.checks import LAYERS, digest_problems, run, small_spec
+from kvconform.conformance.kvcs.consumer.harness import (
+    SLACK,
+    GapRelay,
+    HarnessPublisher,
+    RecordingRelay,
+    ResetRelay,
+    Stage,
+    poisoned_layers_reported_good,
+)
+from kvconform.kvcs.namespace import new_publication_id
+
+RELAYS = {"end-of-range": GapRelay, "reset": ResetRelay}
+# End of Range records (absolute Group and Object ID) read as missing data: a subscriber's decoding rule.
+KINDS = [pytest.param("end-of-range", marks=pytest.mark.req("MOQT-FETCH-OBJECT-ENCODING")), "reset"]
+MISSING = 1  # the layer the misbehaving relays do not deliver
+
+
+@pytest.mark.req("KVCS-RECOVER-RETRY", "KVCS-VERIFY-LAYER-USABLE")
+@pytest.mark.parametrize("misbehaviour", KINDS)
+def test_missing_objects_are_recovered_through_another_relay(kvcs_consumer: object, seed: int, tmp_path: Path,
+                                                             misbehaviour: str) -> None:
+    """The same publication reaches two relays; the first one's fills and FETCHes miss layer 1 (End of
+    Unknown Range records, or the stream reset). Given both relay URLs, the consumer gets every layer."""
+    kvcs_consumer.require("fallback_relay")  # type: ignore[attr-defined]
+    spec = small_spec(seed)
+    pub_id = new_publication_id()
+    pubs = [(HarnessPublisher(spec, pub_id=pub_id), (0,)), (HarnessPublisher(spec, pub_id=pub_id), (1,))]
+    stage = Stage(spec, list(pubs), relays=(RELAYS[misbehaviour], RecordingRelay), relays_given=(0, 1))
+    outcome = run(kvcs_consumer, stage, tmp_path, f"{misbehaviour} on the first relay")
+    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-VERIFY-LAYER-USABLE", "KVCS-RECOVER-NO-INDEFINITE-WAIT")
+@pytest.mark.parametrize("misbehaviour", KINDS)
+def test_missing_objects_fail_their_layer(kvcs_consumer: object, seed: int, tmp_path: Path,
+                                          misbehaviour: str) -> None:
+    """Only the misbehaving relay: layer 1 cannot be had. The consumer reports it failed (never assembled
+    from what it lacks), the other layers assembled, within its budget."""
+    spec = small_spec(seed)
+    stage = Stage(spec, [(HarnessPublisher(spec), (0,))], relays=(RELAYS[misbehaviour],))
+    outcome = run(kvcs_consumer, stage, tmp_path, f"{misbehaviour}, no other relay")
+    problems = poisoned_layers_reported_good(outcome, spec, "KVCS-VERIFY-LAYER-USABLE")
+    result = outcome.require_result("KVCS-VERIFY-LAYER-USABLE")
+    if result.layers.get(MISSING) is not None:
+        problems.append(f"layer {MISSING} reported assembled although the only relay never delivered it "
+                        "[KVCS-VERIFY-LAYER-USABLE]")
+    if misbehaviour == "end-of-range":
+        # (a reset stream may lose what it carried before the reset too: RESET_STREAM discards unread data)
+        problems += digest_problems(outcome, spec, [0, 2, 3], "KVCS-VERIFY-LAYER-USABLE")
+    if outcome.run.elapsed > outcome.budget + SLACK:
+        problems.append(f"took {outcome.run.elapsed:.1f} s with a budget of {outcome.budget:g} s "
+                        "[KVCS-RECOVER-NO-INDEFINITE-WAIT]")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-RECOVER-NO-INDEFINITE-WAIT", "KVCS-RECOVER-BOUND", "KVCS-VERIFY-LAYER-USABLE")
+def test_stalled_production_is_given_up_within_the_budget(kvcs_consumer: object, seed: int,
+                                                          tmp_path: Path) -> None:
+    """The only publication stops after layer 1 and never ends its tracks. The consumer must give up within
+    its budget, with layers 0-1 assembled and layers 2-3 failed."""
+    spec = small_spec(seed)
+    stage = Stage(spec, [(HarnessPublisher(spec, stop_after=2), (0,))])
+    outcome = run(kvcs_consumer, stage, tmp_path, "stalled production")
+    problems = []
+    if outcome.run.killed or outcome.run.elapsed > outcome.budget + SLACK:
+        problems.append(f"still waiting {outcome.run.elapsed:.1f} s into a {outcome.budget:g} s budget "
+                        f"({outcome.run.error}) [KVCS-RECOVER-NO-INDEFINITE-WAIT]")
+    else:
+        problems += poisoned_layers_reported_good(outcome, spec, "KVCS-VERIFY-LAYER-USABLE")
+        result = outcome.require_result("KVCS-RECOVER-NO-INDEFINITE-WAIT")
+        for layer in (2, 3):
+            if result.layers.get(layer) is not None:
+                problems.append(f"layer {layer} reported assembled although it was never published "
+                                "[KVCS-VERIFY-LAYER-USABLE]")
+        problems += digest_problems(outcome, spec, [0, 1], "KVCS-VERIFY-LAYER-USABLE")
+    assert not problems, "\n".join(problems)

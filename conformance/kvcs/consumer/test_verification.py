@@ -1,0 +1,196 @@
+"""kvcs-consumer: verification of objects and manifests against an adversarial publisher (KVCS "Object
+Payload", "Manifest Track", "Verification and Recovery", "Security Considerations").
+
+The harness publishes the convention's true bytes except where a scenario poisons them. Whatever the
+consumer does, it must never report a layer whose digest differs from the true content's: a discarded
+object makes its layer missing ("failed") unless the consumer recovers it from an honest publication.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvconform.conformance.kvcs.consumer.checks import (
+    KID,
+    LAYERS,
+    digest_problems,
+    producer_key,
+    rejected_at,
+    run,
+    small_spec,
+)
+from kvconform.conformance.kvcs.consumer.harness import (
+    DuplicatingRelay,
+    HarnessPublisher,
+    Poison,
+    Stage,
+    poisoned_layers_reported_good,
+)
+
+POISONED = (1, 1)  # {layer, object} of k.raw.s0 that the poisoning scenarios mutate
+GOOD = [layer for layer in range(LAYERS) if layer != POISONED[0]]
+
+CHECKS = {
+    "data": "KVCS-PAYLOAD-VERIFY-DIGEST",
+    "layer": "KVCS-PAYLOAD-VERIFY-LAYER",
+    "block": "KVCS-PAYLOAD-VERIFY-BLOCK",
+    "magic": "KVCS-PAYLOAD-VERIFY-MAGIC",
+    "version": "KVCS-PAYLOAD-VERIFY-MAGIC",
+    "truncated": "KVCS-PAYLOAD-VERIFY-LENGTH",
+}
+
+
+def _poisoned_layer_problems(outcome: object, spec: object, requirement: str) -> list[str]:
+    """The poisoned object's layer is not reported assembled, the object is listed as rejected, the other
+    layers are assembled, and no layer carries a digest other than the true content's."""
+    problems = poisoned_layers_reported_good(outcome, spec, requirement)  # type: ignore[arg-type]
+    result = outcome.require_result(requirement)  # type: ignore[attr-defined]
+    if result.layers.get(POISONED[0]) is not None and not problems:
+        problems.append(f"layer {POISONED[0]} reported assembled although its only source object "
+                        f"k.raw.s0 {{{POISONED[0]},{POISONED[1]}}} is poisoned [{requirement}]")
+    if not rejected_at(outcome, "k.raw.s0", *POISONED):  # type: ignore[arg-type]
+        problems.append(f"k.raw.s0 {{{POISONED[0]},{POISONED[1]}}} is not listed among the rejected objects "
+                        f"(rejected: {[(r.track, r.group, r.object) for r in result.rejected][:8]}) "
+                        "[KVCS-PAYLOAD-DISCARD]")
+    problems += digest_problems(outcome, spec, GOOD, "KVCS-PAYLOAD-DISCARD")  # type: ignore[arg-type]
+    return problems
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.req(req, "KVCS-PAYLOAD-DISCARD",
+                                                                            "KVCS-VERIFY-EVERY"))
+                                  for kind, req in CHECKS.items()])
+def test_object_failing_a_check_is_discarded(kvcs_consumer: object, seed: int, tmp_path: Path, kind: str) -> None:
+    """One object of layer 1 is poisoned (Data changed under its digest, Layer or Block Index off by one,
+    wrong Magic or Version, truncated): the consumer discards it, lists it as rejected, reports layer 1
+    failed and the other layers assembled."""
+    spec = small_spec(seed)
+    pub = HarnessPublisher(spec, poisons=[Poison(kind, "k.raw.s0", *POISONED)])
+    outcome = run(kvcs_consumer, Stage(spec, [(pub, (0,))]), tmp_path, f"poison {kind}")
+    problems = _poisoned_layer_problems(outcome, spec, CHECKS[kind])
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-PAYLOAD-FLAGS-IGNORED")
+def test_nonzero_flags_are_ignored(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
+    """Flags are "ignored on receipt": objects whose Flags are 0x8001 (all else right) are used."""
+    spec = small_spec(seed)
+    poisons = [Poison("flags", track, layer, obj) for track in ("k.raw.s0", "v.raw.s0") for layer in range(LAYERS)
+               for obj in (0, 2)]
+    outcome = run(kvcs_consumer, Stage(spec, [(HarnessPublisher(spec, poisons=poisons), (0,))]), tmp_path, "flags")
+    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-PAYLOAD-FLAGS-IGNORED")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-SEC-COSE-VERIFY", "KVCS-VERIFY-EVERY", "KVCS-PAYLOAD-DISCARD")
+def test_poison_with_matching_digest_is_caught_by_the_signed_manifest(kvcs_consumer: object, seed: int,
+                                                                      tmp_path: Path) -> None:
+    """The publication is signed (manifest.cose with object_digests of the true content); one object's
+    Data is changed AND its Data Digest recomputed, so only the signed list can tell. A consumer that knows
+    the producer key must discard it."""
+    kvcs_consumer.require("producer_keys")  # type: ignore[attr-defined]
+    key = producer_key()
+    spec = small_spec(seed, signing=key)
+    pub = HarnessPublisher(spec, poisons=[Poison("data-rehash", "k.raw.s0", *POISONED)])
+    stage = Stage(spec, [(pub, (0,))], producer_keys={KID: key.public_pem()})
+    outcome = run(kvcs_consumer, stage, tmp_path, "poison with matching digest")
+    problems = _poisoned_layer_problems(outcome, spec, "KVCS-SEC-COSE-VERIFY")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-RECOVER-RETRY", "KVCS-VERIFY-NO-MIX", "KVCS-PAYLOAD-DISCARD")
+def test_poisoned_publication_is_replaced_by_an_honest_one(kvcs_consumer: object, seed: int,
+                                                           tmp_path: Path) -> None:
+    """Two publications of the cache (neither deterministic): the first announced has a poisoned object in
+    layer 1, the second is honest. The consumer recovers every layer, all from the honest publication."""
+    spec = small_spec(seed)
+    bad = HarnessPublisher(spec, poisons=[Poison("data", "k.raw.s0", *POISONED)])
+    good = HarnessPublisher(spec)
+    outcome = run(kvcs_consumer, Stage(spec, [(bad, (0,)), (good, (0,))]), tmp_path, "poisoned + honest")
+    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
+    result = outcome.require_result("KVCS-RECOVER-RETRY")
+    honest = good.namespace.pub_id
+    if not problems and result.publication != honest:
+        problems.append(f"reported publication {result.publication.hex() if result.publication else None}, but "
+                        f"only {honest.hex()} has every layer unpoisoned [KVCS-VERIFY-NO-MIX]")
+    mixed = {layer: p.hex() for layer, p in result.sources.items() if p != honest}
+    if mixed:
+        problems.append(f"layers {mixed} reported from the poisoned, non-deterministic publication while others "
+                        f"come from {honest.hex()} [KVCS-VERIFY-NO-MIX]")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-MANIFEST-COMPAT-CHECK", "KVCS-RECOVER-RETRY")
+def test_manifest_with_another_compatibility_id_discards_the_publication(kvcs_consumer: object, seed: int,
+                                                                         tmp_path: Path) -> None:
+    """The first publication's manifest describes another model (its "compat" hashes to another
+    Compatibility ID than the namespace's; its objects are the true ones). The consumer discards that
+    publication and uses the second, honest one."""
+    spec = small_spec(seed)
+    liar = HarnessPublisher(spec, other_compat=True)
+    good = HarnessPublisher(spec)
+    outcome = run(kvcs_consumer, Stage(spec, [(liar, (0,)), (good, (0,))]), tmp_path, "other compat")
+    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
+    result = outcome.require_result("KVCS-MANIFEST-COMPAT-CHECK")
+    used = {result.publication, *result.sources.values()} - {None}
+    if liar.namespace.pub_id in used:
+        problems.append(f"publication {liar.namespace.pub_id.hex()} was used although its manifest's compat does "
+                        "not hash to the namespace's Compatibility ID [KVCS-MANIFEST-COMPAT-CHECK]")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-SEC-COSE-VERIFY", "KVCS-RECOVER-RETRY")
+def test_bad_cose_signature_discards_the_publication(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
+    """Two signed publications; the first one's manifest.cose is signed with another key under the known
+    kid. A consumer that knows the producer key discards it and uses the second."""
+    kvcs_consumer.require("producer_keys")  # type: ignore[attr-defined]
+    key = producer_key()
+    spec = small_spec(seed, signing=key)
+    forger = HarnessPublisher(spec, forge_with=producer_key())
+    good = HarnessPublisher(spec)
+    stage = Stage(spec, [(forger, (0,)), (good, (0,))], producer_keys={KID: key.public_pem()})
+    outcome = run(kvcs_consumer, stage, tmp_path, "bad COSE signature")
+    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
+    result = outcome.require_result("KVCS-SEC-COSE-VERIFY")
+    used = {result.publication, *result.sources.values()} - {None}
+    if forger.namespace.pub_id in used:
+        problems.append(f"publication {forger.namespace.pub_id.hex()} was used although its manifest.cose signature "
+                        f"does not verify with producer key {KID!r} [KVCS-SEC-COSE-VERIFY]")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("KVCS-VERIFY-NO-MIX")
+def test_non_deterministic_publications_are_not_mixed(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
+    """Two non-deterministic publications, each missing one layer (the first never sends layer 3, the second
+    never sends layer 0). Only by combining them could every layer be had, which the text forbids: the
+    consumer must not report both layer 0 and layer 3 assembled."""
+    spec = small_spec(seed)
+    first = HarnessPublisher(spec, skip_layers=[LAYERS - 1])
+    second = HarnessPublisher(spec, skip_layers=[0])
+    outcome = run(kvcs_consumer, Stage(spec, [(first, (0,)), (second, (0,))]), tmp_path, "two partial publications")
+    problems = poisoned_layers_reported_good(outcome, spec, "KVCS-VERIFY-NO-MIX")
+    result = outcome.require_result("KVCS-VERIFY-NO-MIX")
+    if result.layers.get(0) is not None and result.layers.get(LAYERS - 1) is not None:
+        problems.append(f"layers 0 and {LAYERS - 1} both reported assembled: no single publication has both, so "
+                        "objects of two non-deterministic publications were combined in segment 0 "
+                        f"(sources {({k: v.hex()[:8] for k, v in result.sources.items()})}) [KVCS-VERIFY-NO-MIX]")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.req("MOQT-DATA-MALFORMED-DUPLICATE", "KVCS-PAYLOAD-DISCARD")
+def test_same_location_with_two_payloads_is_not_used(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
+    """The relay serves k.raw.s0 {1,1} twice on the same stream: first a poisoned copy whose Data Digest
+    matches its Data (the manifest lists no object_digests, so per-object checks pass), then the true one.
+    The same Location with two payloads makes the track malformed: the consumer must not report layer 1
+    (nor any layer with other than the true content)."""
+    spec = small_spec(seed)
+    stage = Stage(spec, [(HarnessPublisher(spec, no_digests=True), (0,))], relays=(DuplicatingRelay,))
+    outcome = run(kvcs_consumer, stage, tmp_path, "same Location twice")
+    problems = poisoned_layers_reported_good(outcome, spec, "MOQT-DATA-MALFORMED-DUPLICATE")
+    result = outcome.require_result("MOQT-DATA-MALFORMED-DUPLICATE")
+    if result.layers.get(DuplicatingRelay.DUP[0]) is not None and not problems:
+        problems.append(f"layer {DuplicatingRelay.DUP[0]} reported assembled although k.raw.s0 "
+                        f"{{{DuplicatingRelay.DUP[0]},{DuplicatingRelay.DUP[1]}}} arrived with two different payloads "
+                        "(a malformed track) [MOQT-DATA-MALFORMED-DUPLICATE]")
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,240 @@
+"""Drivers of the ``kvcs-consumer`` role: a KVCS consumer the harness (playing publisher and relay) points
+at its own relays with a cache spec, and whose result JSON it reads.
+
+- ``reference``: kvconform's consumer (``kvconform.kvcs.consumer.Consumer``), in-process on the calling
+  thread with its own event loop;
+- ``python:<module>:<Class>``: a ``Consumer`` subclass (the mutant consumers), run the same way;
+- ``cmd:<template>``: a spawned consumer, e.g. ``cmd:kvconform kvcs fetch --relay {relay} --relay {relay2}
+  --cache {cache} --out {out} --token {token} --budget {budget} --producer-key {producer_key}``.
+  Placeholders: ``{relay}`` (moqt://127.0.0.1:PORT), ``{cache}`` (cache spec JSON), ``{out}`` (where it
+  writes the result JSON); optional ``{relay2}`` (a fallback relay; the first one again when there is
+  none), ``{token}`` (the scope's subscriber token), ``{budget}`` (seconds), ``{producer_key}`` (``kid=PATH``
+  of a producer's public PEM; empty when the scenario has none), ``{layers}`` (``a-b``, inclusive; every
+  layer unless a check asks for a range) and ``{blocks}`` (the first n blocks; all unless asked). Each fetch is
+  one process in its own process group, bounded by the budget plus a grace period (then SIGKILL), always
+  reaped; its stdout and stderr are kept for the evidence.
+
+The result JSON is the one ``kvconform.kvcs.consumer.ConsumeResult`` writes (its module docstring defines
+the layer digest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from kvconform.targets.drivers import DriverError, TargetUnavailable, import_python_target
+from kvconform.targets.spec import cmd_roles
+
+__all__ = ["GRACE", "SUITE", "CmdConsumer", "ConsumerDriver", "ConsumerRun", "FetchRequest", "InProcessConsumer",
+           "driver_for"]
+
+SUITE = "kvcs-consumer"
+GRACE = 8.0  # seconds past its budget before a consumer that did not give up is stopped (a finding)
+OUTPUT_TAIL = 4000  # characters of a consumer's output kept for the evidence
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """One retrieval the harness asks for."""
+
+    relays: tuple[str, ...]
+    cache: Path
+    budget: float
+    token: str | None = None
+    layers: tuple[int, int] | None = None
+    blocks: int | None = None
+    producer_keys: Mapping[str, Path] = field(default_factory=dict)  # kid -> public PEM file
+    mode: str = "auto"  # reference/python consumers only: "auto", "live" or "fetch"
+
+
+@dataclass(frozen=True)
+class ConsumerRun:
+    """How one retrieval went: the parsed result (None when there is none), exit status, time, output."""
+
+    result: Any  # kvconform.kvcs.consumer.ConsumeResult | None
+    code: int | None
+    elapsed: float
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None  # why there is no result (crash, no JSON, killed past its budget)
+    killed: bool = False  # stopped by the driver past budget + GRACE
+
+
+@runtime_checkable
+class ConsumerDriver(Protocol):
+    """kvcs-consumer: retrieve the cache a spec names through relays; return the result (bounded)."""
+
+    def fetch(self, request: FetchRequest, out: Path) -> ConsumerRun: ...
+
+    def supports(self, capability: str) -> bool:
+        """"relay2", "token", "budget", "producer_key", "layers", "blocks": what this target can be given."""
+        ...
+
+
+def _read_result(out: Path) -> tuple[Any, str | None]:
+    import json
+
+    from kvconform.kvcs.consumer import ConsumeResult
+    from kvconform.kvcs.errors import KvcsError
+
+    if not out.exists():
+        return None, f"no result JSON at {out}"
+    try:
+        return ConsumeResult.from_obj(json.loads(out.read_text("utf-8"))), None
+    except (ValueError, TypeError, AttributeError, KvcsError) as exc:
+        return None, f"result JSON {out} cannot be read: {exc}"
+
+
+class InProcessConsumer:
+    """A ``Consumer`` (sub)class run on the calling thread with its own event loop, bounded."""
+
+    def __init__(self, consumer_class: type[Any]) -> None:
+        self.consumer_class = consumer_class
+
+    def supports(self, capability: str) -> bool:
+        return True
+
+    def fetch(self, request: FetchRequest, out: Path) -> ConsumerRun:
+        from kvconform.kvcs.consumer import ConsumerIdentity, ConsumerOptions, LayerReady, load_producer_keys
+        from kvconform.kvcs.content import CacheSpec
+
+        lines: list[str] = []
+
+        def progress(ready: LayerReady) -> None:
+            lines.append(f"layer {ready.layer} ready: publication {ready.publication.hex()} via {ready.relay}")
+
+        try:
+            spec = CacheSpec.load(request.cache)
+            keys = load_producer_keys(f"{kid}={path}" for kid, path in request.producer_keys.items())
+            options = ConsumerOptions(relays=request.relays, layers=request.layers, blocks=request.blocks,
+                                      budget=request.budget, stall_timeout=min(5.0, request.budget / 3),
+                                      token=request.token.encode() if request.token else None, producer_keys=keys,
+                                      mode=request.mode)
+            consumer = self.consumer_class(ConsumerIdentity.from_spec(spec), options, on_ready=progress)
+        except (ValueError, TypeError, OSError) as exc:
+            raise TargetUnavailable(f"{self.consumer_class.__name__} cannot be set up: {exc}") from exc
+
+        async def bounded() -> Any:
+            return await asyncio.wait_for(consumer.run(), request.budget + GRACE)
+
+        started = time.monotonic()
+        try:
+            result = asyncio.run(bounded())
+        except TimeoutError:
+            return ConsumerRun(None, None, time.monotonic() - started, "", "\n".join(lines)[-OUTPUT_TAIL:],
+                               f"no result within budget {request.budget} s + {GRACE} s: stopped", killed=True)
+        except Exception as exc:  # a crashing consumer is a finding, not a harness error
+            return ConsumerRun(None, 1, time.monotonic() - started, "", "\n".join(lines)[-OUTPUT_TAIL:],
+                               f"{type(exc).__name__}: {exc}")
+        elapsed = time.monotonic() - started
+        out.write_text(result.to_json(), "utf-8")
+        parsed, error = _read_result(out)
+        return ConsumerRun(parsed, 0, elapsed, "", "\n".join(lines)[-OUTPUT_TAIL:], error)
+
+
+class CmdConsumer:
+    """A spawned consumer: one process per fetch, in its own process group, bounded and reaped."""
+
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    def supports(self, capability: str) -> bool:
+        return "{" + capability + "}" in self.template
+
+    @staticmethod
+    def _range_values(request: FetchRequest) -> dict[str, str]:
+        """{layers} (a-b) and {blocks} (n): what is asked, else every layer / every block of the cache."""
+        from kvconform.kvcs.content import CacheSpec
+        from kvconform.kvcs.errors import KvcsError
+
+        try:
+            spec = CacheSpec.load(request.cache)
+        except KvcsError as exc:
+            raise TargetUnavailable(f"cache spec {request.cache}: {exc}") from exc
+        first, last = request.layers if request.layers is not None else (0, spec.layers - 1)
+        blocks = request.blocks if request.blocks is not None else sum(s.blocks for s in spec.segment_layout())
+        return {"layers": f"{first}-{last}", "blocks": str(blocks)}
+
+    def fetch(self, request: FetchRequest, out: Path) -> ConsumerRun:
+        # With one relay, {relay2} repeats it: retrying the same relay is harmless, an empty URL is not.
+        values = {"relay": request.relays[0], "relay2": request.relays[min(1, len(request.relays) - 1)],
+                  "cache": str(request.cache), "out": str(out), "token": request.token or "",
+                  "budget": f"{request.budget:g}",
+                  "producer_key": ",".join(f"{kid}={path}" for kid, path in request.producer_keys.items())}
+        if "{layers}" in self.template or "{blocks}" in self.template:
+            values.update(self._range_values(request))
+        try:
+            argv = [arg.format(**values) for arg in shlex.split(self.template)]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise DriverError(f"cmd target {self.template!r}: unknown placeholder {exc}") from exc
+        with tempfile.TemporaryDirectory(prefix="kvconform-consumer-") as tmp:
+            so, se = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            started = time.monotonic()
+            try:
+                with open(so, "wb") as stdout, open(se, "wb") as stderr:
+                    proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+            except OSError as exc:
+                raise TargetUnavailable(f"cannot start {argv!r}: {exc}") from exc
+            killed = False
+            try:
+                code: int | None = proc.wait(request.budget + GRACE)
+            except subprocess.TimeoutExpired:
+                killed = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the group this driver created for it, by its id
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5.0)
+                code = proc.poll()
+            elapsed = time.monotonic() - started
+            stdout_text = so.read_text("utf-8", "replace")[-OUTPUT_TAIL:]
+            stderr_text = se.read_text("utf-8", "replace")[-OUTPUT_TAIL:]
+        if killed:
+            return ConsumerRun(None, code, elapsed, stdout_text, stderr_text,
+                               f"still running {request.budget + GRACE:g} s after start (budget {request.budget:g} "
+                               "s): killed", killed=True)
+        parsed, error = _read_result(out)
+        return ConsumerRun(parsed, code, elapsed, stdout_text, stderr_text, error)
+
+
+def _consumer_class(value: str) -> type[Any]:
+    obj = import_python_target(value)
+    from kvconform.kvcs.consumer import Consumer
+
+    if not (isinstance(obj, type) and issubclass(obj, Consumer)):
+        raise DriverError(f"python target {value}: not a subclass of kvconform.kvcs.consumer.Consumer (suite {SUITE})")
+    return obj
+
+
+def driver_for(suite: str, kind: str, value: str) -> ConsumerDriver:
+    """The kvcs-consumer driver for a target of ``kind`` ("reference", "python", "cmd")."""
+    if suite != SUITE:
+        raise DriverError(f"no KVCS consumer driver for suite {suite}")
+    if kind == "reference":
+        from kvconform.kvcs.consumer import Consumer
+
+        return InProcessConsumer(Consumer)
+    if kind == "python":
+        return InProcessConsumer(_consumer_class(value))
+    if kind == "cmd":
+        if suite not in cmd_roles(value):
+            raise DriverError(f"cmd target {value!r}: plays {sorted(cmd_roles(value))}, not {suite} "
+                              "(placeholders {relay}, {cache}, {out})")
+        missing = [p for p in ("{relay}", "{cache}", "{out}") if p not in value]
+        if missing:
+            raise DriverError(f"cmd target {value!r}: a kvcs-consumer template needs {', '.join(missing)}")
+        return CmdConsumer(value)
+    raise DriverError(f"target {kind}:{value} cannot play {suite} (use reference, python:<module>:<Class> or "
+                      "cmd:<template with {relay} {cache} {out}>)")
