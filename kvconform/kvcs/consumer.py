@@ -349,8 +349,18 @@ class _TrackState:
                 return count == UNKNOWN_STREAM_COUNT or h.streams_seen() >= count
             if h.done.done():
                 return True
-            return any(o.status == ObjectStatus.END_OF_TRACK for o in h.objects)
+            return self._groups_closed_by_end_of_track(h)
         return False
+
+    def _groups_closed_by_end_of_track(self, h: _WatchedSubscription) -> bool:
+        """End of Track seen (before PUBLISH_DONE) and every Group below it accounted for: its End of Group
+        arrived, or it lies wholly below Largest Object and the fill ended. End of Track can arrive before
+        the streams of earlier Groups open (it has its own stream and priority), so alone it ends nothing."""
+        ends = [o.location for o in h.objects if o.status == ObjectStatus.END_OF_TRACK]
+        if not ends:
+            return False
+        below = h.largest.group if h.largest is not None and self.fill_done() else 0
+        return all(g in self.group_end or g < below for g in range(min(ends).group))
 
     def fill_done(self) -> bool:
         """The fill fetch stream ended (FIN or reset): below Largest Object nothing more can come."""
