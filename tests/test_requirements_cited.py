@@ -20,13 +20,7 @@ from kvconform.catalog import load_catalogs
 ROOT = Path(__file__).resolve().parents[1]
 
 # (protocol, role) -> why no suite covers it yet.
-PENDING_ROLES: dict[tuple[str, str], str] = {
-    ("moqt", "publisher"): "MOQT publisher checks come with the kvcs-publisher suite (issue 5)",
-    ("moqt", "subscriber"): "MOQT subscriber checks come with the kvcs-consumer suite (issue 5)",
-    ("kvcs", "publisher"): "suite being built in issue 5",
-    ("kvcs", "relay"): "suite being built in issue 5",
-    ("kvcs", "consumer"): "suite being built in issue 5",
-}
+PENDING_ROLES: dict[tuple[str, str], str] = {}
 
 COLLECT = """
 import json, sys
