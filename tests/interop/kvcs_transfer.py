@@ -113,33 +113,9 @@ class _PrecomputedPublisher(KvcsPublisher):
             self.started = time.monotonic()
         return self._payloads[(track.name, layer, object_id)]
 
-    async def publish_segment(self, seg: SegmentLayout) -> None:
-        if not self.hold_s or seg.segment != 0:
-            await super().publish_segment(seg)
-            return
-        # KvcsPublisher.publish_segment's steps, with the hold between the manifest and layer 0 (the
-        # reference publisher has no hook there; keep this in step with it).
-        self.added.append(seg.segment)
-        tracks = self.tracks(seg.segment)
-        for track in tracks:
-            self.completed[track.name] = 0
-        self.publish_manifest()
-        await self.hold(tracks)
-        since = 0
-        for layer in range(self.spec.layers):
-            for track in tracks:
-                self.publish_layer(self.local[track.name], track, layer, seg.blocks)
-                self.completed[track.name] = layer + 1
-            since += 1
-            self._report(Progress("layer", segment=seg.segment, layer=layer))
-            if self.manifest_due(since) and layer + 1 < self.spec.layers:
-                self.publish_manifest()
-                since = 0
-            await asyncio.sleep(self.layer_interval)
-        for track in tracks:
-            self.end_track(self.local[track.name])
-        self.publish_manifest()
-        self._report(Progress("segment", segment=seg.segment))
+    async def segment_added(self, seg: SegmentLayout) -> None:
+        if self.hold_s and seg.segment == 0:
+            await self.hold(self.tracks(seg.segment))
 
     async def hold(self, tracks: Sequence[DataTrack]) -> None:
         """Until every track in ``tracks`` has a subscriber (the relay's upstream SUBSCRIBE), bounded."""

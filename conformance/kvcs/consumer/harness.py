@@ -295,23 +295,14 @@ class HarnessPublisher(KvcsPublisher):
             return sign(manifest.to_json(), self.forge_with)
         return super().manifest_payload(manifest)
 
-    async def publish_segment(self, seg: Any) -> None:
+    def layer_order(self) -> Sequence[int]:
+        # Production that stalls: layers below stop_after, then silence (no End of Track, see end_track).
+        layers = super().layer_order()
+        return layers if self.stop_after is None else [g for g in layers if g < self.stop_after]
+
+    def end_track(self, local: mc.LocalTrack) -> None:
         if self.stop_after is None:
-            await super().publish_segment(seg)
-            return
-        # Production that stalls: the manifest, layers below stop_after, then silence (no End of Track).
-        self.added.append(seg.segment)
-        tracks = self.tracks(seg.segment)
-        for track in tracks:
-            self.completed[track.name] = 0
-        self.publish_manifest()
-        for layer in range(min(self.stop_after, self.spec.layers)):
-            for track in tracks:
-                self.publish_layer(self.local[track.name], track, layer, seg.blocks)
-                self.completed[track.name] = layer + 1
-            await asyncio.sleep(self.layer_interval)
-        self.publish_manifest()  # lists the layers done so far, the segment incomplete
-        self.stalled.set()
+            super().end_track(local)
 
 
 # ---- scenarios ---------------------------------------------------------------------------------------------
