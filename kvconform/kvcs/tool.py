@@ -6,6 +6,11 @@ runs the reference consumer (``kvconform.kvcs.consumer``): it discovers the publ
 SPEC names (the consumer uses only its identity: profile, scope key, descriptor, tokens), retrieves and
 verifies them, prints one progress line per ready layer on stderr and writes the result JSON to
 RESULT.json. Exit status 0 when every wanted layer was assembled, 1 when some failed, 2 on a usage error.
+
+``kvconform kvcs spec --out SPEC [--layers L] [--blocks N] [--block-tokens B] [--kv-heads H] [--head-dim D]
+[--segments N,...] [--seed S] [--sign ES256|EdDSA --kid KID]`` writes a cache spec of the test-content
+convention (``kvconform.kvcs.content``) to give a publisher and a consumer; with ``--sign`` it holds a new
+producer key and the public key is written next to it (``SPEC.pub.pem``) for ``fetch --producer-key``.
 """
 
 from __future__ import annotations
@@ -63,11 +68,50 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("--producer-key", action="append", default=[], metavar="kid=PEM",
                        help="a producer's public key (PEM file or PEM text); makes authenticity required")
     fetch.add_argument("--mode", choices=("auto", "live", "fetch"), default="auto")
+    spec = sub.add_parser("spec", help="write a cache spec (test-content convention) for a publisher and consumer")
+    spec.add_argument("--out", required=True, metavar="SPEC", help="where the cache spec JSON is written")
+    spec.add_argument("--layers", type=int, default=32)
+    spec.add_argument("--blocks", type=int, default=64, help="complete blocks of segment 0")
+    spec.add_argument("--block-tokens", type=int, default=16)
+    spec.add_argument("--kv-heads", type=int, default=8)
+    spec.add_argument("--head-dim", type=int, default=128)
+    spec.add_argument("--segments", default="", metavar="N,...", help="token counts appended after segment 0")
+    spec.add_argument("--seed", type=int, default=1, help="derives the scope key, tokens and content seed")
+    spec.add_argument("--sign", choices=("ES256", "EdDSA"), default=None, help="sign the manifest (manifest.cose)")
+    spec.add_argument("--kid", default="producer-1", help="the producer key's identifier")
     return parser
+
+
+def _write_spec(args: argparse.Namespace) -> int:
+    from kvconform.kvcs.content import example_spec
+    from kvconform.kvcs.cose import ProducerKey
+
+    try:
+        segments = [int(n) for n in args.segments.split(",") if n.strip()]
+        signing = None
+        if args.sign:
+            key = ProducerKey.generate(args.sign, args.kid.encode())
+            signing = {"alg": args.sign, "kid": args.kid, "private_pem": key.private_pem()}
+        spec = example_spec(layers=args.layers, blocks=args.blocks, block_tokens=args.block_tokens,
+                            kv_heads=args.kv_heads, head_dim=args.head_dim, segments=segments, seed=args.seed,
+                            signing=signing)
+    except (KvcsError, ValueError) as exc:
+        print(f"kvconform kvcs spec: {exc}", file=sys.stderr)
+        return 2
+    out = spec.write_json(args.out)
+    print(f"kvconform kvcs spec: {out}: {spec.layers} layers, {[s.blocks for s in spec.segment_layout()]} blocks "
+          f"per segment, {spec.section_octets} octets per k/v object", file=sys.stderr)
+    if signing is not None:
+        pub = Path(f"{out}.pub.pem")
+        pub.write_text(key.public_pem(), "utf-8")
+        print(f"kvconform kvcs spec: producer key {args.kid}: fetch --producer-key {args.kid}={pub}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "spec":
+        return _write_spec(args)
     try:
         spec = CacheSpec.load(args.cache)
         keys = load_producer_keys(args.producer_key)
