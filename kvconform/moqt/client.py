@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -93,6 +94,8 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 5.0
+# Bound on holding PUBLISH_DONE back until the subscription's streams have sent everything (LocalTrack.end_track).
+PUBLISH_DONE_AFTER_SENT = 10.0
 T = TypeVar("T")
 
 
@@ -585,19 +588,27 @@ class LocalTrack:
                                 status=ObjectStatus.END_OF_GROUP)
 
     def end_track(self, *, publish_done: bool = True) -> None:
-        """End of Track at {last group + 1, 0} (profile §9.3, §13 #11), then PUBLISH_DONE TRACK_ENDED."""
+        """End of Track at {last group + 1, 0} (profile §9.3, §13 #11), then PUBLISH_DONE TRACK_ENDED once the
+        subscription's streams have sent their data and FIN (bounded by PUBLISH_DONE_AFTER_SENT): a relay
+        that gives the streams PUBLISH_DONE counts only a short grace must not cut off megabytes still in
+        this endpoint's send buffers."""
         group = 0 if self.largest is None else self.largest.group + 1
         self.publish_object(group, 0, status=ObjectStatus.END_OF_TRACK)
         self.ended = True
         if self.session.closed is not None:
             return
         for served in list(self.subscribers.values()):
-            for sid in list(served.streams.values()):
-                if self.session.data_stream_open(sid):
-                    self.session.end_data_stream(sid)
+            ending = [sid for sid in served.streams.values() if self.session.data_stream_open(sid)]
+            for sid in ending:
+                self.session.end_data_stream(sid)
             served.streams.clear()
             if publish_done:
-                self.finish(served.stream_id, PublishDoneCode.TRACK_ENDED)
+                self.client.connection.when_sent(ending, functools.partial(self._done, served.stream_id),
+                                                 PUBLISH_DONE_AFTER_SENT)
+
+    def _done(self, stream_id: int) -> None:
+        if self.session.closed is None:
+            self.finish(stream_id, PublishDoneCode.TRACK_ENDED)
 
     def finish(self, stream_id: int, status: int = PublishDoneCode.TRACK_ENDED, reason: str = "") -> None:
         """PUBLISH_DONE on one subscription (after its data streams are closed)."""

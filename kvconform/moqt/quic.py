@@ -114,6 +114,8 @@ class MoqtProtocol(QuicConnectionProtocol):
         self.terminated = asyncio.Event()
         self.alpn: str | None = None
         self._pump_scheduled = False
+        # when_sent: (streams, callback) waiting until those streams' data and FIN have left once
+        self._sent_waiters: list[tuple[tuple[int, ...], Callable[[], None]]] = []
         session.on_pending = self._schedule_pump
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
@@ -153,7 +155,41 @@ class MoqtProtocol(QuicConnectionProtocol):
         if isinstance(queue, list) and len(queue) > 1 and _several_pending(queue):
             queue.sort(key=lambda stream: self.session.send_priority(stream.stream_id))  # stable: keeps RR order
         super().transmit()
+        if self._sent_waiters:
+            self._fire_sent_waiters()
         self._deliver_events()
+
+    def when_sent(self, stream_ids: Sequence[int], callback: Callable[[], None], timeout: float) -> None:
+        """Call ``callback`` (once) when every stream of ``stream_ids`` has sent all its data and its FIN at
+        least once (or was reset or is gone), or after ``timeout`` seconds, whichever comes first."""
+        entry = (tuple(stream_ids), callback)
+        self._sent_waiters.append(entry)
+
+        def expire() -> None:
+            if entry in self._sent_waiters:
+                self._sent_waiters.remove(entry)
+                callback()
+
+        self._loop.call_later(timeout, expire)
+        self._schedule_pump()
+        self._loop.call_soon(self._fire_sent_waiters)  # nothing left to send: no transmit would check
+
+    def _fire_sent_waiters(self) -> None:
+        ready = [w for w in self._sent_waiters if all(self._stream_sent(sid) for sid in w[0])]
+        for entry in ready:
+            self._sent_waiters.remove(entry)
+            entry[1]()
+
+    def _stream_sent(self, stream_id: int) -> bool:
+        """aioquic keeps what a stream still has to send privately: read it where it exists (an aioquic
+        without these attributes counts the stream as sent, i.e. the caller is not delayed)."""
+        stream = getattr(self._quic, "_streams", {}).get(stream_id)
+        sender = getattr(stream, "sender", None)
+        if sender is None or getattr(sender, "_reset_error_code", None) is not None:
+            return True
+        if getattr(sender, "_buffer_fin", 0) is None:
+            return False  # the FIN is not even written yet
+        return not getattr(sender, "_pending", None) and not getattr(sender, "_pending_eof", False)
 
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
@@ -331,6 +367,10 @@ class MoqtConnection:
             return self._protocol.events.get_nowait()
         except asyncio.QueueEmpty:
             return None
+
+    def when_sent(self, stream_ids: Sequence[int], callback: Callable[[], None], timeout: float) -> None:
+        """``callback`` once those streams' data and FIN have been sent (see `MoqtProtocol.when_sent`)."""
+        self._protocol.when_sent(stream_ids, callback, timeout)
 
     def send_datagram(self, data: bytes) -> None:
         """Raw QUIC DATAGRAM (the session's `send_datagram` is the checked path)."""

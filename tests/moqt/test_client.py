@@ -459,3 +459,27 @@ def test_publisher_priority_orders_what_goes_out_first(run: Callable[[Scenario],
         assert (first.payload, second.payload) == (b"urgent", b"later")
 
     run(scenario)
+
+
+def test_publish_done_waits_until_the_streams_have_sent_everything(run: Callable[[Scenario], None]) -> None:
+    """End of Track FINs the subscription's streams at once but holds PUBLISH_DONE back until their data and
+    FIN have left this endpoint: a relay that gives counted streams only a short grace after PUBLISH_DONE
+    must not cut off what is still in the send buffers (issue 5: a 128 MiB KV cache through a relay)."""
+    async def scenario(sub_client: mc.MoqtClient, pub: mc.MoqtClient) -> None:
+        track = pub.track(NS, NAME)
+        sub = await sub_client.subscribe(NS, NAME, location_filter=LocationFilter.next_object())
+        assert track.subscribers, "SUBSCRIBE_OK came before the publisher served the subscription"
+        for g in range(4):
+            track.publish_group(g, [bytes([g]) * 65536 for _ in range(4)])
+        served = next(iter(track.subscribers.values()))
+        streams = list(served.streams.values())
+        request = pub.session.requests[served.stream_id]
+        protocol = pub.connection._protocol
+        track.end_track()
+        assert not request.sent_fin, "PUBLISH_DONE went out with 1 MiB still unsent"
+        done = await sub.wait_complete(TIMEOUT)
+        assert done.status_code == PublishDoneCode.TRACK_ENDED and request.sent_fin
+        assert all(protocol._stream_sent(sid) for sid in streams)
+        assert len([o for o in sub.objects if o.status == ObjectStatus.NORMAL]) == 16
+
+    run(scenario)
