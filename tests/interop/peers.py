@@ -10,6 +10,7 @@ Used by the lane's fixtures (``conftest.py``) and by ``bench/bench_moqt_relay.py
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import shlex
 import signal
@@ -21,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvconform.fixtures import evidence
 from kvconform.targets import docker as dk
@@ -41,6 +43,8 @@ __all__ = [
     "aiomoqt_testcases",
     "our_relay",
     "run_aiomoqt_client",
+    "suite_report_dir",
+    "suite_verdicts",
     "write_certificates",
 ]
 
@@ -50,6 +54,27 @@ CLIENT_TARGET = "aiomoqt-client"
 OUR_RELAY_TARGET = "kvconform-relay"
 READY_TIMEOUT_S = 20.0
 CLIENT_TIMEOUT_S = 60.0
+
+
+def suite_report_dir(base: str | None, name: str, tmp_path: Path) -> Path:
+    """Where a suite run inside an interop test reports: under the session's --report-dir when given."""
+    return Path(base) / name if base else tmp_path / "report"
+
+
+def suite_verdicts(suite: str, url: str, report: Path, timeout: float) -> dict[str, dict[str, Any]]:
+    """Run ``kvconform run <suite>`` against ``url`` in the aiomoqt testbed, bounded: check function -> its
+    coverage entry (the spawn and the suite's output go into the evidence)."""
+    argv = [sys.executable, "-m", "kvconform", "run", suite, "--testbed", str(TESTBED_FILE), "--target", url,
+            "--report-dir", str(report), "-q"]
+    evidence.record("sent", "spawn", {"argv": argv})
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    evidence.record("received", "suite-exit", {"code": proc.returncode, "stdout": proc.stdout[-4000:],
+                                               "stderr": proc.stderr[-2000:]})
+    coverage = report / "coverage.json"
+    assert coverage.is_file(), \
+        f"the suite wrote no report (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    tests = json.loads(coverage.read_text("utf-8"))["tests"]
+    return {t["nodeid"].rsplit("::", 1)[-1].split("[", 1)[0]: t for t in tests}
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,9 @@ known one must still fail (the version is pinned: a change means the entry is to
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,7 +26,7 @@ from kvconform.fixtures import evidence
 
 from .disagreements import KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
 from .kvcs_transfer import VARIANTS, cache_spec, data_bytes, transfer
-from .peers import TESTBED_FILE, RelayEndpoint
+from .peers import RelayEndpoint, suite_report_dir, suite_verdicts
 
 pytestmark = pytest.mark.interop
 
@@ -55,27 +51,11 @@ def test_reference_cache_crosses_aiomoqt_relay_intact(aiomoqt_relay_endpoint: Re
         assert result.held, "the publisher started publishing before the relay had subscribed to its data tracks"
 
 
-def _suite_verdicts(suite: str, url: str, report: Path) -> dict[str, dict[str, Any]]:
-    """Run ``kvconform run <suite>`` against ``url`` in the aiomoqt testbed: check function -> its entry."""
-    argv = [sys.executable, "-m", "kvconform", "run", suite, "--testbed", str(TESTBED_FILE), "--target", url,
-            "--report-dir", str(report), "-q"]
-    evidence.record("sent", "spawn", {"argv": argv})
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    evidence.record("received", "suite-exit", {"code": proc.returncode, "stdout": proc.stdout[-4000:],
-                                               "stderr": proc.stderr[-2000:]})
-    coverage = report / "coverage.json"
-    assert coverage.is_file(), \
-        f"the suite wrote no report (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-    tests = json.loads(coverage.read_text("utf-8"))["tests"]
-    return {t["nodeid"].rsplit("::", 1)[-1].split("[", 1)[0]: t for t in tests}
-
-
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 def test_kvcs_relay_suite_against_aiomoqt_relay(aiomoqt_relay_endpoint: RelayEndpoint,
                                                 request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    base = request.config.getoption("report_dir", None)
-    report = Path(base) / "kvcs-relay-on-aiomoqt" if base else tmp_path / "report"
-    verdicts = _suite_verdicts("kvcs-relay", aiomoqt_relay_endpoint.url, report)
+    report = suite_report_dir(request.config.getoption("report_dir", None), "kvcs-relay-on-aiomoqt", tmp_path)
+    verdicts = suite_verdicts("kvcs-relay", aiomoqt_relay_endpoint.url, report, SUITE_TIMEOUT_S)
     evidence.record("note", "suite-verdicts", {name: t["verdict"] for name, t in sorted(verdicts.items())})
     failed = {name: t.get("message", "") for name, t in verdicts.items() if t["verdict"] == "fail"}
     unexpected = {name: msg for name, msg in failed.items() if name not in KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT}

@@ -11,9 +11,6 @@ either a new aiomoqt finding or a bug of the suite, and fails this test with the
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,33 +18,18 @@ import pytest
 from kvconform.fixtures import evidence
 
 from .disagreements import SUITE_FAILS_ON_AIOMOQT
-from .peers import TESTBED_FILE, RelayEndpoint
+from .peers import RelayEndpoint, suite_report_dir, suite_verdicts
 
 pytestmark = pytest.mark.interop
 
 SUITE_TIMEOUT_S = 600.0
 
 
-def _report_dir(config: pytest.Config, tmp_path: Path) -> Path:
-    base = config.getoption("report_dir", None)
-    return Path(base) / "moqt-relay-on-aiomoqt" if base else tmp_path / "report"
-
-
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 def test_moqt_relay_suite_against_aiomoqt_relay(aiomoqt_relay_endpoint: RelayEndpoint,
                                                 request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    report = _report_dir(request.config, tmp_path)
-    argv = [sys.executable, "-m", "kvconform", "run", "moqt-relay", "--testbed", str(TESTBED_FILE),
-            "--target", aiomoqt_relay_endpoint.url, "--report-dir", str(report), "-q"]
-    evidence.record("sent", "spawn", {"argv": argv})
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    evidence.record("received", "suite-exit", {"code": proc.returncode, "stdout": proc.stdout[-4000:],
-                                               "stderr": proc.stderr[-2000:]})
-    coverage = report / "coverage.json"
-    assert coverage.is_file(), \
-        f"the suite wrote no report (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-    tests = json.loads(coverage.read_text("utf-8"))["tests"]
-    verdicts = {t["nodeid"].rsplit("::", 1)[-1].split("[", 1)[0]: t for t in tests}
+    report = suite_report_dir(request.config.getoption("report_dir", None), "moqt-relay-on-aiomoqt", tmp_path)
+    verdicts = suite_verdicts("moqt-relay", aiomoqt_relay_endpoint.url, report, SUITE_TIMEOUT_S)
     failed = {name: t for name, t in verdicts.items() if t["verdict"] == "fail"}
     passed = sorted(name for name, t in verdicts.items() if t["verdict"] == "pass")
     evidence.record("note", "suite-verdicts", {name: t["verdict"] for name, t in sorted(verdicts.items())})
@@ -60,4 +42,4 @@ def test_moqt_relay_suite_against_aiomoqt_relay(aiomoqt_relay_endpoint: RelayEnd
     if now_passing:
         evidence.note(f"known aiomoqt disagreements that passed this time: {now_passing}")
     # The scenarios both sides support: aiomoqt's relay passes the rest of the suite.
-    assert passed, f"no moqt-relay check passed against aiomoqt's relay (exit {proc.returncode})"
+    assert passed, f"no moqt-relay check passed against aiomoqt's relay (report {report})"
