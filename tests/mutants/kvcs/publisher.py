@@ -237,6 +237,10 @@ class NoObjectDigestsPublisher(KvcsPublisher):
                                   segments_added=len(self.added), with_digests=False)
 
 
+class SparseUndigestedManifestPublisher(SparseManifestPublisher, NoObjectDigestsPublisher):
+    """KVCS-MANIFEST-CADENCE without object_digests: the check must place versions by stream numbering alone."""
+
+
 class ForeignKeyPublisher(KvcsPublisher):
     """KVCS-MANIFEST-COSE-SIGN: signs manifest.cose with another key under the producer key's kid."""
 
@@ -330,6 +334,8 @@ MUTANTS: dict[str, Mutant] = {
                                     ("test_manifest_before_the_first_data_object",)),
     "SparseManifestPublisher": Mutant(SUITE, "KVCS-MANIFEST-CADENCE",
                                       ("test_a_new_manifest_version_at_least_every_8_layers",)),
+    "SparseUndigestedManifestPublisher": Mutant(SUITE, "KVCS-MANIFEST-CADENCE",
+                                                ("test_a_new_manifest_version_at_least_every_8_layers",)),
     "SilentCompletionPublisher": Mutant(SUITE, "KVCS-MANIFEST-NEW-VERSION-SEGMENT",
                                         ("test_a_new_manifest_version_when_a_segment_is_added_or_completes",)),
     "SkippedVersionGroupsPublisher": Mutant(SUITE, "KVCS-MANIFEST-VERSION-GROUP",
