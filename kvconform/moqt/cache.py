@@ -19,6 +19,7 @@ an object at a Location already known not to exist is not cached ("SHOULD NOT ca
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import time
 from collections import deque
@@ -216,6 +217,19 @@ class TrackCache:
     def mark_nonexistent(self, start: Loc, end: Loc) -> None:
         """A FETCH response declared [start, end) empty except for the objects it carried."""
         self.known.add(start, end)
+
+    @contextlib.contextmanager
+    def settled(self, start: Loc, end: Loc) -> Iterator[None]:
+        """Treat [start, end) as known while a cut-through FETCH response is built from it: the ascending
+        upstream FETCH has passed it, but only its FIN settles it for good (``mark_nonexistent``)."""
+        gaps = self.known.gaps(start, end)
+        for a, b in gaps:
+            self.known.add(a, b)
+        try:
+            yield
+        finally:
+            for a, b in gaps:
+                self.known.remove(a, b)
 
     def mark_malformed(self, why: str) -> None:
         """EDR "Malformed Tracks": stop caching; the relay ends subscriptions with MALFORMED_TRACK."""

@@ -752,31 +752,32 @@ class Relay:
             return EndOfRangeKind.TIMED_OUT
         return EndOfRangeKind.UNKNOWN
 
-    async def _await_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None) -> bool:
-        """Wait for an upstream FETCH to finish: within ``timeout_ms`` in all (a request's FILL_TIMEOUT), or,
-        with None, for as long as its objects keep arriving (``fill_timeout_ms`` at most between two).
-        False (and the FETCH cancelled) when the budget ran out."""
+    async def _await_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None,
+                           until: Callable[[], bool] | None = None) -> bool:
+        """Wait for an upstream FETCH to finish, or only until ``until()`` holds: within ``timeout_ms`` in all
+        (a request's FILL_TIMEOUT), or, with None, for as long as it makes progress (its answer or records
+        arriving, ``fill_timeout_ms`` at most between two). False (and the FETCH cancelled) when the budget
+        ran out."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000.0
         done: asyncio.Future[Any] = fetch.done
-        try:
-            if timeout_ms is not None:
-                await asyncio.wait_for(asyncio.shield(done), timeout_ms / 1000.0)
-                return True
-            while not done.done():
-                fetch.progress.clear()
-                progressed: asyncio.Future[Any] = asyncio.ensure_future(fetch.progress.wait())
-                try:
-                    await asyncio.wait({progressed, done}, timeout=self.fill_timeout_ms / 1000.0,
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    progressed.cancel()
-                if not done.done() and not fetch.progress.is_set():
-                    raise TimeoutError
-            return True
-        except TimeoutError:
-            with contextlib.suppress(SessionUsageError):
-                fetch.peer.session.cancel(fetch.request.stream_id)
-            self._fetch_finished(fetch, False)
-            return False
+        while not done.done() and not (until is not None and until()):
+            fetch.progress.clear()
+            wait = self.fill_timeout_ms / 1000.0 if deadline is None else deadline - loop.time()
+            progressed: asyncio.Future[Any] = asyncio.ensure_future(fetch.progress.wait())
+            try:
+                await asyncio.wait({progressed, done}, timeout=max(wait, 0.0), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                progressed.cancel()
+            if not done.done() and not fetch.progress.is_set():
+                self._cancel_upstream_fetch(fetch)
+                return False
+        return True
+
+    def _cancel_upstream_fetch(self, fetch: UpstreamFetch) -> None:
+        with contextlib.suppress(SessionUsageError):
+            fetch.peer.session.cancel(fetch.request.stream_id)
+        self._fetch_finished(fetch, False)
 
     def upstream_fetch_parameters(self, track: Track, flt: LocationFilter) -> Parameters:
         """The relay's own FETCH upstream: only its range (parameters are hop-by-hop, section 3.3)."""
@@ -861,6 +862,12 @@ class Relay:
         flt = req.location_filter or LocationFilter.none()
         descending = _int_param(params, ParamType.GROUP_ORDER) == GroupOrder.DESCENDING
         timeout_ms = _int_param(params, ParamType.FILL_TIMEOUT)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000.0
+
+        def budget() -> int | None:  # what is left of the request's FILL_TIMEOUT (None: by progress)
+            return None if deadline is None else max(int((deadline - loop.time()) * 1000), 0)
+
         end_of_track: bool | None = None
         live = any(u.established for u in track.upstreams) or track.cache.end_of_track is not None
         sources = self.publishers_for(msg.track_namespace)
@@ -869,7 +876,7 @@ class Relay:
             # The relay does not follow this track: ask upstream for the same range to learn it.
             start = flt.start(None)
             fetch = self.open_upstream_fetch(sources[0], track, start, Location(MAX_ID + 1, 0), flt)
-            await self._await_fetch(fetch, None if timeout_ms is None else max(timeout_ms, 1))
+            await self._await_fetch(fetch, budget(), until=lambda: fetch.ok is not None)
             if fetch.error is not None:
                 raise _Refusal(fetch.error.error_code, "upstream FETCH failed: "
                                + fetch.error.reason.decode("utf-8", "replace"))
@@ -879,6 +886,11 @@ class Relay:
             flt_end = flt.end()
             rng = (start, end_loc if flt_end is None else min(flt_end, end_loc))
             end_of_track = bool(fetch.ok.end_of_track) and rng[1] == end_loc
+            if not descending and rng[1] == end_loc and start <= end_loc:
+                await self.serve_fetch_cut_through(peer, req, track, fetch, rng, end_of_track,
+                                                   _range_filters(params), budget)
+                return
+            await self._await_fetch(fetch, budget())
         else:
             if not live and len(track.cache) == 0:
                 raise _Refusal(RequestErrorCode.DOES_NOT_EXIST, f"no publisher and nothing cached for {track}")
@@ -889,7 +901,7 @@ class Relay:
         if peer.gone or req.state is not RequestState.PENDING:
             return
         start, end = rng
-        gap_kind = await self.ensure_cached(track, start, end, timeout_ms)
+        gap_kind = await self.ensure_cached(track, start, end, budget())
         items = self.fetch_items(track, start, end, descending, _range_filters(params), gap_kind)
         # The last Location actually covered (section 13 #9): a whole-group end or a Largest Object that
         # is an End of Track marker is not an object a FETCH can carry.
@@ -908,6 +920,52 @@ class Relay:
             peer.session.end_data_stream(sid)
         with contextlib.suppress(SessionUsageError):
             peer.session.finish_request(req.stream_id)
+
+    async def serve_fetch_cut_through(self, peer: Peer, req: Request, track: Track, fetch: UpstreamFetch,
+                                      rng: tuple[Location, Location], end_of_track: bool,
+                                      filters: Sequence[RangeFilter], budget: Callable[[], int | None]) -> None:
+        """Serve an Ascending FETCH of a track the relay does not follow while its own FETCH upstream is still
+        arriving, instead of storing the whole range first: FETCH_OK with the upstream End Location, then each
+        object as soon as every Location before it has come from upstream (the upstream stream is ascending,
+        so the objects keep their order). What stays unknown is settled at the end as in the stored path."""
+        start, end = rng
+        if peer.gone or req.state is not RequestState.PENDING:
+            self._cancel_upstream_fetch(fetch)
+            return
+        session = peer.session
+        session.fetch_ok(req.stream_id, end, end_of_track=end_of_track, track_properties=self.track_properties(track))
+        sid = session.open_fetch_stream(req.stream_id)
+        cursor, served = start, 0
+        while cursor <= end and not fetch.unknown:  # an unknown range: its record is written at the end
+            fetch.progress.clear()
+            arrived = next_loc(fetch.prev) if fetch.prev is not None else start  # all before it has come
+            upto = min(arrived, next_loc(end))
+            if upto > cursor:
+                with track.cache.settled(cursor, upto):
+                    items = self.fetch_items(track, cursor, _loc_before(upto), False, filters, EndOfRangeKind.UNKNOWN)
+                if items:
+                    self.serve_fetch_range(peer, req, track, sid, items)
+                    served += sum(isinstance(i, FetchObject) for i in items)
+                cursor = upto
+            if not session.data_stream_open(sid):  # cancelled or reset downstream: stop fetching for it
+                self._cancel_upstream_fetch(fetch)
+                return
+            if fetch.done.done() or not await self._await_fetch(fetch, budget(), until=fetch.progress.is_set):
+                break
+        rest: list[FetchObject | EndOfRange] = []
+        if cursor <= end:
+            if not fetch.done.done():  # stopped at an unknown range: the FETCH first settles what it covers
+                await self._await_fetch(fetch, budget())
+            gap_kind = await self.ensure_cached(track, cursor, end, budget())
+            rest = self.fetch_items(track, cursor, end, False, filters, gap_kind)
+        if rest or not served:
+            self.serve_fetch_range(peer, req, track, sid, rest)
+            served += sum(isinstance(i, FetchObject) for i in rest)
+        track.counters.fetch_objects += served
+        if session.data_stream_open(sid):
+            session.end_data_stream(sid)
+        with contextlib.suppress(SessionUsageError):
+            session.finish_request(req.stream_id)
 
     def serve_fetch_range(self, peer: Peer, req: Request, track: Track, stream_id: int,
                           items: Sequence[FetchObject | EndOfRange]) -> None:
@@ -1084,6 +1142,7 @@ class Relay:
         if fetch is not None:
             if isinstance(msg, FetchOk):
                 fetch.ok = msg
+                fetch.progress.set()
                 if msg.track_properties:
                     self._learn_track(fetch.track, msg.track_properties, None)
                 if fetch.stream_fin:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -24,13 +24,13 @@ from kvconform.components import COMPONENTS, serve_moqt_relay
 from kvconform.moqt import client as mc
 from kvconform.moqt.client import MoqtClient, RequestRejected, Subscription
 from kvconform.moqt.craft import unknown_type, with_forbidden_param, wrong_length
-from kvconform.moqt.data import EndOfRangeKind, GroupOrder, ObjectStatus, SubgroupObject
+from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode, SessionError
 from kvconform.moqt.filters import FillParameters, LocationFilter
 from kvconform.moqt.messages import FetchOk, PublishNamespace, Subscribe
 from kvconform.moqt.policy import Decision, policy_from_mapping
-from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, load_relay_class, run_relay
-from kvconform.moqt.session import ObjectReceived, SessionClosed
+from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, load_relay_class, run_relay
+from kvconform.moqt.session import ObjectReceived, Request, SessionClosed
 from kvconform.moqt.structures import (
     AuthToken,
     KeyValuePair,
@@ -292,6 +292,52 @@ def test_fetch_ranges_in_group_order_with_end_location_and_end_of_track() -> Non
             assert [o.location.group for o in grp.objects] == [1, 1, 1]
             status = await sub.track_status(NS, NAME)  # answered upstream: the relay does not follow it
             assert status.largest_object == Location(4, 0)  # End of Track at {L, 0}
+
+    run(scenario)
+
+
+def test_a_fetch_of_a_track_the_relay_does_not_follow_is_served_as_it_arrives_upstream() -> None:
+    """Cut-through: the publisher holds back everything after Group 0 of its fetch stream until the relay has
+    written Group 0 to the subscriber. A relay that stores the whole upstream range before answering never
+    gets there (the bounded wait fails); this one delivers every object once, in order."""
+    group0_written = asyncio.Event()
+
+    class WatchingRelay(Relay):
+        def serve_fetch_range(self, peer: Peer, req: Request, track: Track, stream_id: int,
+                              items: Sequence[FetchObject | EndOfRange]) -> None:
+            super().serve_fetch_range(peer, req, track, stream_id, items)
+            if any(isinstance(i, FetchObject) and i.location == Location(0, 1) for i in items):
+                group0_written.set()
+
+    async def scenario() -> None:
+        async with WatchingRelay() as relay, connected(relay) as pub, connected(relay) as sub:
+            track = pub.track(NS, NAME)
+            await pub.publish_namespace(NS)
+            data = payloads(3, 2)
+            for g, objs in data.items():
+                track.publish_group(g, objs)
+            track.end_track()
+            write_all = track._write_fetch_stream
+            held: list[asyncio.Future[None]] = []
+
+            def hold_back(sid: int, objects: list[mc.StoredObject]) -> None:
+                first = [o for o in objects if o.location.group == 0]
+                for o in first:
+                    pub.session.write_fetch_object(sid, FetchObject(o.location.group, o.location.object, o.payload,
+                                                                    o.subgroup_id, o.publisher_priority))
+
+                async def the_rest() -> None:
+                    await asyncio.wait_for(group0_written.wait(), CLIENT_TIMEOUT)
+                    write_all(sid, objects[len(first):])
+                held.append(asyncio.ensure_future(the_rest()))
+
+            track._write_fetch_stream = hold_back  # type: ignore[method-assign]
+            result = await sub.fetch(NS, NAME)
+            await held[0]
+            assert [(o.location, o.payload) for o in result.objects] == [
+                (Location(g, o), data[g][o]) for g in range(3) for o in range(2)]
+            ok = result.request.response
+            assert isinstance(ok, FetchOk) and (ok.end_location, ok.end_of_track) == (Location(2, 1), 1)
 
     run(scenario)
 
