@@ -262,15 +262,22 @@ def test_subscribe_without_publisher_is_does_not_exist() -> None:
 # FETCH
 
 
+async def completed_track(pub: MoqtClient, n_groups: int, per_group: int) -> tuple[mc.LocalTrack,
+                                                                                 dict[int, list[bytes]]]:
+    """Publish NS/NAME: ``n_groups`` groups of ``payloads``, then End of Track."""
+    track = pub.track(NS, NAME)
+    await pub.publish_namespace(NS)
+    data = payloads(n_groups, per_group)
+    for g, objs in data.items():
+        track.publish_group(g, objs)
+    track.end_track()
+    return track, data
+
+
 def test_fetch_ranges_in_group_order_with_end_location_and_end_of_track() -> None:
     async def scenario() -> None:
         async with Relay() as relay, connected(relay) as pub, connected(relay) as sub:
-            track = pub.track(NS, NAME)
-            await pub.publish_namespace(NS)
-            data = payloads(4, 3)
-            for g, objs in data.items():
-                track.publish_group(g, objs)
-            track.end_track()
+            _, data = await completed_track(pub, 4, 3)
             # the relay does not follow the track: it learns the range with an upstream FETCH
             everything = await sub.fetch(NS, NAME)
             ok = everything.request.response
@@ -311,12 +318,7 @@ def test_a_fetch_of_a_track_the_relay_does_not_follow_is_served_as_it_arrives_up
 
     async def scenario() -> None:
         async with WatchingRelay() as relay, connected(relay) as pub, connected(relay) as sub:
-            track = pub.track(NS, NAME)
-            await pub.publish_namespace(NS)
-            data = payloads(3, 2)
-            for g, objs in data.items():
-                track.publish_group(g, objs)
-            track.end_track()
+            track, data = await completed_track(pub, 3, 2)
             write_all = track._write_fetch_stream
             held: list[asyncio.Future[None]] = []
 
