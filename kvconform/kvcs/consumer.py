@@ -326,6 +326,7 @@ class _TrackState:
         self.failed: str | None = None  # the request was refused or the session ended
         self.excess = 0
         self.violations: list[str] = []
+        self.touched: set[int] = set()  # groups (layers) with any Object received or lost
 
     @property
     def name(self) -> str:
@@ -912,6 +913,7 @@ class _Attempt:
                     ts.violations.append(f"{ts.name} {loc} delivered twice (used once)")
                 continue
             ts.payloads[loc] = obj.payload
+            ts.touched.add(loc.group)
             problems = self.c.object_problems(ts.needed, seg, loc, obj.payload)
             if problems:
                 reason = "; ".join(problems)
@@ -934,8 +936,16 @@ class _Attempt:
                     self.result.reasons[layer] = malformed
             return True
         pending = False
+        # A track that can still deliver everything it has not: a layer none of whose Objects came yet
+        # is pending on it without looking at each Location (per wake this was layers x blocks).
+        quiet = [ts for ts in self.tracks if ts.failed is None and not ts.gaps and not ts.lost
+                 and not ts.ended() and not ts.fill_done()]
+        all_quiet = len(quiet) == len(self.tracks)
         for layer in self.wanted:
             if layer in self.layer_state:
+                continue
+            if all_quiet and not any(layer in ts.touched or layer in ts.group_end for ts in self.tracks):
+                pending = True
                 continue
             state, reason = self._layer(layer)
             if state == "pending":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import enum
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -168,6 +169,10 @@ class TrackCache:
     on_store: Callable[[TrackCache, CachedObject], None] | None = None  # the owner's size accounting
     _objects: dict[Loc, CachedObject] = field(default_factory=dict)
     _order: list[Loc] = field(default_factory=list)  # sorted keys of _objects
+    # (arrived, Location) of every stored object, oldest first: `expire` pops only what is
+    # stale instead of scanning every object on each lookup (a FETCH of n objects was O(n^2)). Entries
+    # whose object was forgotten or replaced since are skipped when they surface.
+    _arrivals: list[tuple[float, Loc]] = field(default_factory=list)
 
     # -- admission -------------------------------------------------------------------------------------
 
@@ -195,6 +200,10 @@ class TrackCache:
         if old is None:
             bisect.insort(self._order, loc)
         self._objects[loc] = obj
+        heapq.heappush(self._arrivals, (obj.arrived, loc))
+        if len(self._arrivals) > 2 * len(self._objects) + 64:  # evictions left stale entries: rebuild
+            self._arrivals = [(o.arrived, o.location) for o in self._objects.values()]
+            heapq.heapify(self._arrivals)
         self.known.add(loc, next_loc(loc))
         if self.on_store is not None:
             self.on_store(self, obj)
@@ -236,6 +245,7 @@ class TrackCache:
         self.malformed = why
         self._objects.clear()
         self._order.clear()
+        self._arrivals.clear()
         self.known = LocationSet()
 
     # -- expiry ----------------------------------------------------------------------------------------
@@ -249,10 +259,15 @@ class TrackCache:
         if self.max_cache_duration_ms is None:
             return 0
         now = self.clock()
-        stale = [loc for loc, obj in self._objects.items() if self._expired(obj, now)]
-        for loc in stale:
-            self.forget(loc)
-        return len(stale)
+        arrivals, dropped = self._arrivals, 0
+        # Staleness is monotone in arrival time, so the stale objects are a prefix of the heap.
+        while arrivals and (now - arrivals[0][0]) * 1000.0 > self.max_cache_duration_ms:
+            arrived, loc = heapq.heappop(arrivals)
+            obj = self._objects.get(loc)
+            if obj is not None and obj.arrived == arrived:  # else: forgotten or replaced since
+                self.forget(loc)
+                dropped += 1
+        return dropped
 
     def forget(self, loc: Loc) -> CachedObject | None:
         """Drop the object at ``loc`` (expiry or eviction): its Location becomes unknown, not absent."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvconform.moqt.cache import (
@@ -162,3 +162,48 @@ def test_object_cache_evicts_the_oldest_objects_past_its_byte_bound() -> None:
     assert cache.evicted == 1 and a.get(L(0, 0)) is None and b.get(L(0, 0)) is not None
     assert a.missing(L(0, 0), L(0, 2)) == [(L(0, 0), L(0, 1))]  # evicted = unknown again
     assert a.add(obj(0, 0, b"aaaa")) is Admit.NEW  # and can be cached again
+
+
+ARRIVALS = st.floats(99.0, 101.0, allow_nan=False)
+STEPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), LOCS, ARRIVALS),  # a copy arriving (maybe out of arrival order, maybe a repeat)
+    st.tuples(st.just("props"), LOCS, ARRIVALS),  # the same object with other properties
+    st.tuples(st.just("forget"), LOCS, ARRIVALS),  # eviction
+    st.tuples(st.just("tick"), LOCS, st.floats(0.0, 0.4, allow_nan=False)),
+), max_size=40)
+
+
+@given(STEPS)
+@example([("add", Location(0, 0), 99.6), ("forget", Location(0, 0), 0.0), ("add", Location(0, 0), 100.9),
+          ("tick", Location(0, 0), 0.2)])  # the evicted copy's heap entry must not expire the new one
+def test_expire_drops_exactly_the_stale_objects(steps: list[tuple[str, Location, float]]) -> None:
+    """``expire`` pops stale objects from an arrival-ordered heap instead of scanning every object: whatever
+    the order of arrivals, repeats, property updates and evictions, it drops exactly the objects older
+    than MAX_CACHE_DURATION and keeps the rest (checked against a scan of every Location)."""
+    clock = FakeClock()
+    cache = TrackCache(NAME, clock=clock, max_cache_duration_ms=500)
+    universe = [Location(g, o) for g in range(5) for o in range(5)]
+    for kind, loc, value in steps:
+        if kind == "add":
+            cache.add(obj(loc.group, loc.object, arrived=value))
+        elif kind == "props":
+            cache.add(obj(loc.group, loc.object, arrived=value, properties=b"\x02\x01"))
+        elif kind == "forget":
+            cache.forget(loc)
+        else:
+            clock.now += value
+        stored = {at: o for at in universe if (o := cache.get_stored(at)) is not None}
+        stale = {at for at, o in stored.items() if (clock.now - o.arrived) * 1000.0 > 500}
+        assert cache.expire() == len(stale)
+        assert {at for at in universe if cache.get_stored(at) is not None} == set(stored) - stale
+        assert all(at not in cache.known for at in stale)  # an expired Location is unknown again
+
+
+def test_expiry_bookkeeping_stays_bounded_under_eviction() -> None:
+    """Evicted objects leave entries in the arrival heap; it is rebuilt before it outgrows the cache."""
+    cache = ObjectCache(clock=FakeClock(), max_bytes=10)
+    track = cache.track(NAME)
+    for i in range(1000):
+        track.add(obj(i, 0, b"x" * 5))
+    assert len(track) == 2 and cache.evicted == 998
+    assert len(track._arrivals) <= 2 * len(track) + 64
