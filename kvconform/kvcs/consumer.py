@@ -938,9 +938,8 @@ class _Attempt:
         pending = False
         # A track that can still deliver everything it has not: a layer none of whose Objects came yet
         # is pending on it without looking at each Location (per wake this was layers x blocks).
-        quiet = [ts for ts in self.tracks if ts.failed is None and not ts.gaps and not ts.lost
-                 and not ts.ended() and not ts.fill_done()]
-        all_quiet = len(quiet) == len(self.tracks)
+        all_quiet = all(ts.failed is None and not ts.gaps and not ts.lost and not ts.ended() and not ts.fill_done()
+                        for ts in self.tracks)
         for layer in self.wanted:
             if layer in self.layer_state:
                 continue

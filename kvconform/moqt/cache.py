@@ -251,8 +251,11 @@ class TrackCache:
     # -- expiry ----------------------------------------------------------------------------------------
 
     def _expired(self, obj: CachedObject, now: float) -> bool:
+        return self._stale(obj.arrived, now)
+
+    def _stale(self, arrived: float, now: float) -> bool:
         limit = self.max_cache_duration_ms
-        return limit is not None and (now - obj.arrived) * 1000.0 > limit
+        return limit is not None and (now - arrived) * 1000.0 > limit
 
     def expire(self) -> int:
         """Drop objects past MAX_CACHE_DURATION; their Locations become unknown. Returns how many."""
@@ -261,7 +264,7 @@ class TrackCache:
         now = self.clock()
         arrivals, dropped = self._arrivals, 0
         # Staleness is monotone in arrival time, so the stale objects are a prefix of the heap.
-        while arrivals and (now - arrivals[0][0]) * 1000.0 > self.max_cache_duration_ms:
+        while arrivals and self._stale(arrivals[0][0], now):
             arrived, loc = heapq.heappop(arrivals)
             obj = self._objects.get(loc)
             if obj is not None and obj.arrived == arrived:  # else: forgotten or replaced since
