@@ -16,10 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+
 __all__ = ["discover_suites", "main", "select_suites"]
 
-USAGE_ERROR = 2
 _COMMANDS = ("run", "serve", "vectors", "report")
+# What a run writes into --report-dir; all of it is removed first, so an aborted run never leaves an older
+# run's report looking like its own.
+REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "pytest.ini")
 
 
 class UsageError(Exception):
@@ -100,10 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     if left_out:
         print(f"kvconform: target {target.name!r} does not play {', '.join(left_out)}; not run",
               file=sys.stderr)
-    report_dir = Path(args.report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    # A report dir describes one run: evidence and Allure results of an earlier run would mislead.
-    shutil.rmtree(report_dir / "evidence", ignore_errors=True)
+    report_dir = _fresh_report_dir(Path(args.report_dir))
     # An ini of our own keeps the checkout's pyproject options (testpaths, addopts) out of the run.
     ini = report_dir / "pytest.ini"
     ini.write_text("[pytest]\n", "utf-8")
@@ -126,6 +127,7 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args += ["--testbed", args.testbed]
     if args.strict:
         pytest_args.append("--kvconform-strict")
+    pytest_args += ["--kvconform-suite-budget", str(args.suite_budget)]
     if args.seed is not None:
         pytest_args += ["--seed", str(args.seed)]
     if args.n is not None:
@@ -148,6 +150,28 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
+def _fresh_report_dir(report_dir: Path) -> Path:
+    """Create ``report_dir`` (writable, or a UsageError naming it) and remove an earlier run's report from it."""
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        probe = report_dir / ".kvconform-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--report-dir {report_dir}: cannot write there: {exc.strerror or exc}") from None
+    for name in REPORT_FILES:
+        path = report_dir / name
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        except OSError as exc:
+            raise UsageError(f"--report-dir {report_dir}: cannot remove the earlier {name}: "
+                             f"{exc.strerror or exc}") from None
+    return report_dir
+
+
 # --------------------------------------------------------------------------------------------- report
 
 
@@ -163,7 +187,7 @@ def _report_html(args: argparse.Namespace) -> int:
         from kvconform.catalog import load_catalogs
         from kvconform.reports.coverage import TestResult, build_coverage
 
-        results = [TestResult(**{**t, "reqs": tuple(t["reqs"])}) for t in doc.get("tests", [])]
+        results = [TestResult.from_dict(t) for t in doc.get("tests", [])]
         doc = build_coverage(load_catalogs(), results, doc.get("meta", {}), all_protocols=True,
                              report_dir=doc.get("meta", {}).get("report_dir"))
     out = write_html(doc, args.out, Path(args.source).parent)
@@ -205,15 +229,18 @@ def _serve(argv: list[str]) -> int:
     return int(components[argv[0]](argv[1:]))
 
 
+DEFAULT_SUITE_BUDGET = 900.0  # the plugin's own default (fixtures/plugin.py), without importing pytest here
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="kvconform",
         description="Conformance harness for KV-cache transport protocols.",
         epilog="also: kvconform serve <component> ..., kvconform vectors {list,check,generate} ..., "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
     p.add_argument("--version", action="version", version=f"kvconform {_version()}")
-    sub = p.add_subparsers(dest="command", metavar="command")
+    sub = p.add_subparsers(dest="command", metavar="command", parser_class=OneLineParser)
     run = sub.add_parser("run", help="run a conformance suite against a target")
     run.add_argument("suite", help="'all', a protocol (e.g. tlkv) or a suite <proto>-<role>")
     run.add_argument("--target", default="reference")
@@ -224,8 +251,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("-k", default=None, metavar="EXPR")
     run.add_argument("--pics-set", action="append", default=[], metavar="KEY=VALUE")
-    run.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                     help="bound on each check, fixtures included (default 300)")
+    run.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
+                     help="bound on each check, fixtures included (default 300); must be > 0")
+    run.add_argument("--suite-budget", type=positive_float, default=DEFAULT_SUITE_BUDGET, metavar="SECONDS",
+                     help="bound on each suite's checks per worker: the checks left when it is spent end "
+                          f"inconclusive (default {DEFAULT_SUITE_BUDGET:g})")
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)
     sub.add_parser("serve", help="run a reference component as a network service", add_help=False)
@@ -252,7 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if proto.isidentifier():
                 return _dispatch(f"kvconform.{proto}.tool", "main", args_list[1:], proto)
         parser = _parser()
-        args: Any = parser.parse_args(args_list)
+        try:
+            args: Any = parser.parse_args(args_list)
+        except SystemExit as exc:  # --help, or a usage error argparse has printed (one line)
+            return exc.code if isinstance(exc.code, int) else USAGE_ERROR
         if args.command == "run":
             return _run(args)
         if args.command == "report":

@@ -11,7 +11,6 @@ SIGINT or SIGTERM (exit 0).
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from kvconform.argtypes import OneLineParser, port_or_zero, positive_int
 from kvconform.tlkv.decode import DecodeSide
 from kvconform.tlkv.grpc_decode import DecodeServer, format_address
 from kvconform.tlkv.tool import parse_geometry, parse_versions
@@ -36,15 +36,15 @@ def serve_tlkv_decode(argv: list[str], stop: threading.Event | None = None) -> i
     Without ``stop`` it runs until SIGINT/SIGTERM; with one (in-process callers) it runs until the
     event is set and leaves signal handling alone.
     """
-    parser = argparse.ArgumentParser(prog="kvconform serve tlkv-decode",
+    parser = OneLineParser(prog="kvconform serve tlkv-decode",
                                      description="tl.kv.v1 decode side (KvTransfer gRPC server)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
-    parser.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one")
+    parser.add_argument("--port", type=port_or_zero, default=50051, help="port to bind; 0 picks a free one")
     parser.add_argument("--pool", type=parse_geometry, default=parse_geometry("16,32,8,128"),
                         help="B,L,Hkv,D of the receiving pool")
     parser.add_argument("--versions", "--formats", dest="versions", type=parse_versions,
                         default=frozenset({1, 2}), help="envelope versions / kv formats read, e.g. 1,2")
-    parser.add_argument("--workers", type=int, default=4, help="server threads")
+    parser.add_argument("--workers", type=positive_int, default=4, help="server threads")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -80,10 +80,10 @@ def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> in
     from kvconform.moqt.policy import PolicyError, load_policy  # MOQT (aioquic) only when asked for
     from kvconform.moqt.relay import DEFAULT_FILL_TIMEOUT_MS, load_relay_class, run_relay
 
-    parser = argparse.ArgumentParser(prog="kvconform serve moqt-relay",
+    parser = OneLineParser(prog="kvconform serve moqt-relay",
                                      description="caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
-    parser.add_argument("--port", type=int, default=4443, help="UDP port to bind; 0 picks a free one")
+    parser.add_argument("--port", type=port_or_zero, default=4443, help="UDP port to bind; 0 picks a free one")
     parser.add_argument("--policy", default=EXAMPLE_POLICY,
                         help="authorization policy YAML; default: the packaged testbeds/moqt-relay-policy.yaml, "
                              "which the loopback testbed's PICS describe; 'open' authorizes every request")
@@ -130,7 +130,7 @@ def serve_kvcs_publisher(argv: list[str], stop: threading.Event | None = None) -
         serve_publisher,
     )
 
-    parser = argparse.ArgumentParser(prog="kvconform serve kvcs-publisher",
+    parser = OneLineParser(prog="kvconform serve kvcs-publisher",
                                      description="KVCS Original Publisher (MOQT draft-22 client of a relay)")
     parser.add_argument("--relay", required=True, help="moqt://host:port of the relay to publish to")
     parser.add_argument("--cache", required=True, help="cache spec JSON (the test-content convention)")

@@ -1,14 +1,23 @@
-"""Verdicts of conformance checks and the helpers a check uses to end with one.
+"""Verdicts of conformance checks, and the one assertion API every check uses (docs/conventions.md, "Verdicts").
 
-pass, fail, inconclusive, not-applicable and xfail (docs/conventions.md, "Checks"). A check ends with
-not-applicable only through ``Pics.require`` and with inconclusive when the harness could not observe the
-outcome; both are pytest skips whose reason carries a prefix the kvconform plugin turns into the verdict.
-pytest is imported lazily so the library stays importable without it.
+pass, fail, inconclusive, not-applicable and xfail. A check asserts with ``check``, ``check_equal``,
+``check_one_of``, ``check_no_problems`` or ``violation``; each names the requirement it enforces, and a failed
+one raises ``Violation`` carrying that id, so the report blames exactly the requirement whose assertion failed
+(the other ids the check cites are "not reached"), never every id the check cites. While a check runs, the
+plugin activates a ``CheckContext`` holding the ids its ``@pytest.mark.req`` cites: an assertion naming an id
+the check does not cite is a bug of the harness (``HarnessBug``), and every id an assertion evaluated is
+recorded as reached, so a passing check only passes the requirements it actually asserted.
+
+A check ends with not-applicable only through ``Pics.require`` (a declared capability) and with inconclusive
+when the harness could not observe the outcome; both are pytest skips whose reason carries a prefix the
+kvconform plugin turns into the verdict. pytest is imported lazily so the library stays importable without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import threading
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, NoReturn
 
@@ -18,16 +27,27 @@ __all__ = [
     "LEVELS",
     "NOT_APPLICABLE_PREFIX",
     "STRICT_LEVELS",
+    "CheckContext",
+    "Findings",
+    "HarnessBug",
     "Inconclusive",
     "Level",
     "NotApplicable",
     "Verdict",
-    "expect_one_of",
+    "Violation",
+    "activate_check",
+    "check",
+    "check_equal",
+    "check_no_problems",
+    "check_one_of",
+    "current_check",
+    "fmt",
     "gates",
     "inconclusive",
     "level_rank",
     "not_applicable",
     "strongest_level",
+    "violation",
 ]
 
 Level = Literal["MUST", "MUST NOT", "SHOULD", "SHOULD NOT", "MAY", "RULE"]
@@ -57,6 +77,179 @@ class NotApplicable(Exception):
     """The capability under test is not declared; raised where pytest is not running the code."""
 
 
+class HarnessBug(Exception):
+    """kvconform itself is wrong (e.g. an assertion names an id its check does not cite): never a verdict on the
+    target; the check ends inconclusive and the message says to report it."""
+
+
+_MISSING: object = object()
+_SHOWN = 48  # octets of a bytes value shown in a message (the evidence keeps them all)
+
+
+def fmt(value: object) -> str:
+    """A value as a failure message shows it: integers also in hex, bytes as hex octets."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return f"{value} ({value:#x})" if abs(value) > 9 else str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        more = f" ... ({len(data)} octets)" if len(data) > _SHOWN else ""
+        return (data[:_SHOWN].hex(" ") or "(empty)") + more
+    return repr(value)
+
+
+class Violation(AssertionError):
+    """The target broke ``requirement``: what was checked, the value seen and the value expected."""
+
+    def __init__(self, requirement: str, what: str, *, seen: object = _MISSING, expected: object = _MISSING,
+                 detail: str = "") -> None:
+        self.requirement = requirement
+        self.what = what
+        self.seen = None if seen is _MISSING else seen
+        self.expected = None if expected is _MISSING else expected
+        parts = [f"{requirement}: {what}"]
+        if seen is not _MISSING:
+            parts.append(f"seen {fmt(seen)}")
+        if expected is not _MISSING:
+            parts.append(f"expected {expected if isinstance(expected, str) else fmt(expected)}")
+        text = ": ".join(parts[:2]) + (", " + ", ".join(parts[2:]) if len(parts) > 2 else "")
+        if detail:
+            text += "\n" + detail
+        super().__init__(text)
+
+
+# ---- the running check -------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckContext:
+    """The check being run: the ids it cites and the ids an assertion has evaluated so far."""
+
+    nodeid: str
+    cited: frozenset[str]
+    reached: set[str] = field(default_factory=set)
+
+    def note(self, requirement: str) -> None:
+        if requirement not in self.cited:
+            raise HarnessBug(f"{self.nodeid} asserts {requirement}, which its @pytest.mark.req does not cite "
+                             f"(it cites {', '.join(sorted(self.cited))})")
+        self.reached.add(requirement)
+
+
+_context: CheckContext | None = None
+_context_lock = threading.Lock()
+
+
+def activate_check(context: CheckContext | None) -> CheckContext | None:
+    """Make ``context`` the running check's (the plugin does, around each test); returns the previous one."""
+    global _context
+    with _context_lock:
+        previous, _context = _context, context
+    return previous
+
+
+def current_check() -> CheckContext | None:
+    """The running check, or None outside one (library code, the harness's own unit tests)."""
+    with _context_lock:
+        return _context
+
+
+def _reach(requirement: str) -> None:
+    context = current_check()
+    if context is not None:
+        context.note(requirement)
+
+
+# ---- assertions ---------------------------------------------------------------------------------------------
+
+
+def violation(what: str, *, req: str, seen: object = _MISSING, expected: object = _MISSING,
+              detail: str = "") -> NoReturn:
+    """Fail the running check: the target broke ``req``."""
+    _reach(req)
+    raise Violation(req, what, seen=seen, expected=expected, detail=detail)
+
+
+def check(condition: object, what: str, *, req: str, seen: object = _MISSING, expected: object = _MISSING,
+          detail: str = "") -> None:
+    """``condition`` must hold for ``req``; ``what`` says what was checked (the field and its place)."""
+    _reach(req)
+    if not condition:
+        raise Violation(req, what, seen=seen, expected=expected, detail=detail)
+
+
+def check_equal(what: str, seen: object, expected: object, *, req: str) -> None:
+    """``what`` (a field) must be ``expected``."""
+    _reach(req)
+    if seen != expected:
+        raise Violation(req, what, seen=seen, expected=expected)
+
+
+def check_one_of(observed: object, acceptable: Collection[object], *, what: str, req: str) -> None:
+    """``observed`` must be one of the outcomes the text allows for ``req`` (acceptable outcomes are data)."""
+    _reach(req)
+    if observed in acceptable:
+        return
+    try:
+        shown = sorted(acceptable, key=repr)
+    except TypeError:
+        shown = list(acceptable)
+    raise Violation(req, what, seen=observed, expected="one of " + ", ".join(map(fmt, shown)))
+
+
+_MAX_LISTED = 12  # problems a message lists (the rest are counted)
+
+
+def check_no_problems(problems: Iterable[str], *, what: str, req: str) -> None:
+    """Every entry of ``problems`` is a way the target broke ``req``; none may exist."""
+    _reach(req)
+    found = list(problems)
+    if found:
+        raise Violation(req, f"{what}: {len(found)} problem(s)", detail=_listing(found))
+
+
+def _listing(problems: list[str]) -> str:
+    shown = "\n".join(f"  - {p}" for p in problems[:_MAX_LISTED])
+    more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+    return shown + more
+
+
+@dataclass
+class Findings:
+    """Problems a scenario collects against several requirements, judged at the end: the check fails blaming
+    the requirement of the first problem found (the root cause comes first), listing every problem seen."""
+
+    what: str
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    asserted: list[str] = field(default_factory=list)
+
+    def add(self, req: str, problem: str) -> None:
+        """Record a way the target broke ``req``."""
+        self.problems.append((req, problem))
+
+    def expect(self, condition: object, req: str, problem: str) -> None:
+        """Record ``problem`` against ``req`` unless ``condition`` holds; either way ``req`` was asserted."""
+        if req not in self.asserted:
+            self.asserted.append(req)
+        if not condition:
+            self.add(req, problem)
+
+    def judge(self) -> None:
+        """Fail on the first problem's requirement, or mark every asserted requirement reached."""
+        for req in self.asserted:
+            _reach(req)
+        if not self.problems:
+            return
+        req = self.problems[0][0]
+        _reach(req)
+        raise Violation(req, f"{self.what}: {len(self.problems)} problem(s)",
+                        detail=_listing([f"[{r}] {p}" for r, p in self.problems]))
+
+
+# ---- ending a check without a pass or fail ------------------------------------------------------------------
+
+
 def _skip(reason: str) -> NoReturn:
     import pytest  # lazy: the library must import without pytest
 
@@ -64,7 +257,7 @@ def _skip(reason: str) -> NoReturn:
 
 
 def inconclusive(reason: str) -> NoReturn:
-    """End the running check with verdict inconclusive."""
+    """End the running check with verdict inconclusive: the harness could not observe what it needs."""
     try:
         import pytest  # noqa: F401
     except ImportError:
@@ -73,12 +266,15 @@ def inconclusive(reason: str) -> NoReturn:
 
 
 def not_applicable(reason: str) -> NoReturn:
-    """End the running check with verdict not-applicable (only from ``Pics.require``)."""
+    """End the running check with verdict not-applicable (only from a declared capability)."""
     try:
         import pytest  # noqa: F401
     except ImportError:
         raise NotApplicable(reason) from None
     _skip(NOT_APPLICABLE_PREFIX + reason)
+
+
+# ---- levels -------------------------------------------------------------------------------------------------
 
 
 def level_rank(level: str) -> int:
@@ -104,16 +300,3 @@ def gates(level: str | None, *, strict: bool) -> bool:
     if level is None:
         return False
     return level in GATING_LEVELS or (strict and level in STRICT_LEVELS)
-
-
-def expect_one_of(observed: object, acceptable: Collection[object], *, what: str, requirement: str) -> None:
-    """Assert that ``observed`` is one of the outcomes the spec allows for ``requirement``."""
-    if observed in acceptable:
-        return
-    try:
-        shown = sorted(acceptable, key=repr)
-    except TypeError:
-        shown = list(acceptable)
-    raise AssertionError(
-        f"{requirement}: {what}: observed {observed!r}, expected one of {shown!r}"
-    )

@@ -1,8 +1,14 @@
 """Requirement coverage: every requirement of the protocols that ran, per role, with its tests and verdicts.
 
-The verdict of a requirement is the worst verdict of its tests (fail > inconclusive > xfail > pass >
-not-applicable: a not-applicable test ran nothing, so it only shows when no test of the requirement ran),
-"untestable" for a requirement the catalog marks so and no test covers, else "uncovered".
+A test's verdict *for one requirement it cites* follows the blame rule (docs/conventions.md): a failed test
+fails only the requirement its failing assertion named (``blamed``), the others it cites are "not-reached";
+a passed test passes only the requirements an assertion of it evaluated (``reached``), the others are
+"not-reached" too; any other verdict (inconclusive, not-applicable, xfail) holds for every id it cites.
+
+The verdict of a requirement is the worst of those per-requirement verdicts (fail > inconclusive > xfail >
+pass > not-applicable: a not-applicable test ran nothing, so it only shows when no test of the requirement
+ran); "not-reached" when every test citing it left it unasserted, "untestable" for a requirement the catalog
+marks so and no test covers, else "uncovered".
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from kvconform.verdicts import Verdict
 
 __all__ = [
     "COVERAGE_FORMAT",
+    "NOT_REACHED",
     "VERDICT_SEVERITY",
     "TestResult",
     "build_coverage",
@@ -37,6 +44,7 @@ VERDICT_SEVERITY: tuple[str, ...] = (
 )
 UNCOVERED = "uncovered"
 UNTESTABLE = "untestable"
+NOT_REACHED = "not-reached"
 
 
 @dataclass(frozen=True)
@@ -54,12 +62,32 @@ class TestResult:
     duration: float = 0.0
     evidence: str | None = None
     seed: int | None = None
+    blamed: str | None = None  # a failed test: the requirement its failing assertion named
+    reached: tuple[str, ...] | None = None  # the requirements an assertion evaluated (None: not recorded)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
         out = asdict(self)
         out["reqs"] = list(self.reqs)
+        out["reached"] = None if self.reached is None else list(self.reached)
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TestResult:
+        """The inverse of ``as_dict`` (a coverage.json's "tests")."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["reqs"] = tuple(fields.get("reqs", ()))
+        if fields.get("reached") is not None:
+            fields["reached"] = tuple(fields["reached"])
+        return cls(**fields)
+
+    def verdict_for(self, rid: str) -> str:
+        """This test's verdict for one requirement it cites (the blame rule)."""
+        if self.verdict == Verdict.FAIL:
+            return Verdict.FAIL if self.blamed in (None, rid) else NOT_REACHED
+        if self.verdict == Verdict.PASS and self.reached is not None and rid not in self.reached:
+            return NOT_REACHED
+        return self.verdict
 
 
 def worst_verdict(verdicts: Iterable[str]) -> str | None:
@@ -93,12 +121,16 @@ def _relative_evidence(r: TestResult, report_dir: str | None) -> TestResult:
     return replace(r, evidence=rel)
 
 
-def _test_entry(r: TestResult) -> dict[str, Any]:
+def _test_entry(r: TestResult, rid: str) -> dict[str, Any]:
+    verdict = r.verdict_for(rid)
     return {
         "nodeid": r.nodeid,
         "suite": r.suite,
-        "verdict": r.verdict,
-        "message": r.message.strip().splitlines()[0] if r.message.strip() else "",
+        "verdict": verdict,
+        "check_verdict": r.verdict,
+        "blamed": r.blamed,
+        # A not-reached entry's message is about another requirement: the check's own entry shows it.
+        "message": r.message.strip() if verdict != NOT_REACHED else "",
         "duration": round(r.duration, 6),
         "evidence": r.evidence,
         "seed": r.seed,
@@ -108,7 +140,7 @@ def _test_entry(r: TestResult) -> dict[str, Any]:
 def _requirement_entry(req: Requirement, tests: list[dict[str, Any]]) -> dict[str, Any]:
     verdict = worst_verdict(t["verdict"] for t in tests)
     if verdict is None:
-        verdict = UNTESTABLE if not req.testable else UNCOVERED
+        verdict = NOT_REACHED if tests else UNTESTABLE if not req.testable else UNCOVERED
     entry: dict[str, Any] = {
         "id": req.id,
         "section": req.section,
@@ -162,7 +194,7 @@ def build_coverage(
                 # A test belongs to this role when its suite tests it, or when its suite tests none of
                 # the requirement's roles (then it is shown under each of them rather than lost).
                 tests = [
-                    _test_entry(r)
+                    _test_entry(r, req.id)
                     for r in by_req.get(req.id, [])
                     if catalog.role_of_suite(r.suite or "") == role
                     or catalog.role_of_suite(r.suite or "") not in req.roles
@@ -175,6 +207,7 @@ def build_coverage(
                 "requirements": reqs_out,
                 "counts": dict(sorted(counts.items())),
                 "uncovered": [e["id"] for e in reqs_out if e["verdict"] == UNCOVERED],
+                "not_reached": [e["id"] for e in reqs_out if e["verdict"] == NOT_REACHED],
             }
         doc_protocols[proto] = {"title": pc.title, "source": pc.source, "catalog": pc.file, "roles": roles}
 

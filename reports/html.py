@@ -19,7 +19,7 @@ th{background:#f0f0f0}
 .v{display:inline-block;padding:0 .4em;border-radius:3px;font-weight:600;white-space:nowrap}
 .pass{background:#c8f0c8}.fail{background:#f7b6b6}.inconclusive{background:#f7dc9c}
 .not-applicable{background:#dde3ea}.xfail{background:#e4d2f3}.uncovered{background:#fff;border:1px dashed #999}
-.untestable{background:#eee;color:#666}
+.untestable{background:#eee;color:#666}.not-reached{background:#fff;border:1px dotted #b08a2e;color:#7a5c10}
 .msg{font-family:monospace;font-size:.85em;color:#900;white-space:pre-wrap}
 .meta td:first-child{font-weight:600;width:12em}
 .nid{font-family:monospace;font-size:.85em}
@@ -79,15 +79,18 @@ def _problems(doc: Mapping[str, Any], evidence_base: str | None) -> list[str]:
     depends = {r["id"]: r.get("depends_on", []) for p in doc.get("protocols", {}).values()
                for role in p.get("roles", {}).values() for r in role.get("requirements", [])}
     out = [f"<h2>Failed and inconclusive checks ({len(bad)})</h2><table><tr><th>verdict</th><th>check</th>"
-           "<th>requirements</th><th>message</th></tr>"]
-    for t in bad:
-        msg = str(t.get("message", "")).strip().splitlines()
-        profiles = sorted({p for rid in t.get("reqs", []) for p in depends.get(rid, [])})
+           "<th>requirement</th><th>message</th></tr>"]
+    # Failures first (the requirement each blames), then what could not be judged.
+    for t in sorted(bad, key=lambda t: t.get("verdict") != "fail"):
+        msg = str(t.get("message", "")).strip()
+        # A failure blames the one requirement its failing assertion named; an inconclusive check, all it cites.
+        reqs = [t["blamed"]] if t.get("blamed") else list(t.get("reqs", []))
+        profiles = sorted({p for rid in reqs for p in depends.get(rid, [])})
         marks = "".join(f"<br><span class='prov'>depends on {escape(p)}</span>" for p in profiles)
         out.append(f"<tr><td>{_badge(t['verdict'])}</td><td class='nid'>{escape(t['nodeid'])}"
                    f"{_link(t.get('evidence'), evidence_base)}</td>"
-                   f"<td class='nid'>{escape(' '.join(t.get('reqs', [])))}{marks}</td>"
-                   f"<td class='msg'>{escape(msg[0] if msg else '')}</td></tr>")
+                   f"<td class='nid'>{escape(' '.join(reqs))}{marks}</td>"
+                   f"<td class='msg'>{escape(msg)}</td></tr>")
     out.append("</table>")
     return out
 
@@ -155,6 +158,10 @@ def render_html(doc: Mapping[str, Any], evidence_base: str | None = None) -> str
             uncovered = rdoc.get("uncovered", [])
             listed = ", ".join(escape(i) for i in uncovered) if uncovered else "none"
             out.append(f"<p><b>Uncovered ({len(uncovered)}):</b> {listed}</p>")
+            not_reached = rdoc.get("not_reached", [])
+            if not_reached:
+                out.append(f"<p><b>Cited but not reached ({len(not_reached)}):</b> "
+                           f"{', '.join(escape(i) for i in not_reached)} (no assertion of a check evaluated them)</p>")
             if not rdoc.get("ran"):
                 out.append("</details>")
     unknown = doc.get("unknown_requirements", [])

@@ -1,7 +1,10 @@
-"""What every lane's drivers share: the two ways driving a target can go wrong, and ``python:`` targets.
+"""What every lane's drivers share: the ways driving a target can go wrong, and ``python:`` targets.
 
-A `DriverError` while a target is driven is a finding about the target; a `TargetUnavailable` (it could
-not be started or reached at all) is a setup problem, so the check is inconclusive, never a verdict.
+A `DriverError` while a target is driven is a finding about the target (the check fails); a
+`TargetUnavailable` before anything was exchanged (it could not be started or reached at all) is a setup
+problem, so the check is inconclusive, never a verdict; after an exchange it means the target stopped
+answering, a failure. A `SanityFailure` is the probe after a check finding the target dead. How each becomes a
+verdict is fixtures/policy.py.
 """
 
 from __future__ import annotations
@@ -14,18 +17,27 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-__all__ = ["DriverError", "TargetUnavailable", "import_python_target", "load_python_target", "load_subclass",
-           "python_driver"]
+__all__ = ["DriverError", "SanityFailure", "TargetUnavailable", "import_python_target", "load_python_target",
+           "load_subclass", "python_driver"]
 
 T = TypeVar("T")
 
 
 class DriverError(RuntimeError):
-    """The target misbehaved while driven (it crashed, hung or answered nonsense): a finding."""
+    """The target misbehaved while driven (it crashed, hung or answered nonsense): a finding, blamed on
+    ``requirement`` when the driver knows which rule the misbehaviour breaks, else on the check's first one."""
+
+    def __init__(self, message: str, *, requirement: str | None = None) -> None:
+        super().__init__(message)
+        self.requirement = requirement
 
 
 class TargetUnavailable(DriverError):
-    """The target could not be started or reached at all: a setup problem, never a verdict on it."""
+    """The target could not be started or reached: inconclusive before any exchange, a failure after one."""
+
+
+class SanityFailure(DriverError):
+    """The sanity probe after a check found the target no longer serving: that check fails."""
 
 
 def import_python_target(value: str) -> Any:
@@ -36,7 +48,7 @@ def import_python_target(value: str) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
-        raise DriverError(f"python target {value}: cannot import it: {exc}") from exc
+        raise TargetUnavailable(f"python target {value}: cannot import it: {exc}") from exc
     return obj
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvconform.kbtp.constants import Features, Status
 from kvconform.rdma import PROFILES, ActorGen, Connection, Fabric, Node, Profile
-from kvconform.targets.drivers import DriverError, TargetUnavailable, python_driver
+from kvconform.targets.drivers import DriverError, TargetUnavailable
 
 __all__ = [
     "DriverError",
@@ -36,7 +36,6 @@ __all__ = [
     "TargetEndpoint",
     "TargetParams",
     "TargetUnavailable",
-    "driver_for",
     "features_of",
     "target_config",
 ]
@@ -233,26 +232,6 @@ class ReferenceTargetDriver:
             for h in range(table.base_handle, table.base_handle + table.entries):
                 table.write_state(h, EntryFlags(0), self.start_generation)
         return _ReferenceEndpoint(target)
-
-
-# ---- resolution ----------------------------------------------------------------------------------
-
-
-ROLE_PROTOCOLS: dict[str, type] = {"kbtp-target": KbtpTarget, "kbtp-initiator": KbtpInitiator}
-
-
-def reference_driver(suite: str) -> Any:
-    return {"kbtp-target": ReferenceTargetDriver, "kbtp-initiator": ReferenceInitiatorDriver}[suite]()
-
-
-def driver_for(suite: str, kind: str, value: str) -> Any:
-    """Build the driver of ``suite`` for a target of ``kind`` ("reference" or "python")."""
-    if kind == "reference":
-        return reference_driver(suite)
-    if kind == "python":
-        return python_driver(value, suite, ROLE_PROTOCOLS[suite])
-    raise DriverError(f"target {kind}:{value} cannot play {suite}: KBTP implementations are reached on a "
-                      "harness fabric (reference or python:<module>:<factory>)")
 
 
 class ReferenceInitiatorEndpoint:

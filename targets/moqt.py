@@ -5,8 +5,8 @@ A relay is reached at a ``moqt://host:port`` URL; the driver only decides who ru
 - ``reference``: kvconform's caching relay (``kvconform.moqt.relay.Relay``) on 127.0.0.1 with a free
   port, in-process on its own event-loop thread, started with the authorization policy the PICS declare
   (``harness_policy``);
-- ``python:<module>:<Class>``: a ``Relay`` subclass (the harness's mutant relays, or a vendor's
-  in-process relay class taking the same keyword arguments), run the same way;
+- ``python:<module>:<attr>``: an object implementing ``RelayDriver``, or a ``Relay`` subclass (the harness's
+  mutant relays, or a vendor's in-process relay class taking the same keyword arguments) run the same way;
 - ``moqt://host:port``: a relay someone else runs; its policy must match what the PICS declare.
 
 The suite's authorization expectations are data in the PICS (``moqt.relay.prefix``,
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvconform.moqt.structures import AuthToken, TrackNamespace
-from kvconform.targets.drivers import DriverError, TargetUnavailable, import_python_target
+from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import Pics
 
 __all__ = [
@@ -34,8 +34,9 @@ __all__ = [
     "RelayDriver",
     "RemoteRelay",
     "TargetUnavailable",
-    "driver_for",
+    "adapt_relay",
     "harness_policy",
+    "reference_relay",
     "relay_access",
 ]
 
@@ -207,28 +208,15 @@ class RemoteRelay:
         return None
 
 
-def _relay_class(value: str, suite: str) -> type[Any]:
-    obj = import_python_target(value)
+def reference_relay() -> InProcessRelay:
+    """The reference caching relay, in-process."""
     from kvconform.moqt.relay import Relay
 
-    if not (isinstance(obj, type) and issubclass(obj, Relay)):
-        raise DriverError(f"python target {value}: not a subclass of kvconform.moqt.relay.Relay (suite {suite})")
-    return obj
+    return InProcessRelay(Relay)
 
 
-def driver_for(suite: str, kind: str, value: str) -> RelayDriver:
-    """The driver of ``suite`` (one of RELAY_SUITES) for a target of ``kind`` ("reference", "python", "url")."""
-    if suite not in RELAY_SUITES:
-        raise DriverError(f"no MOQT driver for suite {suite}")
-    if kind == "reference":
-        from kvconform.moqt.relay import Relay
+def adapt_relay(obj: object) -> InProcessRelay | None:
+    """A ``python:`` target that is a ``Relay`` subclass (a mutant, a vendor's variant) runs like the reference."""
+    from kvconform.moqt.relay import Relay
 
-        return InProcessRelay(Relay)
-    if kind == "python":
-        return InProcessRelay(_relay_class(value, suite))
-    if kind == "url":
-        if not value.startswith("moqt://"):
-            raise DriverError(f"target {value}: a relay is reached at moqt://host:port")
-        return RemoteRelay(value)
-    raise DriverError(f"target {kind}:{value} cannot play {suite} (use reference, python:<module>:<Class> "
-                      "or moqt://host:port)")
+    return InProcessRelay(obj) if isinstance(obj, type) and issubclass(obj, Relay) else None

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -19,41 +20,46 @@ import yaml
 
 from kvconform.verdicts import not_applicable
 
-from .testbed import Testbed
+from .testbed import Testbed, TestbedError, validate_pics
 
 __all__ = [
-    "URL_SCHEME_ROLES",
     "Pics",
     "TargetError",
     "TargetKind",
     "TargetSpec",
     "apply_pics_overrides",
+    "cmd_roles",
     "parse_pics_override",
     "parse_target",
+    "url_roles",
 ]
 
 TargetKind = Literal["reference", "url", "cmd", "python"]
 
-# URL scheme -> suites a target reached that way can play; each protocol lane adds its schemes.
-URL_SCHEME_ROLES: dict[str, set[str]] = {"grpc": {"tlkv-decode"}, "moqt": {"moqt-relay", "kvcs-relay"}}
-
-# cmd: placeholder -> suite a spawned implementation with that placeholder plays; each lane adds its own.
-CMD_PLACEHOLDER_ROLES: dict[str, str] = {
-    "{decode_addr}": "tlkv-prefill",
-    "{envelope}": "tlkv-reader",
-    "{sequence}": "tlkv-writer",
-    "{token}": "kvcs-publisher",
-    "{out}": "kvcs-consumer",
-}
-
 
 def cmd_roles(command: str) -> set[str]:
-    """The suites a cmd: template plays, from its placeholders (a prefill side may also name its sequence)."""
-    if "{decode_addr}" in command:
-        return {CMD_PLACEHOLDER_ROLES["{decode_addr}"]}
-    if "{relay}" in command:  # both KVCS endpoints take {relay} and {cache}: a consumer writes {out}
-        return {"kvcs-consumer" if "{out}" in command else "kvcs-publisher"}
-    return {suite for ph, suite in CMD_PLACEHOLDER_ROLES.items() if ph in command}
+    """The suites a cmd: template plays, from its placeholders (targets/registry.py); TargetError otherwise."""
+    from kvconform.targets.registry import RoleError
+    from kvconform.targets.registry import cmd_roles as roles
+
+    try:
+        return roles(command)
+    except RoleError as exc:
+        raise TargetError(f"--target cmd:{command}: {exc}") from None
+
+
+def url_roles(url: str) -> set[str]:
+    """The suites a URL target plays, from its scheme; TargetError for an unknown scheme."""
+    from kvconform.targets.registry import url_roles as roles
+    from kvconform.targets.registry import url_schemes
+
+    scheme = urlsplit(url).scheme
+    found = roles(scheme)
+    if not found:
+        raise TargetError(f"--target {url!r}: URL scheme {scheme!r} is not handled by any lane "
+                          f"(known: {', '.join(url_schemes())})")
+    return found
+
 
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://")
 _PYTHON = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
@@ -76,6 +82,7 @@ class TargetSpec:
     params: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     overrides: list[str] = field(default_factory=list)
+    defaulted: list[str] = field(default_factory=list)  # PICS paths taken from the testbed's defaults
 
     def plays(self, suite: str) -> bool:
         """Whether the target plays ``suite`` (True when it declares no roles)."""
@@ -91,15 +98,25 @@ class TargetSpec:
             "params": self.params,
             "pics_source": self.source,
             "pics_overrides": list(self.overrides),
+            "pics_defaulted": list(self.defaulted),
         }
 
 
 class Pics:
-    """Read access to a target's PICS by dotted path (``tlkv.decode.versions``)."""
+    """Read access to a target's PICS by dotted path (``tlkv.decode.versions``).
 
-    def __init__(self, data: Mapping[str, Any], source: str = "") -> None:
+    ``defaulted`` lists the paths whose values were not declared for the target but taken from the testbed's
+    defaults (which claim only mandatory behaviour): a check that would read a default as a claim of an
+    optional behaviour (e.g. "declares only v1" read as "is v1-only") asks ``is_defaulted`` first."""
+
+    def __init__(self, data: Mapping[str, Any], source: str = "", defaulted: Iterable[str] = ()) -> None:
         self._data = data
         self.source = source
+        self.defaulted = tuple(defaulted)
+
+    def is_defaulted(self, path: str) -> bool:
+        """Whether the value at ``path`` (or anything under it) came from the testbed's defaults."""
+        return any(p == path or p.startswith(path + ".") for p in self.defaulted)
 
     def as_dict(self) -> dict[str, Any]:
         """A deep copy of the PICS."""
@@ -171,28 +188,37 @@ def apply_pics_overrides(pics: dict[str, Any], overrides: Iterable[str]) -> list
     return applied
 
 
+_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                   r"[A-Za-z0-9])?)*$")
+
+
 def _url_params(url: str) -> dict[str, Any]:
+    """Scheme, host, port (1..65535, required), path and query of a target URL; TargetError naming the part."""
     parts = urlsplit(url)
     params: dict[str, Any] = dict(parse_qsl(parts.query))
     params["scheme"] = parts.scheme
-    if parts.hostname:
-        params["host"] = parts.hostname
+    host = parts.hostname
+    if not host:
+        raise TargetError(f"--target {url!r}: host: missing, expected {parts.scheme}://HOST:PORT")
     try:
-        if parts.port is not None:
-            params["port"] = parts.port
-    except ValueError as exc:
-        raise TargetError(f"--target {url!r}: port: {exc}") from exc
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST.match(host):
+            raise TargetError(f"--target {url!r}: host {host!r} is neither an IP address nor a host name") from None
+    params["host"] = host
+    try:
+        port = parts.port
+    except ValueError:
+        raw = parts.netloc.rpartition(":")[2]
+        raise TargetError(f"--target {url!r}: port {raw!r}: expected an integer 1..65535") from None
+    if port is None:
+        raise TargetError(f"--target {url!r}: port: missing, expected {parts.scheme}://{host}:PORT")
+    if not 1 <= port <= 65535:
+        raise TargetError(f"--target {url!r}: port {port}: expected 1..65535")
+    params["port"] = port
     if parts.path and parts.path != "/":
         params["path"] = parts.path
     return params
-
-
-def _roles_of_url(url: str) -> set[str]:
-    scheme = urlsplit(url).scheme
-    if scheme not in URL_SCHEME_ROLES:
-        known = ", ".join(sorted(URL_SCHEME_ROLES))
-        raise TargetError(f"--target {url!r}: URL scheme {scheme!r} is not handled by any lane (known: {known})")
-    return set(URL_SCHEME_ROLES[scheme])
 
 
 def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
@@ -203,7 +229,7 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
     if driver == "url":
         params.update(_url_params(value))
         if roles is None:
-            roles = _roles_of_url(value)
+            roles = url_roles(value)
     params.update(entry.get("params", {}))
     return TargetSpec(
         name=name,
@@ -216,20 +242,32 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
     )
 
 
+def leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of the non-mapping values of a PICS tree."""
+    out: list[str] = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out += leaf_paths(value, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
 def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()) -> TargetSpec:
-    """Resolve ``--target`` against ``testbed`` and apply ``--pics-set`` overrides."""
+    """Resolve ``--target`` against ``testbed``, apply ``--pics-set`` overrides and validate the result against
+    the PICS schemas (an override of the wrong type or an unknown key is a TargetError naming it)."""
     text = text.strip()
     defaults = f"testbed defaults ({testbed.path})"
     spec: TargetSpec
     if _URL.match(text):
-        spec = TargetSpec(text, "url", text, _roles_of_url(text), copy.deepcopy(testbed.default_pics),
+        spec = TargetSpec(text, "url", text, url_roles(text), copy.deepcopy(testbed.default_pics),
                           _url_params(text), defaults)
     elif text.startswith("cmd:"):
         command = text[len("cmd:"):].strip()
         if not command:
             raise TargetError("--target cmd:: expected a command line after 'cmd:'")
-        spec = TargetSpec(text, "cmd", command, cmd_roles(command) or None, copy.deepcopy(testbed.default_pics),
-                          {}, defaults)
+        spec = TargetSpec(text, "cmd", command, cmd_roles(command), copy.deepcopy(testbed.default_pics), {}, defaults)
     elif text.startswith("python:"):
         ref = text[len("python:"):]
         if not _PYTHON.match(ref):
@@ -246,8 +284,18 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
             f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory> or a target of testbed "
             f"{testbed.path} (its targets: {known})"
         )
+    # An ad-hoc target's PICS are the testbed's defaults: the report marks each value that was not declared.
+    if spec.source == defaults:
+        spec.defaulted = leaf_paths(spec.pics)
     overrides = list(pics_overrides)
     if overrides:
         spec.overrides = apply_pics_overrides(spec.pics, overrides)
         spec.source += " + --pics-set " + ", ".join(spec.overrides)
+        changed = [o.partition("=")[0] for o in spec.overrides]
+        spec.defaulted = [p for p in spec.defaulted
+                          if not any(p == c or p.startswith(c + ".") or c.startswith(p + ".") for c in changed)]
+        try:
+            validate_pics(spec.pics, "--pics-set")
+        except TestbedError as exc:
+            raise TargetError(str(exc)) from None
     return spec

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["Testbed", "TestbedError", "default_testbed_path", "load_testbed", "schema_dir"]
+__all__ = ["Testbed", "TestbedError", "default_testbed_path", "load_testbed", "schema_dir", "validate_pics"]
 
 _SCHEMA_FILE = "testbed.schema.json"
 # Any object: the PICS of a protocol whose lane has not written its schema yet.
@@ -85,6 +85,17 @@ def validate_testbed(doc: object, path: str | os.PathLike[str]) -> None:
     if errors:
         lines = [f"{path}: {e.json_path}: {e.message}" for e in errors[:20]]
         raise TestbedError("invalid testbed:\n  " + "\n  ".join(lines))
+
+
+def validate_pics(pics: object, where: str) -> None:
+    """Raise TestbedError naming the PICS path of every schema violation of ``pics`` (e.g. after --pics-set)."""
+    doc = {"name": "pics", "targets": {"t": {"driver": "reference", "pics": pics}}}
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        def at(e: Any) -> str:
+            path = ".".join(str(p) for p in list(e.absolute_path)[3:])
+            return path or "(top)"
+        raise TestbedError("; ".join(f"{where}: PICS {at(e)}: {e.message}" for e in errors[:5]))
 
 
 def load_testbed(path: str | os.PathLike[str] | None = None) -> Testbed:

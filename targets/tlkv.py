@@ -10,10 +10,11 @@ One protocol per role, four ways to reach it:
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shlex
-import subprocess
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable, python_driver
-from kvconform.targets.spec import CMD_PLACEHOLDER_ROLES, cmd_roles
+from kvconform.fixtures import evidence
+from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.targets.process import Process, ProcessResult, fill_template, run_process
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
@@ -182,6 +184,11 @@ class RemoteDecode:
     def __init__(self, address: str) -> None:
         self.address = address
 
+    @classmethod
+    def from_url(cls, url: str) -> RemoteDecode:
+        """``grpc://host:port`` -> the decode side at host:port."""
+        return cls(url.split("://", 1)[1].rstrip("/"))
+
     def start(self, geometry: Geometry, versions: frozenset[int]) -> str:
         return self.address
 
@@ -190,24 +197,33 @@ class RemoteDecode:
 
 
 # ---- spawned implementations (cmd:) -----------------------------------------------------------
+# Every spawned role runs through targets/process.py: its own session, output to files as bytes, the whole
+# process group (and anything that escaped it) stopped at the end, every wait bounded.
+
+CMD_TIMEOUT = 60.0  # seconds one spawned export, import or prefill may take
 
 
-def _run(template: str, timeout: float, **values: str) -> subprocess.CompletedProcess[str]:
-    """Split the template like a shell, fill placeholders per argument, run it with a bound on its time."""
-    argv = [arg.format(**values) for arg in shlex.split(template)]
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        raise DriverError(f"{argv[0]} did not finish within {timeout} s") from exc
-    except OSError as exc:
-        raise TargetUnavailable(f"cannot start {argv!r}: {exc}") from exc
+def _run(template: str, timeout: float, what: str, **values: str) -> ProcessResult:
+    """Fill the template, run it within ``timeout`` s, record how it ended as evidence."""
+    result = run_process(fill_template(template, values), timeout, what=what)
+    evidence.record("received", f"{what} process", result.evidence())
+    if result.timed_out:
+        raise DriverError(f"the {what} {result.argv[0]} did not finish within {timeout:g} s (stopped); "
+                          f"stderr: {result.stderr_text[-500:]!r}")
+    return result
+
+
+def _field(result: dict[str, Any], name: str, kind: type, where: str) -> Any:
+    value = result.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise DriverError(f"{where}: field {name!r} is {value!r}, expected {kind.__name__}")
+    return value
 
 
 class CmdWriter:
     """A writer spawned per export: `{sequence}` is a sequence file (kvconform.tlkv.content), `{out}` the envelope."""
 
-    def __init__(self, template: str, timeout: float = 60.0) -> None:
+    def __init__(self, template: str, timeout: float = CMD_TIMEOUT) -> None:
         self.template, self.timeout = template, timeout
 
     def export(self, geometry: Geometry, version: int, tokens: Sequence[int],
@@ -217,9 +233,10 @@ class CmdWriter:
         with tempfile.TemporaryDirectory(prefix="kvconform-writer-") as tmp:
             seq, out = Path(tmp) / "sequence.json", Path(tmp) / "envelope.bin"
             write_sequence(seq, geometry=geometry, version=version, tokens=list(tokens), kv=kv, request_id="export")
-            proc = _run(self.template, self.timeout, sequence=str(seq), out=str(out))
+            proc = _run(self.template, self.timeout, "writer", sequence=str(seq), out=str(out))
             if proc.returncode != 0 or not out.exists():
-                raise DriverError(f"writer exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+                raise DriverError(f"writer exited {proc.returncode} {'without' if not out.exists() else 'with'} "
+                                  f"{out.name}: {proc.stderr_text.strip()[-500:]}")
             return out.read_bytes()
 
 
@@ -228,9 +245,11 @@ class CmdReaderSession:
 
     The result JSON: {"status": "ok"|"format"|"shape"|"version", "requirement": ..., "message": ...,
     "blocks": [{"block_hash", "n_tokens"}], "kv_file": optional raw f32 values, "allocated": optional int}.
+    A result the harness cannot read is one DriverError naming the field (a finding), never a crash.
     """
 
-    def __init__(self, template: str, geometry: Geometry, versions: frozenset[int], timeout: float = 60.0) -> None:
+    def __init__(self, template: str, geometry: Geometry, versions: frozenset[int],
+                 timeout: float = CMD_TIMEOUT) -> None:
         self.template, self.geometry, self.versions, self.timeout = template, geometry, versions, timeout
         self._allocated: int | None = None
 
@@ -238,23 +257,51 @@ class CmdReaderSession:
         with tempfile.TemporaryDirectory(prefix="kvconform-reader-") as tmp:
             env, out = Path(tmp) / "envelope.bin", Path(tmp) / "result.json"
             env.write_bytes(data)
-            proc = _run(self.template, self.timeout, envelope=str(env), out=str(out), pool=str(self.geometry),
-                        versions=",".join(str(v) for v in sorted(self.versions)))
+            proc = _run(self.template, self.timeout, "reader", envelope=str(env), out=str(out),
+                        pool=str(self.geometry), versions=",".join(str(v) for v in sorted(self.versions)))
             if not out.exists():
-                raise DriverError(f"reader exited {proc.returncode} without a result: {proc.stderr.strip()[-500:]}")
-            result = json.loads(out.read_text())
-            status = result.get("status")
-            if status not in OUTCOMES:
-                raise DriverError(f"reader result status: got {status!r}, expected one of {OUTCOMES}")
-            blocks = [ImportedBlock(int(b["block_hash"]), int(b["n_tokens"])) for b in result.get("blocks", [])]
-            if status == "ok" and result.get("kv_file"):
-                values = np.fromfile(out.parent / result["kv_file"], "<f4")
-                per = int(np.prod(self.geometry.kv_shape))
-                for i, block in enumerate(blocks):
-                    block.kv = values[i * per : (i + 1) * per].reshape(self.geometry.kv_shape)
-            if "allocated" in result:
-                self._allocated = int(result["allocated"])
-            return ImportOutcome(status, result.get("requirement"), result.get("message", ""), blocks)
+                raise DriverError(f"reader exited {proc.returncode} without a result: "
+                                  f"{proc.stderr_text.strip()[-500:]}")
+            return self._parse(out)
+
+    def _parse(self, out: Path) -> ImportOutcome:
+        where = f"reader result {out.name}"
+        try:
+            result = json.loads(out.read_bytes())
+        except (ValueError, RecursionError) as exc:
+            raise DriverError(f"{where}: not JSON: {exc}") from None
+        if not isinstance(result, dict):
+            raise DriverError(f"{where}: got {type(result).__name__}, expected a JSON object")
+        status = result.get("status")
+        if status not in OUTCOMES:
+            raise DriverError(f"{where}: field 'status' is {status!r}, expected one of {OUTCOMES}")
+        raw_blocks = result.get("blocks", [])
+        if not isinstance(raw_blocks, list):
+            raise DriverError(f"{where}: field 'blocks' is {raw_blocks!r}, expected a list")
+        blocks = []
+        for i, b in enumerate(raw_blocks):
+            if not isinstance(b, dict):
+                raise DriverError(f"{where}: blocks[{i}] is {b!r}, expected an object")
+            blocks.append(ImportedBlock(_field(b, "block_hash", int, f"{where} blocks[{i}]"),
+                                        _field(b, "n_tokens", int, f"{where} blocks[{i}]")))
+        if status == "ok" and result.get("kv_file"):
+            kv_file = out.parent / Path(_field(result, "kv_file", str, where)).name
+            per = int(np.prod(self.geometry.kv_shape))
+            try:
+                values = np.fromfile(kv_file, "<f4")
+            except OSError as exc:
+                raise DriverError(f"{where}: kv_file {kv_file.name}: {exc}") from None
+            if values.size != per * len(blocks):
+                raise DriverError(f"{where}: kv_file holds {values.size} f32 values, expected {per * len(blocks)} "
+                                  f"({len(blocks)} blocks of {self.geometry.kv_shape})")
+            for i, block in enumerate(blocks):
+                block.kv = values[i * per : (i + 1) * per].reshape(self.geometry.kv_shape)
+        if "allocated" in result:
+            self._allocated = _field(result, "allocated", int, where)
+        requirement = result.get("requirement")
+        message = result.get("message", "")
+        return ImportOutcome(status, requirement if isinstance(requirement, str) else None,
+                             message if isinstance(message, str) else repr(message), blocks)
 
     def allocated(self) -> int | None:
         return self._allocated
@@ -277,45 +324,50 @@ class CmdPrefill:
         self.template = template
 
     def prefill(self, decode_addr: str, sequence_file: Path, timeout: float) -> None:
-        proc = _run(self.template, timeout, decode_addr=decode_addr, sequence=str(sequence_file),
+        proc = _run(self.template, timeout, "prefill side", decode_addr=decode_addr, sequence=str(sequence_file),
                     tokens_file=str(sequence_file))
         if proc.returncode != 0:
-            raise DriverError(f"prefill exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+            raise DriverError(f"prefill exited {proc.returncode}: {proc.stderr_text.strip()[-500:]}")
 
 
-# ---- resolution ----------------------------------------------------------------------------------
+class CmdDecode:
+    """A decode side the harness starts: `{port}` (a free port on 127.0.0.1 it must listen on); ready once the
+    port accepts a TCP connection (bounded), stopped with its whole process group at the end."""
+
+    READY_TIMEOUT = 30.0
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._proc: Process | None = None
+
+    def start(self, geometry: Geometry, versions: frozenset[int]) -> str:
+        port = free_tcp_port()
+        self._proc = Process(fill_template(self.template, {"port": str(port)}), what="decode side")
+        self._proc.start()
+        deadline = time.monotonic() + self.READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not self._proc.running():
+                result = self._proc.stop()
+                evidence.record("received", "decode side process", result.evidence())
+                raise TargetUnavailable(f"the decode side exited {result.returncode} before listening on {port}: "
+                                        f"{result.stderr_text.strip()[-500:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return f"127.0.0.1:{port}"
+            self._proc.wait(0.05)  # bounded by the deadline: it either starts listening or exits
+        self.stop()
+        raise TargetUnavailable(f"the decode side did not listen on 127.0.0.1:{port} within {self.READY_TIMEOUT:g} s")
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            evidence.record("note", "decode side process", self._proc.stop().evidence())
+            self._proc = None
 
 
-ROLE_PROTOCOLS: dict[str, type] = {
-    "tlkv-writer": Writer,
-    "tlkv-reader": Reader,
-    "tlkv-decode": DecodeService,
-    "tlkv-prefill": Prefill,
-}
-
-
-def reference_driver(suite: str) -> Any:
-    return {"tlkv-writer": ReferenceWriter, "tlkv-reader": ReferenceReader,
-            "tlkv-decode": ReferenceDecode, "tlkv-prefill": ReferencePrefill}[suite]()
-
-
-def driver_for(suite: str, kind: str, value: str) -> Any:
-    """Build the driver of `suite` for a target of `kind` ("reference", "python", "cmd", "url")."""
-    if kind == "reference":
-        return reference_driver(suite)
-    if kind == "python":
-        return python_driver(value, suite, ROLE_PROTOCOLS[suite])
-    if kind == "cmd":
-        template = value
-        if suite not in cmd_roles(template):
-            wanted = next((ph for ph, s in CMD_PLACEHOLDER_ROLES.items() if s == suite), "?")
-            raise DriverError(f"cmd target {template!r}: plays {sorted(cmd_roles(template))}, not {suite} "
-                              f"(placeholder {wanted} missing)")
-        return {"tlkv-writer": CmdWriter, "tlkv-reader": CmdReader, "tlkv-prefill": CmdPrefill}[suite](template)
-    if kind == "url" and suite == "tlkv-decode":
-        address = value.split("://", 1)[1].rstrip("/")
-        return RemoteDecode(address)
-    raise DriverError(f"target {kind}:{value} cannot play {suite}")
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 free at this moment (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @contextmanager

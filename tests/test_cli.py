@@ -25,7 +25,7 @@ requirements:
 TESTBED = """\
 name: demo
 targets:
-  readeronly: {driver: reference, roles: [demo-reader], pics: {demo: {v: 1}}}
+  readeronly: {driver: reference, roles: [demo-reader], pics: {tlkv: {writer: {versions: [1]}}}}
 """
 
 
@@ -37,7 +37,7 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             import pytest
             @pytest.mark.req("DEMO-A")
             def test_a(pics):
-                assert pics.require("demo.v") == 1
+                assert pics.require("tlkv.writer.versions") == [1]
             @pytest.mark.req("DEMO-B")
             def test_b():
                 assert 0, "should-level"
@@ -95,7 +95,7 @@ def test_run_usage_errors(tree: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_report_html_regenerates(tree: Path) -> None:
-    assert cli.main(["run", "demo-writer", "--report-dir", "rep", "-q", "--target", "cmd:x"]) == 0
+    assert cli.main(["run", "demo-writer", "--report-dir", "rep", "-q", "--target", "python:json:dumps"]) == 0
     assert cli.main(["report", "html", "--from", "rep/coverage.json", "--out", "page.html"]) == 0
     page = (tree / "page.html").read_text()
     assert "test_w" in page and "PASSED" in page
@@ -130,7 +130,44 @@ def test_serve_dispatches_to_components(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        cli.main(["--version"])
-    assert info.value.code == 0
+    assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("kvconform ")
+
+
+@pytest.mark.parametrize("args", [["--timeout", "0"], ["--timeout", "-1"], ["--timeout", "inf"],
+                                  ["--suite-budget", "0"], ["--pics-set", "tlkv.writer.versions=banana"],
+                                  ["--target", "grpc://127.0.0.1:0"], ["--target", "grpc://127.0.0.1"],
+                                  ["--target", "cmd:tool 'unbalanced"], ["--target", "cmd:tool --no-placeholders"]])
+def test_bad_run_arguments_are_one_line_usage_errors(tree: Path, capsys: pytest.CaptureFixture[str],
+                                                     args: list[str]) -> None:
+    assert cli.main(["run", "demo-reader", "--report-dir", "rep", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error" in err, err
+    assert not (tree / "rep" / "coverage.json").exists()
+
+
+def test_an_unwritable_report_dir_is_a_usage_error(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tree / "afile").write_text("")
+    assert cli.main(["run", "demo-reader", "--report-dir", "afile/rep", "--target", "python:json:dumps"]) == 2
+    assert "--report-dir afile/rep: cannot write there" in capsys.readouterr().err
+
+
+def test_a_run_that_aborts_never_shows_an_older_report(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rep = tree / "rep"
+    (rep / "evidence").mkdir(parents=True)
+    (rep / "coverage.json").write_text('{"format": "kvconform-coverage/1", "old": true}')
+    (rep / "junit.xml").write_text("<old/>")
+    (tree / "conformance" / "demo" / "reader" / "test_broken.py").write_text(
+        "import pytest\n@pytest.mark.req('DEMO-NOPE')\ndef test_x():\n    pass\n")
+    code = cli.main(["run", "demo-reader", "--report-dir", "rep", "--target", "python:json:dumps"])
+    out = capsys.readouterr().out
+    assert code != 0
+    assert not (rep / "coverage.json").exists() and not (rep / "junit.xml").read_text().startswith("<old")
+    assert "kvconform: coverage.json:" not in out
+
+
+def test_serve_port_out_of_range_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "tlkv-decode", "--port", "99999"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("kvconform serve tlkv-decode: error: argument --port: 99999: expected a port 0..65535 "
+                   "(0 picks a free one)\n")

@@ -76,7 +76,7 @@ def test_coverage_per_role(catalog: Catalog, tmp_path: Path) -> None:
     by_id = {r["id"]: r for r in reader["requirements"]}
     assert by_id["DEMO-A"]["verdict"] == "fail"
     assert by_id["DEMO-A"]["tests"][0]["evidence"] == "evidence/a1.json"
-    assert by_id["DEMO-A"]["tests"][1]["message"] == "AssertionError: wrong CRC"
+    assert by_id["DEMO-A"]["tests"][1]["message"] == "AssertionError: wrong CRC\nmore"  # whole, not cut
     assert by_id["DEMO-B"]["verdict"] == "not-applicable"
     assert reader["uncovered"] == [] and reader["ran"] is True
     writer = doc["protocols"]["demo"]["roles"]["writer"]

@@ -3,7 +3,8 @@ at its own relays with a cache spec, and whose result JSON it reads.
 
 - ``reference``: kvconform's consumer (``kvconform.kvcs.consumer.Consumer``), in-process on the calling
   thread with its own event loop;
-- ``python:<module>:<Class>``: a ``Consumer`` subclass (the mutant consumers), run the same way;
+- ``python:<module>:<attr>``: an object implementing ``ConsumerDriver``, or a ``Consumer`` subclass (the mutant
+  consumers) run the same way;
 - ``cmd:<template>``: a spawned consumer, e.g. ``cmd:kvconform kvcs fetch --relay {relay} --relay {relay2}
   --cache {cache} --out {out} --token {token} --budget {budget} --producer-key {producer_key}``.
   Placeholders: ``{relay}`` (moqt://127.0.0.1:PORT), ``{cache}`` (cache spec JSON), ``{out}`` (where it
@@ -33,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable, import_python_target
-from kvconform.targets.spec import cmd_roles
+from kvconform.targets.drivers import DriverError, TargetUnavailable
 
 __all__ = ["GRACE", "SUITE", "CmdConsumer", "ConsumerDriver", "ConsumerRun", "FetchRequest", "InProcessConsumer",
-           "driver_for"]
+           "adapt_consumer", "reference_consumer"]
 
 SUITE = "kvcs-consumer"
 GRACE = 8.0  # seconds past its budget before a consumer that did not give up is stopped (a finding)
@@ -209,32 +209,15 @@ class CmdConsumer:
         return ConsumerRun(parsed, code, elapsed, stdout_text, stderr_text, error)
 
 
-def _consumer_class(value: str) -> type[Any]:
-    obj = import_python_target(value)
+def reference_consumer() -> InProcessConsumer:
+    """The reference consumer, in-process."""
     from kvconform.kvcs.consumer import Consumer
 
-    if not (isinstance(obj, type) and issubclass(obj, Consumer)):
-        raise DriverError(f"python target {value}: not a subclass of kvconform.kvcs.consumer.Consumer (suite {SUITE})")
-    return obj
+    return InProcessConsumer(Consumer)
 
 
-def driver_for(suite: str, kind: str, value: str) -> ConsumerDriver:
-    """The kvcs-consumer driver for a target of ``kind`` ("reference", "python", "cmd")."""
-    if suite != SUITE:
-        raise DriverError(f"no KVCS consumer driver for suite {suite}")
-    if kind == "reference":
-        from kvconform.kvcs.consumer import Consumer
+def adapt_consumer(obj: object) -> InProcessConsumer | None:
+    """A ``python:`` target that is a ``Consumer`` subclass (a mutant) runs like the reference."""
+    from kvconform.kvcs.consumer import Consumer
 
-        return InProcessConsumer(Consumer)
-    if kind == "python":
-        return InProcessConsumer(_consumer_class(value))
-    if kind == "cmd":
-        if suite not in cmd_roles(value):
-            raise DriverError(f"cmd target {value!r}: plays {sorted(cmd_roles(value))}, not {suite} "
-                              "(placeholders {relay}, {cache}, {out})")
-        missing = [p for p in ("{relay}", "{cache}", "{out}") if p not in value]
-        if missing:
-            raise DriverError(f"cmd target {value!r}: a kvcs-consumer template needs {', '.join(missing)}")
-        return CmdConsumer(value)
-    raise DriverError(f"target {kind}:{value} cannot play {suite} (use reference, python:<module>:<Class> or "
-                      "cmd:<template with {relay} {cache} {out}>)")
+    return InProcessConsumer(obj) if isinstance(obj, type) and issubclass(obj, Consumer) else None

@@ -3,7 +3,8 @@ at its own relay URL with a cache spec and the scope's token.
 
 - ``reference``: kvconform's publisher (``kvconform.kvcs.publisher.KvcsPublisher``), in-process on its own
   thread and event loop (``serve_publisher``);
-- ``python:<module>:<Class>``: a ``KvcsPublisher`` subclass (the mutant publishers), run the same way;
+- ``python:<module>:<attr>``: an object implementing ``PublisherDriver``, or a ``KvcsPublisher`` subclass (the
+  mutant publishers) run the same way;
 - ``cmd:<template>``: a spawned publisher; placeholders ``{relay}`` (moqt://127.0.0.1:PORT), ``{cache}``
   (the cache spec JSON) and ``{token}`` (the scope token, UTF-8 text). It must publish the cache and keep
   serving until SIGTERM, e.g. ``cmd:kvconform serve kvcs-publisher --relay {relay} --cache {cache}
@@ -27,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable, import_python_target
-from kvconform.targets.spec import CMD_PLACEHOLDER_ROLES, cmd_roles
+from kvconform.targets.drivers import TargetUnavailable
 
-__all__ = ["SUITE", "CmdPublisher", "InProcessPublisher", "PublisherDriver", "PublisherExit", "driver_for"]
+__all__ = ["SUITE", "CmdPublisher", "InProcessPublisher", "PublisherDriver", "PublisherExit", "adapt_publisher",
+           "reference_publisher"]
 
 SUITE = "kvcs-publisher"
 STOP_TIMEOUT = 5.0  # seconds a publisher gets to stop after SIGTERM / its stop event
@@ -164,32 +165,17 @@ class CmdPublisher:
         return PublisherExit(code, stdout, stderr)
 
 
-def _publisher_class(value: str) -> type[Any]:
-    obj = import_python_target(value)
+def reference_publisher(**options: Any) -> InProcessPublisher:
+    """The reference publisher, in-process; ``options`` are KvcsPublisher keyword arguments (e.g. kv_track)."""
     from kvconform.kvcs.publisher import KvcsPublisher
 
-    if not (isinstance(obj, type) and issubclass(obj, KvcsPublisher)):
-        raise DriverError(f"python target {value}: not a subclass of kvconform.kvcs.publisher.KvcsPublisher "
-                          f"(suite {SUITE})")
-    return obj
+    return InProcessPublisher(KvcsPublisher, **options)
 
 
-def driver_for(suite: str, kind: str, value: str, **options: Any) -> PublisherDriver:
-    """The kvcs-publisher driver for a target of ``kind``; ``options`` (KvcsPublisher keyword arguments, e.g.
-    ``kv_track`` from the PICS) go to in-process publishers; a cmd: template carries its own options."""
-    if suite != SUITE:
-        raise DriverError(f"no KVCS publisher driver for suite {suite}")
-    if kind == "reference":
-        from kvconform.kvcs.publisher import KvcsPublisher
+def adapt_publisher(obj: object, **options: Any) -> InProcessPublisher | None:
+    """A ``python:`` target that is a ``KvcsPublisher`` subclass (a mutant) runs like the reference."""
+    from kvconform.kvcs.publisher import KvcsPublisher
 
-        return InProcessPublisher(KvcsPublisher, **options)
-    if kind == "python":
-        return InProcessPublisher(_publisher_class(value), **options)
-    if kind == "cmd":
-        if suite not in cmd_roles(value):
-            wanted = [ph for ph, s in CMD_PLACEHOLDER_ROLES.items() if s == suite] or ["{relay}", "{cache}", "{token}"]
-            raise DriverError(f"cmd target {value!r}: plays {sorted(cmd_roles(value))}, not {suite} "
-                              f"(placeholders {', '.join(wanted)})")
-        return CmdPublisher(value)
-    raise DriverError(f"target {kind}:{value} cannot play {suite} (use reference, python:<module>:<Class> or "
-                      "cmd:<template with {relay} {cache} {token}>)")
+    if isinstance(obj, type) and issubclass(obj, KvcsPublisher):
+        return InProcessPublisher(obj, **options)
+    return None

@@ -32,7 +32,6 @@ from kvconform.kvcs.publisher import KvcsPublisher, Progress
 from kvconform.moqt import client as mc
 from kvconform.moqt.relay import Relay
 from kvconform.moqt.session import Role, SessionConfig
-from kvconform.targets.drivers import DriverError
 from kvconform.targets.kvcs import consumer as drivers
 
 T = TypeVar("T")
@@ -200,22 +199,14 @@ def test_tool_usage_errors(tmp_path: Path) -> None:
 
 def test_cmd_driver_stops_a_consumer_past_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(drivers, "GRACE", 0.5)
-    driver = drivers.driver_for("kvcs-consumer", "cmd", f"{sys.executable} -c 'import time; time.sleep(60)' "
-                                "{relay} {cache} {out} {layers}")
+    driver = drivers.CmdConsumer(f"{sys.executable} -c 'import time; time.sleep(60)' {{relay}} {{cache}} {{out}} "
+                                 "{layers}")
     cache = example_spec(layers=2, blocks=2).write_json(tmp_path / "c.json")
     request = drivers.FetchRequest(("moqt://127.0.0.1:9",), cache, budget=0.5)
     started = time.monotonic()
     outcome = driver.fetch(request, tmp_path / "r.json")
     assert outcome.killed and outcome.result is None and time.monotonic() - started < 10.0
     assert not driver.supports("relay2") and not driver.supports("token")
-
-
-def test_driver_resolution() -> None:
-    assert isinstance(drivers.driver_for("kvcs-consumer", "reference", "reference"), drivers.InProcessConsumer)
-    with pytest.raises(DriverError, match="not a subclass"):
-        drivers.driver_for("kvcs-consumer", "python", "kvconform.kvcs.publisher:KvcsPublisher")
-    with pytest.raises(DriverError):
-        drivers.driver_for("kvcs-consumer", "cmd", "consumer --relay {relay} --cache {cache}")
 
 
 def test_ready_callback_carries_the_block_data() -> None:

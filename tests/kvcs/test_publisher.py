@@ -25,8 +25,8 @@ from kvconform.kvcs.publisher import KvcsPublisher, load_publisher_class, serve_
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import AuthToken, PropertyType, TrackNamespace, property_int
-from kvconform.targets.drivers import DriverError, TargetUnavailable
-from kvconform.targets.kvcs.publisher import CmdPublisher, InProcessPublisher, driver_for
+from kvconform.targets.drivers import TargetUnavailable
+from kvconform.targets.kvcs.publisher import CmdPublisher, InProcessPublisher
 
 TIMEOUT = 10.0
 
@@ -270,23 +270,6 @@ def test_cli_component_refuses_a_bad_cache_spec(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"profile": "kvsp-provisional-1"}))
     assert COMPONENTS["kvcs-publisher"](["--relay", "moqt://127.0.0.1:1", "--cache", str(bad)]) == 2
     assert COMPONENTS["kvcs-publisher"](["--cache", str(bad)]) == 2  # --relay is required
-
-
-# ---- drivers -------------------------------------------------------------------------------------------------
-
-
-def test_driver_resolution() -> None:
-    assert isinstance(driver_for("kvcs-publisher", "reference", ""), InProcessPublisher)
-    assert isinstance(driver_for("kvcs-publisher", "python", "kvconform.kvcs.publisher:KvcsPublisher"),
-                      InProcessPublisher)
-    assert isinstance(driver_for("kvcs-publisher", "cmd", "pub --relay {relay} --cache {cache} --token {token}"),
-                      CmdPublisher)
-    with pytest.raises(DriverError, match="not a subclass"):
-        driver_for("kvcs-publisher", "python", "kvconform.kvcs.content:CacheSpec")
-    with pytest.raises(DriverError, match="cannot play"):
-        driver_for("kvcs-publisher", "url", "moqt://127.0.0.1:1")
-    with pytest.raises(DriverError, match="no KVCS publisher driver"):
-        driver_for("kvcs-consumer", "reference", "")
 
 
 def _wait_ready(fifo: Path, timeout: float) -> str:

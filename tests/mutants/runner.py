@@ -1,8 +1,10 @@
 """What every lane's mutant tests share: running a suite through `kvconform run` and the three lane tests.
 
 Each run goes through `kvconform run` exactly as a vendor's target would (python: target), in its own
-process, so a mutant that crashes or hangs cannot take the harness's own test run with it. A mutant's
-named check functions must fail, one of them citing the requirement it breaks; the exit code follows that
+process, so a mutant that crashes or hangs cannot take the harness's own test run with it. The blame rule
+(docs/conventions.md): each of a mutant's named check functions must fail with a failing assertion that
+names the requirement the mutant breaks (the check's `blamed`), not merely cite it; no failing check of the
+run may blame any other requirement unless the mutant declares it `collateral`; the exit code follows the
 requirement's level (a SHOULD failure gates only under --strict). Every check function of a lane must be
 failed by some mutant, except those in the lane's UNMUTATED_CHECKS (with the reason).
 """
@@ -65,6 +67,14 @@ def _function(nodeid: str) -> str:
     return nodeid.split("::")[-1].split("[", 1)[0]
 
 
+def _blames(tests: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """blamed requirement -> the failing checks (function names) that blame it."""
+    out: dict[str, list[str]] = {}
+    for t in tests:
+        out.setdefault(str(t.get("blamed")), []).append(t["nodeid"].split("::")[-1])
+    return out
+
+
 @dataclass(frozen=True)
 class Lane:
     """One protocol's mutants (`tests.mutants.<proto>`) and how its suites are run against them."""
@@ -95,12 +105,17 @@ class Lane:
         doc, output = run.coverage, run.output
         assert doc, f"no coverage.json from the run of {m.suite} against {name}:\n{output}"
         failing = [t for t in doc["tests"] if t["verdict"] == "fail"]
-        citing = [t["nodeid"] for t in failing if m.requirement in t["reqs"]]
-        assert citing, (f"{name} breaks {m.requirement}, but no check citing it failed; "
-                        f"verdicts: {doc['summary']['verdicts']}\n{output}")
-        failed = {_function(t["nodeid"]) for t in failing}
+        blaming = [t for t in failing if t.get("blamed") == m.requirement]
+        assert blaming, (f"{name} breaks {m.requirement}, but no failing assertion names it; failures blame: "
+                         f"{_blames(failing)}; verdicts: {doc['summary']['verdicts']}\n{output}")
+        failed = {_function(t["nodeid"]) for t in blaming}
         missed = [c for c in m.checks if c not in failed]
-        assert not missed, f"{name}: {missed} did not fail (failed: {sorted(failed)})\n{output}"
+        assert not missed, (f"{name}: {missed} did not fail on an assertion naming {m.requirement} (failures "
+                            f"blame: {_blames(failing)})\n{output}")
+        allowed = {m.requirement, *m.collateral}
+        stray = [t for t in failing if t.get("blamed") not in allowed]
+        assert not stray, (f"{name} breaks {m.requirement}, but failures also blame other requirements "
+                           f"(fix the checks, or declare a real second breakage as collateral): {_blames(stray)}")
         gating = load_catalogs().get(m.requirement).level in GATING_LEVELS
         expected = 1 if gating else 0
         assert run.code == expected, (f"{m.suite} against {name}: exit code {run.code}, expected {expected} "
@@ -119,6 +134,8 @@ class Lane:
             req = catalog.get(m.requirement)
             assert catalog.role_of_suite(m.suite) in req.roles, (f"{name}: {m.requirement} is not a requirement "
                                                                  f"of {m.suite}")
+            for other in m.collateral:
+                assert other in catalog and other != m.requirement, f"{name}: collateral {other!r} is not another id"
             doc = (getattr(self.module, name).__doc__ or "").strip()
             assert doc.startswith(m.requirement), f"{name}: docstring must start with the requirement it breaks"
 

@@ -19,7 +19,7 @@ from kvconform.kbtp.constants import Features, Opcode, RequestFlags, Status
 from kvconform.kbtp.layers import KBTP, KBTPLoad, craft
 from kvconform.kbtp.messages import AllocStore, DataDescriptor, Load
 from kvconform.rdma import Access
-from kvconform.verdicts import expect_one_of
+from kvconform.verdicts import check_one_of
 
 # KBTP "Examples": ALLOC_STORE of "KVBLOCK!" inline to handle 0x4001, Request ID 7, flags INLINE.
 EXAMPLE_ALLOC_STORE = bytes.fromhex(
@@ -365,8 +365,8 @@ def test_malformed_request(kind: str, kbtp_target: TargetUnderTest, seed: int) -
         try:
             reply = yield from a.call(raw)
         except HarnessError:
-            expect_one_of("connection ended", {"connection ended"} if kind == "truncated-header" else set(),
-                          what=f"reaction to {kind}", requirement="KBTP-STATUS-MALFORMED")
+            check_one_of("connection ended", {"connection ended"} if kind == "truncated-header" else set(),
+                          what=f"reaction to {kind}", req="KBTP-STATUS-MALFORMED")
             return
         expect.status_is(reply, Status.MALFORMED, req="KBTP-STATUS-MALFORMED", what=kind)
         if kind != "truncated-header":

@@ -20,7 +20,7 @@ from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.structures import Location
-from kvconform.verdicts import expect_one_of
+from kvconform.verdicts import check_one_of
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
 
@@ -111,8 +111,8 @@ def _fetch_ok_problems(case: Case, result: Any, want: list[tuple[Location, bytes
     last = max(loc for loc, _ in want)
     acceptable = {last} | ({case.end} if case.end is not None else set())
     try:
-        expect_one_of(ok.end_location, acceptable, what=f"[{case.label}] FETCH_OK End Location",
-                      requirement="MOQT-FETCH-OK")
+        check_one_of(ok.end_location, acceptable, what=f"[{case.label}] FETCH_OK End Location",
+                      req="MOQT-FETCH-OK")
     except AssertionError as exc:
         problems.append(str(exc))
     if ok.end_of_track and ok.end_location < final:

@@ -21,7 +21,7 @@ from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.tlkv.envelope import encode_envelope
-from kvconform.verdicts import expect_one_of, not_applicable
+from kvconform.verdicts import check_one_of, not_applicable
 
 
 def _readable_version(reader: ReaderUnderTest) -> int:
@@ -44,8 +44,8 @@ def test_rule(m: Malformation, tlkv_reader: ReaderUnderTest, rng: np.random.Gene
     outcome = session.import_envelope(data)
     evidence.record("received", "import-outcome", {"status": outcome.status, "requirement": outcome.requirement,
                                                    "message": outcome.message})
-    expect_one_of(outcome.status, acceptable("reader", m), what=f"outcome of {m.id}",
-                  requirement=m.requirements[0])
+    check_one_of(outcome.status, acceptable("reader", m), what=f"outcome of {m.id}",
+                  req=m.requirements[0])
     after = session.allocated()
     if before is not None and after is not None:
         assert after == before, f"{after - before} blocks allocated for a rejected envelope (TLKV-READ-NOALLOC)"
@@ -62,8 +62,8 @@ def test_v1_only_reader_refuses_v2_cleanly(tlkv_reader: ReaderUnderTest, pics: P
     before = session.allocated()
     outcome = session.import_envelope(data)
     evidence.record("received", "import-outcome", {"status": outcome.status, "message": outcome.message})
-    expect_one_of(outcome.status, ["version"], what="a v1-only reader's outcome for a valid v2 envelope",
-                  requirement="TLKV-READ-V1-ONLY")
+    check_one_of(outcome.status, ["version"], what="a v1-only reader's outcome for a valid v2 envelope",
+                  req="TLKV-READ-V1-ONLY")
     assert session.allocated() == before
 
 

@@ -13,7 +13,7 @@ from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.testvectors import VectorCase, load_vectors
 from kvconform.tlkv.geometry import Geometry
-from kvconform.verdicts import expect_one_of, not_applicable
+from kvconform.verdicts import check_one_of, not_applicable
 
 CASES = load_vectors("tlkv-envelope-read")
 
@@ -46,8 +46,8 @@ def test_vector(case: VectorCase, tlkv_reader: ReaderUnderTest) -> None:
     outcome = session.import_envelope(data)
     evidence.record("received", "import-outcome", {"status": outcome.status, "message": outcome.message})
     if case.result == "invalid":
-        expect_one_of(outcome.status, [case["error"]], what=f"{case.id} ({case.comment})",
-                      requirement=case["requirement"])
+        check_one_of(outcome.status, [case["error"]], what=f"{case.id} ({case.comment})",
+                      req=case["requirement"])
         return
     assert outcome.status == "ok", f"{case.id} ({case.comment}): refused: {outcome.message}"
     want = [(int(r["block_hash"], 16), int(r["n_tokens"])) for r in case["records"]]
