@@ -138,6 +138,7 @@ def test_the_check_during_which_the_target_died_fails_and_the_next_is_inconclusi
         pytester: pytest.Pytester) -> None:
     _suite(pytester, """\
         import pytest
+        from kvconform.fixtures.evidence import record
         from kvconform.fixtures.sanity import Sanity
         from kvconform.verdicts import check
         ALIVE = [True]
@@ -152,6 +153,7 @@ def test_the_check_during_which_the_target_died_fails_and_the_next_is_inconclusi
             check(True, "x", req="DEMO-MUST")
         @pytest.mark.req("DEMO-SHOULD", "DEMO-MUST")
         def test_2_kills_it():
+            record("received", "an answer", {})
             ALIVE[0] = False
             check(True, "its answer looked fine", req="DEMO-SHOULD")
         @pytest.mark.req("DEMO-MUST")
