@@ -61,8 +61,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cbor2
-
 from kvconform.kvcs import cose
 from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.errors import KvcsError
@@ -1087,15 +1085,7 @@ def _announced(nsub: mc.NamespaceSubscription) -> list[bytes]:
 
 def _cose_payload_unverified(data: bytes) -> bytes:
     """The payload of a COSE_Sign1 when no producer key is known (authenticity not required)."""
-    try:
-        obj = cbor2.loads(data)
-    except Exception as exc:  # cbor2 raises several types for malformed input
-        raise cose.CoseError(f"manifest.cose: not CBOR ({exc}) [{REQ['cose']}]") from exc
-    if isinstance(obj, cbor2.CBORTag):
-        obj = obj.value
-    if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[2], bytes)):
-        raise cose.CoseError(f"manifest.cose: not a COSE_Sign1 array with a payload [{REQ['cose']}]")
-    return bytes(obj[2])
+    return cose.unverified_payload(data)
 
 
 def load_producer_keys(items: Iterable[str]) -> dict[bytes, str]:
