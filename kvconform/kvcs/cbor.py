@@ -17,10 +17,10 @@ from typing import Any
 
 from kvconform.kvcs.errors import KvcsError, show
 
-__all__ = ["MAX_DEPTH", "CborReader", "Simple", "Tagged", "describe"]
+__all__ = ["MAJOR_TYPES", "MAX_DEPTH", "CborReader", "Simple", "Tagged", "describe"]
 
 MAX_DEPTH = 16  # arrays, maps and tags; a COSE_Sign1 header needs 2 or 3
-_MAJOR = ("an unsigned integer", "a negative integer", "a byte string", "a text string", "an array", "a map",
+MAJOR_TYPES = ("an unsigned integer", "a negative integer", "a byte string", "a text string", "an array", "a map",
           "a tag", "a simple value or float")
 _FLOATS = {25: ">e", 26: ">f", 27: ">d"}
 
@@ -80,7 +80,7 @@ class CborReader:
         if info <= 27:
             size = 1 << (info - 24)
             if self.remaining() < size:
-                raise self._fail(field, f"not CBOR: {_MAJOR[major]} whose {size}-octet argument is cut off at "
+                raise self._fail(field, f"not CBOR: {MAJOR_TYPES[major]} whose {size}-octet argument is cut off at "
                                  f"octet {len(self.data)}", start)
             argument = int.from_bytes(self.data[self.pos:self.pos + size], "big")
             self.pos += size
@@ -92,8 +92,8 @@ class CborReader:
             raise self._fail(field, "not CBOR: a break code (0xff) with no indefinite-length item open (RFC 8949 "
                              "section 3.2.1)", start)
         if info == 31:
-            raise self._fail(field, f"{_MAJOR[major]} of indefinite length: the harness reads definite lengths only",
-                             start)
+            raise self._fail(field, f"{MAJOR_TYPES[major]} of indefinite length: the harness reads definite "
+                             "lengths only", start)
         raise self._fail(field, f"not CBOR: additional information {info} is reserved (RFC 8949 section 3)", start)
 
     def item(self, field: str, depth: int = 0) -> Any:
@@ -107,7 +107,8 @@ class CborReader:
             return -1 - argument
         if major in (2, 3):
             if argument > self.remaining():
-                raise self._fail(field, f"{_MAJOR[major]} of {argument} octets, only {self.remaining()} remain", start)
+                raise self._fail(field, f"{MAJOR_TYPES[major]} of {argument} octets, only {self.remaining()} "
+                                 "remain", start)
             raw = self.data[self.pos:self.pos + argument]
             self.pos += argument
             if major == 2:

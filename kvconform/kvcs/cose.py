@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
-from kvconform.kvcs.cbor import CborReader, describe
-from kvconform.kvcs.errors import KvcsError
+from kvconform.kvcs.cbor import MAJOR_TYPES, CborReader, describe
+from kvconform.kvcs.errors import KvcsError, show
 
 __all__ = ["ALGORITHMS", "CoseError", "ProducerKey", "PublicKey", "load_public_key", "sign", "unverified_payload",
            "verify"]
@@ -120,7 +120,7 @@ class _Sign1:
 
 
 def _label(label: int | str) -> str:
-    return f"label {label!r}" + (f" ({_LABEL_NAMES[label]})" if label in _LABEL_NAMES else "")
+    return f"label {show(label)}" + (f" ({_LABEL_NAMES[label]})" if label in _LABEL_NAMES else "")
 
 
 def _header_map(value: Any, where: str) -> dict[int | str, Any]:
@@ -143,8 +143,7 @@ def _structure(data: bytes) -> _Sign1:
             raise CoseError(f"{FIELD} tag", f"CBOR tag {argument}, expected 18 (COSE_Sign1) or none", offset=0)
         major, _, argument = reader.head(FIELD)
     if major != 4 or argument != 4:
-        what = ("an unsigned integer", "a negative integer", "a byte string", "a text string", f"an array of "
-                f"{argument}", "a map", "a tag", "a simple value or float")[major]
+        what = MAJOR_TYPES[major] + (f" of {argument}" if major in (4, 5) else "")
         raise CoseError(FIELD, f"{what}, expected the 4-element COSE_Sign1 array (protected, unprotected, payload, "
                         "signature)", offset=0)
     protected = reader.item(f"{FIELD} protected header")
@@ -167,9 +166,10 @@ def _structure(data: bytes) -> _Sign1:
                         "string")
     if not isinstance(signature, bytes):
         raise CoseError(f"{FIELD} signature", f"{describe(signature)}, expected a byte string")
-    for label in headers.keys() & unprotected.keys():
-        raise CoseError(f"{FIELD} unprotected header {_label(label)}", "also in the protected header: a label "
-                        "MUST NOT be in both (RFC 9052 section 3)")
+    both = headers.keys() & unprotected.keys()
+    if both:
+        raise CoseError(f"{FIELD} unprotected header {_label(min(both, key=repr))}", "also in the protected header: "
+                        "a label MUST NOT be in both (RFC 9052 section 3)")
     return _Sign1(protected, headers, unprotected, payload, signature)
 
 
@@ -192,7 +192,7 @@ def verify(data: bytes, public_keys: Mapping[bytes, bytes | str | PublicKey]) ->
         seen = "absent" if kid is None else describe(kid)
         raise CoseError(f"{FIELD} kid (label 4)", f"{seen}, expected a byte string naming the producer key")
     if kid not in public_keys:
-        raise CoseError(f"{FIELD} kid (label 4)", f"{kid!r} is not a known producer key")
+        raise CoseError(f"{FIELD} kid (label 4)", f"{show(kid)} is not a known producer key")
     key = load_public_key(public_keys[kid])
     tbs = _to_be_signed(sign1.protected, sign1.payload)
     signature = sign1.signature
@@ -210,5 +210,5 @@ def verify(data: bytes, public_keys: Mapping[bytes, bytes | str | PublicKey]) ->
             key.verify(signature, tbs)
     except InvalidSignature:
         raise CoseError(f"{FIELD} signature", f"the {_ALG_NAMES[alg]} signature of {len(signature)} octets does "
-                        f"not verify with producer key {kid!r}") from None
+                        f"not verify with producer key {show(kid)}") from None
     return sign1.payload

@@ -26,6 +26,7 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_CHUNK = 1 << 20
 
 
 class _Refused:
@@ -108,7 +109,11 @@ def nesting_depth(text: str) -> int:
     if not brackets:
         return 0
     steps = np.frombuffer(brackets.translate(_DEPTH_STEP), dtype=np.int8)
-    return int(np.cumsum(steps, dtype=np.int64).max())
+    depth = deepest = 0
+    for start in range(0, len(steps), _CHUNK):  # in chunks: a running sum of every bracket of 64 MiB is 512 MiB
+        running = np.cumsum(steps[start:start + _CHUNK], dtype=np.int64) + depth
+        deepest, depth = max(deepest, int(running.max())), int(running[-1])
+    return deepest
 
 
 def load_json(data: bytes, *, what: str, requirement: str, max_octets: int, max_depth: int = MAX_DEPTH) -> Any:
