@@ -56,19 +56,20 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cbor2
-
 from kvconform.kvcs import cose
 from kvconform.kvcs.content import CacheSpec
-from kvconform.kvcs.errors import KvcsError
+from kvconform.kvcs.errors import KvcsError, show
 from kvconform.kvcs.manifest import Manifest, SegmentEntry, block_keys_sha256, manifest_problems, parse_manifest
 from kvconform.kvcs.namespace import KVCS_TAG, KvcsNamespace
 from kvconform.kvcs.payload import HEADER_LEN, decode_object, verify_object
+from kvconform.kvcs.strictjson import describe, load_json
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack, parse_track_name
 from kvconform.kvsp import KvspError, KvspProfile
 from kvconform.moqt import client as mc
@@ -85,8 +86,8 @@ from kvconform.moqt.session import (
 )
 from kvconform.moqt.structures import AuthToken, Location, ParamType, TrackNamespace
 
-__all__ = ["REQ", "ConsumeResult", "Consumer", "ConsumerIdentity", "ConsumerOptions", "LayerReady", "Rejection",
-           "convention_layer_digest", "layer_digest", "load_producer_keys"]
+__all__ = ["MAX_RESULT_OCTETS", "REQ", "ConsumeResult", "Consumer", "ConsumerIdentity", "ConsumerOptions", "LayerReady",
+           "Rejection", "convention_layer_digest", "layer_digest", "load_producer_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -241,31 +242,87 @@ class ConsumeResult:
         return json.dumps(self.to_obj(), indent=1)
 
     @classmethod
-    def from_obj(cls, obj: Mapping[str, Any]) -> ConsumeResult:
+    def from_json(cls, data: bytes) -> ConsumeResult:
+        """Read a result file (any consumer's, so any octets); KvcsError naming the field that is off."""
+        return cls.from_obj(load_json(data, what="consumer result", requirement="", max_octets=MAX_RESULT_OCTETS))
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> ConsumeResult:
         """Read a result JSON (ours or another consumer's); KvcsError naming the field that is off."""
+        if not isinstance(obj, Mapping):
+            raise _result_error("", obj, "an object")
         pub = obj.get("publication")
         layers_obj = obj.get("layers")
         if not isinstance(layers_obj, Mapping):
-            raise KvcsError("consumer result layers", f"{layers_obj!r}: expected an object layer -> entry")
+            raise _result_error("layers", layers_obj, "an object layer -> entry")
         layers: dict[int, bytes | None] = {}
         sources: dict[int, bytes] = {}
         for key, entry in layers_obj.items():
+            if not (isinstance(key, str) and _LAYER_KEY.fullmatch(key)):  # int() would take "+3", " 3", "٣"
+                raise KvcsError("consumer result layers", f"key {show(key)}, expected a layer number (ASCII digits, "
+                                "no sign, space or leading zero)")
+            layer = int(key)
             value = entry.get("digest") if isinstance(entry, Mapping) else entry
-            try:
-                layer = int(key)
-                layers[layer] = None if value == "failed" else bytes.fromhex(str(value))
-            except ValueError as exc:
-                raise KvcsError(f"consumer result layers[{key!r}]", f"{entry!r}: expected a hex digest or "
-                                "\"failed\"") from exc
-            if isinstance(entry, Mapping) and isinstance(entry.get("publication"), str):
-                sources[layer] = bytes.fromhex(entry["publication"])
-        rejected = [Rejection(str(r.get("track", "")), int(r.get("group", -1)), int(r.get("object", -1)),
-                              str(r.get("reason", "")), str(r.get("publication", "")), str(r.get("relay", "")))
-                    for r in obj.get("rejected", []) if isinstance(r, Mapping)]
-        return cls(bytes.fromhex(pub) if isinstance(pub, str) else None, layers, rejected,
-                   list(obj.get("publications", [])), sources, {},
-                   [(int(s[0]), int(s[1])) for s in obj.get("segments", [])],
-                   float(obj.get("elapsed", 0.0)), bool(obj.get("gave_up", False)), obj.get("mode"))
+            layers[layer] = None if value == "failed" else _result_hex(value, f"layers[{layer}]",
+                                                                        'a hex digest or "failed"')
+            if isinstance(entry, Mapping) and "publication" in entry:
+                sources[layer] = _result_hex(entry["publication"], f"layers[{layer}].publication",
+                                             "a hex Publication ID")
+        rejected = [Rejection(_result_typed(r, "track", str, "", f"rejected[{i}]"),
+                              _result_typed(r, "group", int, -1, f"rejected[{i}]"),
+                              _result_typed(r, "object", int, -1, f"rejected[{i}]"),
+                              _result_typed(r, "reason", str, "", f"rejected[{i}]"),
+                              _result_typed(r, "publication", str, "", f"rejected[{i}]"),
+                              _result_typed(r, "relay", str, "", f"rejected[{i}]"))
+                    for i, r in enumerate(_result_list(obj, "rejected", Mapping, "objects"))]
+        segments = []
+        for i, seg in enumerate(_result_list(obj, "segments", list, "[first block, blocks] pairs")):
+            if len(seg) != 2 or any(type(n) is not int for n in seg):
+                raise _result_error(f"segments[{i}]", seg, "[first block, blocks]")
+            segments.append((seg[0], seg[1]))
+        elapsed = obj.get("elapsed", 0.0)
+        if type(elapsed) not in (int, float) or not math.isfinite(elapsed):
+            raise _result_error("elapsed", elapsed, "seconds (a number)")
+        mode = obj.get("mode")
+        if mode is not None and not isinstance(mode, str):
+            raise _result_error("mode", mode, "a string or null")
+        return cls(None if pub is None else _result_hex(pub, "publication", "a hex Publication ID or null"), layers,
+                   rejected, [dict(p) for p in _result_list(obj, "publications", Mapping, "objects")], sources, {},
+                   segments, float(elapsed), _result_typed(obj, "gave_up", bool, False, ""), mode)
+
+
+MAX_RESULT_OCTETS = 16 * 2**20  # a result holds a digest per layer and a line per rejection
+_LAYER_KEY = re.compile("0|[1-9][0-9]{0,9}")
+_HEX_TEXT = re.compile("(?:[0-9a-fA-F]{2})*")
+
+
+def _result_error(field: str, value: Any, expected: str) -> KvcsError:
+    return KvcsError(f"consumer result {field}".rstrip(), f"{describe(value)}, expected {expected}")
+
+
+def _result_hex(value: Any, field: str, expected: str) -> bytes:
+    if not (isinstance(value, str) and _HEX_TEXT.fullmatch(value)):
+        raise _result_error(field, value, expected)
+    return bytes.fromhex(value)
+
+
+def _result_typed(obj: Mapping[str, Any], name: str, kind: type, default: Any, where: str) -> Any:
+    """``obj[name]`` when of ``kind`` (an int is never a bool here), ``default`` when absent."""
+    value = obj.get(name, default)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _result_error(f"{where}.{name}" if where else name, value, kind.__name__)
+    return value
+
+
+def _result_list(obj: Mapping[str, Any], name: str, kind: type, expected: str) -> list[Any]:
+    """``obj[name]``: an array whose elements are all of ``kind`` (empty when absent)."""
+    value = obj.get(name, [])
+    if not isinstance(value, list):
+        raise _result_error(name, value, f"an array of {expected}")
+    for i, item in enumerate(value):
+        if not isinstance(item, kind):
+            raise _result_error(f"{name}[{i}]", item, expected)
+    return value
 
 
 # ---- MOQT handles that report every change to the attempt ------------------------------------------------
@@ -1087,15 +1144,7 @@ def _announced(nsub: mc.NamespaceSubscription) -> list[bytes]:
 
 def _cose_payload_unverified(data: bytes) -> bytes:
     """The payload of a COSE_Sign1 when no producer key is known (authenticity not required)."""
-    try:
-        obj = cbor2.loads(data)
-    except Exception as exc:  # cbor2 raises several types for malformed input
-        raise cose.CoseError(f"manifest.cose: not CBOR ({exc}) [{REQ['cose']}]") from exc
-    if isinstance(obj, cbor2.CBORTag):
-        obj = obj.value
-    if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[2], bytes)):
-        raise cose.CoseError(f"manifest.cose: not a COSE_Sign1 array with a payload [{REQ['cose']}]")
-    return bytes(obj[2])
+    return cose.unverified_payload(data)
 
 
 def load_producer_keys(items: Iterable[str]) -> dict[bytes, str]:

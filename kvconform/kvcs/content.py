@@ -28,12 +28,14 @@ from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.manifest import Manifest, SegmentEntry, block_keys_sha256
 from kvconform.kvcs.namespace import KvcsNamespace
 from kvconform.kvcs.payload import encode_object
+from kvconform.kvcs.strictjson import load_json
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.kvsp import KvspError, KvspProfile, load_profile
 
 __all__ = ["REQ_CONTENT", "CacheSpec", "SegmentLayout", "example_spec"]
 
 REQ_CONTENT = "KVCS-KVSP-CACHE-SPEC"
+MAX_SPEC_OCTETS = 64 * 2**20  # a spec lists every token of the context
 ELEMENT_OCTETS = {"f16": 2}
 
 
@@ -79,10 +81,10 @@ class CacheSpec:
         if not isinstance(spec, Mapping):
             source = str(spec)
             try:
-                obj = json.loads(Path(spec).read_text("utf-8"))
-            except (OSError, ValueError) as exc:
-                raise KvcsError(f"cache spec {spec}", f"cannot be read as JSON: {exc}",
-                                requirement=REQ_CONTENT) from exc
+                data = Path(spec).read_bytes()
+            except OSError as exc:
+                raise KvcsError(f"cache spec {spec}", f"cannot be read: {exc}", requirement=REQ_CONTENT) from exc
+            obj = load_json(data, what=f"cache spec {spec}", requirement=REQ_CONTENT, max_octets=MAX_SPEC_OCTETS)
             if not isinstance(obj, dict):
                 raise KvcsError(f"cache spec {spec}", "not a JSON object", requirement=REQ_CONTENT)
         else:
@@ -99,7 +101,7 @@ class CacheSpec:
                                                    for t in tokens):
             raise KvcsError("cache spec tokens", "expected a list of integers 0..2^32-1", requirement=REQ_CONTENT)
         segments = obj.get("segments", [])
-        if not isinstance(segments, list) or not all(isinstance(s, int) and s > 0 for s in segments):
+        if not isinstance(segments, list) or not all(type(s) is int and s > 0 for s in segments):
             raise KvcsError("cache spec segments", f"{segments!r}: expected positive token counts",
                             requirement=REQ_CONTENT)
         signing = obj.get("signing")
@@ -125,6 +127,10 @@ class CacheSpec:
         if self.compat.get("dtype") not in ELEMENT_OCTETS:
             raise KvcsError("cache spec compat.dtype", f"{self.compat.get('dtype')!r}: the convention defines f16",
                             requirement=REQ_CONTENT)
+        try:
+            self.compat_id  # noqa: B018 -- the descriptor must canonicalise (no NaN, no non-JSON value)
+        except KvspError as exc:
+            raise KvcsError("cache spec compat", str(exc), requirement=REQ_CONTENT) from exc
         layout = self.segment_layout()
         if not layout or layout[0].blocks == 0:
             raise KvcsError("cache spec tokens", "segment 0 has no complete block (no Anchor Key)",

@@ -2,6 +2,8 @@
 
 ES256 (ECDSA P-256 with SHA-256, alg -7, signature r || s) or EdDSA (Ed25519, alg -8). The key identifier
 goes into the ``kid`` header parameter (label 4): we put it in the protected header, and accept it in either.
+What a target sends is read with ``kvconform.kvcs.cbor`` (bounded, definite lengths, the item spans every
+octet), so any octets give the payload or a ``CoseError`` naming the field.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
-__all__ = ["ALGORITHMS", "CoseError", "ProducerKey", "PublicKey", "load_public_key", "sign", "verify"]
+from kvconform.kvcs.cbor import MAJOR_TYPES, CborReader, describe
+from kvconform.kvcs.errors import KvcsError, show
+
+__all__ = ["ALGORITHMS", "CoseError", "ProducerKey", "PublicKey", "load_public_key", "sign", "unverified_payload",
+           "verify"]
 
 REQ_COSE = "KVCS-MANIFEST-COSE-SIGN"
 COSE_SIGN1_TAG = 18
 HDR_ALG = 1
 HDR_KID = 4
+FIELD = "manifest.cose"
+_LABEL_NAMES = {HDR_ALG: "alg", 2: "crit", 3: "content type", HDR_KID: "kid"}
 ALGORITHMS: dict[str, int] = {"ES256": -7, "EdDSA": -8}
 _ALG_NAMES = {v: k for k, v in ALGORITHMS.items()}
 
@@ -29,8 +37,12 @@ PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
 PublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
 
 
-class CoseError(ValueError):
-    """A manifest.cose payload that is not a valid COSE_Sign1 from a known producer key."""
+class CoseError(KvcsError):
+    """A manifest.cose payload that is not a valid COSE_Sign1 (RFC 9052 section 4.2) from a known producer key
+    (KVCS "Manifest Track"), or a producer key that cannot be used."""
+
+    def __init__(self, field: str, problem: str, *, requirement: str = REQ_COSE, offset: int | None = None) -> None:
+        super().__init__(field, problem, requirement=requirement, offset=offset)
 
 
 @dataclass(frozen=True)
@@ -47,16 +59,16 @@ class ProducerKey:
             return cls(alg, kid, ec.generate_private_key(ec.SECP256R1()))
         if alg == "EdDSA":
             return cls(alg, kid, ed25519.Ed25519PrivateKey.generate())
-        raise CoseError(f"alg {alg!r}: expected one of {', '.join(ALGORITHMS)}")
+        raise CoseError("producer key alg", f"{alg!r}, expected one of {', '.join(ALGORITHMS)}")
 
     @classmethod
     def from_pem(cls, alg: str, kid: bytes, pem: bytes | str) -> ProducerKey:
         key = serialization.load_pem_private_key(pem.encode() if isinstance(pem, str) else pem, password=None)
         if not isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
-            raise CoseError(f"producer key {kid!r}: a {type(key).__name__}, expected P-256 or Ed25519")
+            raise CoseError(f"producer key {kid!r}", f"a {type(key).__name__}, expected P-256 or Ed25519")
         found = "ES256" if isinstance(key, ec.EllipticCurvePrivateKey) else "EdDSA"
         if found != alg:
-            raise CoseError(f"producer key {kid!r}: the PEM holds an {found} key, the spec says {alg}")
+            raise CoseError(f"producer key {kid!r}", f"the PEM holds an {found} key, the spec says {alg}")
         return cls(alg, kid, key)
 
     def private_pem(self) -> str:
@@ -76,7 +88,7 @@ def load_public_key(pem: bytes | str | PublicKey) -> PublicKey:
         return pem
     key = serialization.load_pem_public_key(pem.encode() if isinstance(pem, str) else pem)
     if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
-        raise CoseError(f"public key: a {type(key).__name__}, expected P-256 or Ed25519")
+        raise CoseError("public key", f"a {type(key).__name__}, expected P-256 or Ed25519")
     return key
 
 
@@ -96,46 +108,99 @@ def sign(payload: bytes, key: ProducerKey) -> bytes:
     return bytes(cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, {}, payload, signature])))
 
 
-def _structure(data: bytes) -> tuple[bytes, Mapping[Any, Any], Mapping[Any, Any], bytes, bytes]:
-    try:
-        obj = cbor2.loads(data)
-    except Exception as exc:  # cbor2 raises several types for malformed input
-        raise CoseError(f"manifest.cose: not CBOR ({exc}) [{REQ_COSE}]") from exc
-    if isinstance(obj, cbor2.CBORTag):
-        if obj.tag != COSE_SIGN1_TAG:
-            raise CoseError(f"manifest.cose: CBOR tag {obj.tag}, expected 18 (COSE_Sign1) [{REQ_COSE}]")
-        obj = obj.value
-    if not (isinstance(obj, list | tuple) and len(obj) == 4):
-        raise CoseError(f"manifest.cose: not a 4-element COSE_Sign1 array [{REQ_COSE}]")
-    protected, unprotected, payload, signature = obj
-    if not (isinstance(protected, bytes) and isinstance(unprotected, Mapping) and isinstance(payload, bytes)
-            and isinstance(signature, bytes)):
-        raise CoseError(f"manifest.cose: COSE_Sign1 element types are not (bstr, map, bstr, bstr) [{REQ_COSE}]")
-    try:
-        prot = cbor2.loads(protected) if protected else {}
-    except Exception as exc:
-        raise CoseError(f"manifest.cose: protected header is not CBOR ({exc}) [{REQ_COSE}]") from exc
-    if not isinstance(prot, Mapping):
-        raise CoseError(f"manifest.cose: protected header is not a map [{REQ_COSE}]")
-    return protected, prot, unprotected, payload, signature
+@dataclass(frozen=True)
+class _Sign1:
+    """The four elements of a received COSE_Sign1, typed; ``headers`` is the protected header map decoded."""
+
+    protected: bytes
+    headers: Mapping[int | str, Any]
+    unprotected: Mapping[int | str, Any]
+    payload: bytes
+    signature: bytes
+
+
+def _label(label: int | str) -> str:
+    return f"label {show(label)}" + (f" ({_LABEL_NAMES[label]})" if label in _LABEL_NAMES else "")
+
+
+def _header_map(value: Any, where: str) -> dict[int | str, Any]:
+    if not isinstance(value, dict):
+        raise CoseError(f"{FIELD} {where}", f"{describe(value)}, expected a header map")
+    for label in value:
+        if type(label) not in (int, str):
+            raise CoseError(f"{FIELD} {where}", f"label {describe(label)}, expected an integer or text string "
+                            "(RFC 9052 section 3)")
+    return value
+
+
+def _structure(data: bytes) -> _Sign1:
+    """COSE_Sign1 = [protected: bstr .cbor header_map, unprotected: header_map, payload: bstr, signature: bstr],
+    tagged 18 or not, spanning every octet of ``data``."""
+    reader = CborReader(data, error=CoseError, requirement=REQ_COSE)
+    major, _, argument = reader.head(FIELD)
+    if major == 6:
+        if argument != COSE_SIGN1_TAG:
+            raise CoseError(f"{FIELD} tag", f"CBOR tag {argument}, expected 18 (COSE_Sign1) or none", offset=0)
+        major, _, argument = reader.head(FIELD)
+    if major != 4 or argument != 4:
+        what = MAJOR_TYPES[major] + (f" of {argument}" if major in (4, 5) else "")
+        raise CoseError(FIELD, f"{what}, expected the 4-element COSE_Sign1 array (protected, unprotected, payload, "
+                        "signature)", offset=0)
+    protected = reader.item(f"{FIELD} protected header")
+    unprotected = reader.item(f"{FIELD} unprotected header")
+    payload = reader.item(f"{FIELD} payload")
+    signature = reader.item(f"{FIELD} signature")
+    if not reader.at_end():
+        extra = reader.remaining()
+        raise CoseError(FIELD, f"{extra} octet{'s' * (extra != 1)} after the COSE_Sign1 structure, expected none: it "
+                        "spans the whole Object payload", offset=reader.pos)
+    if not isinstance(protected, bytes):
+        raise CoseError(f"{FIELD} protected header", f"{describe(protected)}, expected a byte string holding the "
+                        "encoded header map")
+    headers = _header_map(CborReader(protected, error=CoseError, requirement=REQ_COSE).whole(
+        f"{FIELD} protected header") if protected else {}, "protected header")
+    unprotected = _header_map(unprotected, "unprotected header")
+    if not isinstance(payload, bytes):
+        detached = " (a detached payload: KVCS carries the manifest inside)" if payload is None else ""
+        raise CoseError(f"{FIELD} payload", f"{describe(payload)}{detached}, expected the manifest JSON as a byte "
+                        "string")
+    if not isinstance(signature, bytes):
+        raise CoseError(f"{FIELD} signature", f"{describe(signature)}, expected a byte string")
+    both = headers.keys() & unprotected.keys()
+    if both:
+        raise CoseError(f"{FIELD} unprotected header {_label(min(both, key=repr))}", "also in the protected header: "
+                        "a label MUST NOT be in both (RFC 9052 section 3)")
+    return _Sign1(protected, headers, unprotected, payload, signature)
+
+
+def unverified_payload(data: bytes) -> bytes:
+    """The payload of a well-formed COSE_Sign1, signature not checked (no producer key known, authenticity not
+    required)."""
+    return _structure(data).payload
 
 
 def verify(data: bytes, public_keys: Mapping[bytes, bytes | str | PublicKey]) -> bytes:
-    """The manifest JSON inside a COSE_Sign1 whose signature verifies with the key ``kid`` names."""
-    protected, prot, unprotected, payload, signature = _structure(data)
-    alg = prot.get(HDR_ALG)
-    kid = prot.get(HDR_KID, unprotected.get(HDR_KID))
-    if alg not in _ALG_NAMES:
-        raise CoseError(f"manifest.cose: alg {alg!r}, expected ES256 (-7) or EdDSA (-8) [{REQ_COSE}]")
+    """The manifest JSON inside a COSE_Sign1 whose signature verifies with the key ``kid`` names; CoseError
+    naming the field for any other octets."""
+    sign1 = _structure(data)
+    alg = sign1.headers.get(HDR_ALG)
+    if type(alg) is not int or alg not in _ALG_NAMES:  # -7.0 == -7 and True == 1 in Python: the type first
+        seen = "absent" if HDR_ALG not in sign1.headers else describe(alg)
+        raise CoseError(f"{FIELD} protected header alg (label 1)", f"{seen}, expected -7 (ES256) or -8 (EdDSA)")
+    kid = sign1.headers.get(HDR_KID, sign1.unprotected.get(HDR_KID))
     if not isinstance(kid, bytes):
-        raise CoseError(f"manifest.cose: no kid (header parameter 4) naming the producer key [{REQ_COSE}]")
+        seen = "absent" if kid is None else describe(kid)
+        raise CoseError(f"{FIELD} kid (label 4)", f"{seen}, expected a byte string naming the producer key")
     if kid not in public_keys:
-        raise CoseError(f"manifest.cose: kid {kid!r} is not a known producer key [{REQ_COSE}]")
+        raise CoseError(f"{FIELD} kid (label 4)", f"{show(kid)} is not a known producer key")
     key = load_public_key(public_keys[kid])
-    tbs = _to_be_signed(protected, payload)
+    tbs = _to_be_signed(sign1.protected, sign1.payload)
+    signature = sign1.signature
     try:
+        if len(signature) != 64:  # r || s of P-256, or an Ed25519 signature
+            raise InvalidSignature
         if alg == ALGORITHMS["ES256"]:
-            if not isinstance(key, ec.EllipticCurvePublicKey) or len(signature) != 64:
+            if not isinstance(key, ec.EllipticCurvePublicKey):
                 raise InvalidSignature
             der = encode_dss_signature(int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big"))
             key.verify(der, tbs, ec.ECDSA(hashes.SHA256()))
@@ -144,6 +209,6 @@ def verify(data: bytes, public_keys: Mapping[bytes, bytes | str | PublicKey]) ->
                 raise InvalidSignature
             key.verify(signature, tbs)
     except InvalidSignature:
-        raise CoseError(f"manifest.cose: the {_ALG_NAMES[alg]} signature does not verify with producer key {kid!r} "
-                        f"[{REQ_COSE}]") from None
-    return payload
+        raise CoseError(f"{FIELD} signature", f"the {_ALG_NAMES[alg]} signature of {len(signature)} octets does "
+                        f"not verify with producer key {show(kid)}") from None
+    return sign1.payload

@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.namespace import KvcsNamespace
+from kvconform.kvcs.strictjson import describe, load_json
 from kvconform.kvcs.tracks import DataTrack, parse_track_name
 from kvconform.kvsp import KvspError, KvspProfile
 
-__all__ = ["REQ_MANIFEST", "REQ_MANIFEST_COMPAT", "Manifest", "SegmentEntry", "block_keys_sha256",
-           "manifest_problems", "parse_manifest"]
+__all__ = ["MAX_MANIFEST_OCTETS", "REQ_MANIFEST", "REQ_MANIFEST_COMPAT", "Manifest", "SegmentEntry",
+           "block_keys_sha256", "manifest_problems", "parse_manifest"]
 
 REQ_MANIFEST = "KVCS-MANIFEST-JSON"
 REQ_MANIFEST_COMPAT = "KVCS-MANIFEST-COMPAT-CONSISTENT"
 REQ_OBJECT_DIGESTS = "KVCS-MANIFEST-OBJECT-DIGESTS"
 REQ_SEGMENTS = "KVCS-MANIFEST-SEGMENTS"
 REQ_BLOCK_KEYS = "KVCS-MANIFEST-BLOCK-KEYS-SHA256"
+# A bound before parsing: about a million object digests (67 octets each), far beyond the caches suites build.
+MAX_MANIFEST_OCTETS = 64 * 2**20
+_HEX = re.compile("[0-9a-fA-F]*")
 
 
 def block_keys_sha256(keys: Sequence[bytes]) -> bytes:
@@ -86,62 +91,78 @@ class Manifest:
         return next((s for s in self.segments if s.segment == number), None)
 
 
-def _get(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _get(obj: Mapping[str, Any], name: str, where: str) -> Any:
     if name not in obj:
         raise KvcsError(f"manifest {where}{name}", "missing", requirement=REQ_MANIFEST)
-    value = obj[name]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise KvcsError(f"manifest {where}{name}", f"{value!r} has the wrong JSON type", requirement=REQ_MANIFEST)
+    return obj[name]
+
+
+def _wrong(field: str, value: Any, expected: str) -> KvcsError:
+    return KvcsError(field, f"{describe(value)}, expected {expected}", requirement=REQ_MANIFEST)
+
+
+def _integer(obj: Mapping[str, Any], name: str, where: str, minimum: int) -> int:
+    """A JSON integer >= ``minimum`` (bool is an int in Python, and 3.0 is not an integer here)."""
+    value = _get(obj, name, where)
+    if type(value) is not int or value < minimum:
+        raise _wrong(f"manifest {where}{name}", value, "a positive integer" if minimum else "an integer >= 0")
+    return value
+
+
+def _typed(obj: Mapping[str, Any], name: str, kind: type, where: str, expected: str) -> Any:
+    value = _get(obj, name, where)
+    if not isinstance(value, kind):
+        raise _wrong(f"manifest {where}{name}", value, expected)
     return value
 
 
 def _hex(value: Any, length: int, where: str) -> bytes:
-    try:
-        raw = bytes.fromhex(value) if isinstance(value, str) else None
-    except ValueError:
-        raw = None
-    if raw is None or len(raw) != length:
-        raise KvcsError(f"manifest {where}", f"{value!r}: expected {length} octets in hex", requirement=REQ_MANIFEST)
-    return raw
+    """Exactly ``2 * length`` hex digits (bytes.fromhex would also take spaces)."""
+    if not (isinstance(value, str) and len(value) == 2 * length and _HEX.fullmatch(value)):
+        raise _wrong(f"manifest {where}", value, f"{length} octets as {2 * length} hex digits")
+    return bytes.fromhex(value)
 
 
 def _segment(obj: Any, i: int) -> SegmentEntry:
     where = f"segments[{i}]."
-    if not isinstance(obj, Mapping):
-        raise KvcsError(f"manifest segments[{i}]", "not a JSON object", requirement=REQ_MANIFEST)
-    tracks = _get(obj, "tracks", list, where)
-    if not all(isinstance(t, str) for t in tracks):
-        raise KvcsError(f"manifest {where}tracks", f"{tracks!r}: expected strings", requirement=REQ_MANIFEST)
+    if not isinstance(obj, dict):
+        raise _wrong(f"manifest segments[{i}]", obj, "a segment entry (an object)")
+    tracks = _typed(obj, "tracks", list, where, "an array of Track Names")
+    for j, t in enumerate(tracks):
+        if not isinstance(t, str):
+            raise _wrong(f"manifest {where}tracks[{j}]", t, "a Track Name (a string)")
     digests: dict[str, list[list[bytes]]] | None = None
     if "object_digests" in obj:
-        raw = _get(obj, "object_digests", dict, where)
+        raw = _typed(obj, "object_digests", dict, where, "an object: data track -> per Group, its digests")
         digests = {}
         for track, groups in raw.items():
+            at = f"{where}object_digests.{track}"
             if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
-                raise KvcsError(f"manifest {where}object_digests.{track}", "expected an array (per Group) of arrays",
-                                requirement=REQ_MANIFEST)
-            digests[track] = [[_hex(d, 32, f"{where}object_digests.{track}[{g}][{o}]") for o, d in enumerate(group)]
+                raise _wrong(f"manifest {at}", groups, "an array (per Group) of arrays")
+            digests[track] = [[_hex(d, 32, f"{at}[{g}][{o}]") for o, d in enumerate(group)]
                               for g, group in enumerate(groups)]
-    return SegmentEntry(_get(obj, "segment", int, where), _get(obj, "first_block", int, where),
-                        _get(obj, "blocks", int, where),
-                        _hex(_get(obj, "block_keys_sha256", str, where), 32, where + "block_keys_sha256"),
-                        tuple(tracks), _get(obj, "complete", bool, where), digests)
+    return SegmentEntry(_integer(obj, "segment", where, 0), _integer(obj, "first_block", where, 0),
+                        _integer(obj, "blocks", where, 0),  # an appended segment shorter than a block has none
+                        _hex(_get(obj, "block_keys_sha256", where), 32, where + "block_keys_sha256"),
+                        tuple(tracks), _typed(obj, "complete", bool, where, "true or false"), digests)
 
 
-def parse_manifest(data: bytes) -> Manifest:
-    """A manifest from its JSON bytes; KvcsError naming the field that is missing or of the wrong type."""
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise KvcsError("manifest", f"not JSON: {exc}", requirement=REQ_MANIFEST) from exc
+def parse_manifest(data: bytes, *, max_octets: int = MAX_MANIFEST_OCTETS) -> Manifest:
+    """A manifest from its JSON bytes (a target's: any octets); KvcsError naming the field that is missing, of
+    the wrong type or out of range, or that is not I-JSON (``strictjson``)."""
+    obj = load_json(data, what="manifest", requirement=REQ_MANIFEST, max_octets=max_octets)
     if not isinstance(obj, dict):
-        raise KvcsError("manifest", "not a JSON object", requirement=REQ_MANIFEST)
-    if _get(obj, "kvcs", int, "") != 1:
-        raise KvcsError("manifest kvcs", f"{obj['kvcs']!r}, expected 1", requirement=REQ_MANIFEST)
-    segments = tuple(_segment(s, i) for i, s in enumerate(_get(obj, "segments", list, "")))
+        raise _wrong("manifest", obj, "a JSON object")
+    kvcs = _get(obj, "kvcs", "")
+    if type(kvcs) is not int or kvcs != 1:
+        raise _wrong("manifest kvcs", kvcs, "1")
+    compat = _typed(obj, "compat", dict, "", "the Compatibility Descriptor (an object)")
+    layers = _integer(obj, "layers", "", 1)
+    block_tokens = _integer(obj, "block_tokens", "", 1)
+    deterministic = _typed(obj, "deterministic", bool, "", "true or false")
+    segments = tuple(_segment(s, i) for i, s in enumerate(_typed(obj, "segments", list, "", "an array")))
     known = {"kvcs", "compat", "layers", "block_tokens", "deterministic", "segments"}
-    return Manifest(_get(obj, "compat", dict, ""), _get(obj, "layers", int, ""), _get(obj, "block_tokens", int, ""),
-                    _get(obj, "deterministic", bool, ""), segments, 1,
+    return Manifest(compat, layers, block_tokens, deterministic, segments, 1,
                     {k: v for k, v in obj.items() if k not in known})
 
 

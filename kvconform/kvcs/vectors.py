@@ -582,6 +582,15 @@ _RFC8785_INPUT = ('{\n  "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.0000
                   '  "literals": [null, true, false]\n}')
 _RFC8785_OUTPUT = ('{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],'
                    '"string":"\u20ac$\\u000f\\nA\'B\\"\\\\\\\\\\"/"}')
+# Numbers where ECMAScript's Number::toString changes notation (RFC 8785 section 3.2.2.3; the canonical forms of
+# its Appendix B where the value is there): below 1e-6, from 1e21, -0, 2^53; written by hand from the RFC.
+_RFC8785_NUMBERS_INPUT = ("[1.5e-06, 2e-06, 1e-6, 1e-7, 9.999999999999997e-7, 1e21, 1E+21, 1e20, 9.999999999999999e20, "
+                          "-0, -0.0, 2.9514790517935283e20, 5e-324, 1.7976931348623157e308, 9007199254740992, "
+                          "333333333.33333329, -0.0000033333333333333333, 4.50, 1e23, 9.999999999999997e22]")
+_RFC8785_NUMBERS_OUTPUT = ("[0.0000015,0.000002,0.000001,1e-7,9.999999999999997e-7,1e+21,1e+21,100000000000000000000,"
+                           "999999999999999900000,0,0,295147905179352830000,5e-324,1.7976931348623157e+308,"
+                           "9007199254740992,333333333.3333333,-0.0000033333333333333333,4.5,1e+23,"
+                           "9.999999999999997e+22]")
 
 
 def _kvsp_document() -> dict[str, Any]:
@@ -606,6 +615,12 @@ def _kvsp_document() -> dict[str, Any]:
             '  "model": "kvconform-test" }'),
         jcs("nested objects and arrays sort members at every level, arrays keep their order", ["Descriptor"],
             '{"z": [3, 1, {"b": 1, "a": 2}], "a": {"y": null, "x": [true]}}'),
+    ]
+    number_tests = [
+        _case("numbers around ECMAScript's notation changes (1e-6, 1e21), -0 and 2^53, canonical forms as RFC 8785 "
+              "gives them: 1.5e-06 is 0.0000015, not 0.000002", ["Rfc8785", "Rfc8785Numbers"],
+              json=_RFC8785_NUMBERS_INPUT, canonical=_RFC8785_NUMBERS_OUTPUT,
+              sha256=hashlib.sha256(_RFC8785_NUMBERS_OUTPUT.encode()).hexdigest()),
     ]
     compat_tests = [
         _case("a 32-layer descriptor (B = 16, Hkv = 8, D = 128)", ["ProvisionalKvsp"], compat=compat,
@@ -661,6 +676,9 @@ def _kvsp_document() -> dict[str, Any]:
         "Rfc8785": "RFC 8785's own example, hand-written here from the RFC (numbers, escapes, member order).",
         "Utf16Order": "JCS sorts member names by UTF-16 code units and writes non-ASCII characters unescaped.",
         "Descriptor": "Canonicalisation of descriptor-shaped JSON (whitespace, order, 16.0 -> 16).",
+        "Rfc8785Numbers": "Number serialisation at the edges of ECMAScript's notations (RFC 8785 section 3.2.2.3, "
+                          "Appendix B), where a hand-written JCS went wrong before (1.5e-06 written as 0.000002, "
+                          "two descriptors with one Compatibility ID).",
         "ProvisionalKvsp": "kvsp-provisional-1 as issue 5 defines it (KVCS-KVSP-COMPAT-ID, KVCS-KVSP-SCOPE-ID, "
                            "KVCS-KVSP-BLOCK-KEY, KVCS-KVSP-LAYER-DIGEST): valid only under that provisional "
                            "profile, which stands in for the KVSP text.",
@@ -671,7 +689,8 @@ def _kvsp_document() -> dict[str, Any]:
     }
     groups = [{"type": "JcsTest", "tests": jcs_tests}, {"type": "CompatIdTest", "tests": compat_tests},
               {"type": "ScopeIdTest", "tests": scope_tests}, {"type": "BlockKeysTest", "tests": key_tests},
-              {"type": "LayerDigestTest", "tests": digest_tests}]
+              {"type": "LayerDigestTest", "tests": digest_tests},
+              {"type": "JcsTest", "tests": number_tests}]  # last: the earlier cases keep their tcIds
     return _document(KIND_KVSP, notes, groups, source="issue-5 (provisional KVSP profile); RFC 8785")
 
 

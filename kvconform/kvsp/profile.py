@@ -15,16 +15,13 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from kvconform.kvsp.errors import KvspError
 from kvconform.kvsp.jcs import jcs_canonical
 
 __all__ = ["ENTRY_POINT_GROUP", "PROVISIONAL", "KvspError", "KvspProfile", "ProvisionalKvsp", "load_profile"]
 
 ENTRY_POINT_GROUP = "kvconform.kvsp"
 DESCRIPTOR_FIELDS = ("model", "layers", "kv_heads", "head_dim", "block_tokens", "dtype")
-
-
-class KvspError(ValueError):
-    """A KVSP input is unusable; the message names the field."""
 
 
 @runtime_checkable
@@ -67,7 +64,7 @@ class ProvisionalKvsp:
         if missing:
             raise KvspError(f"Compatibility Descriptor: missing {', '.join(missing)} (kvsp-provisional-1 needs "
                             f"{', '.join(DESCRIPTOR_FIELDS)})")
-        return hashlib.sha256(jcs_canonical(dict(compat))).digest()
+        return hashlib.sha256(jcs_canonical(dict(compat), name="compat")).digest()
 
     def scope_id(self, scope_key: bytes) -> bytes:
         """The first 16 octets of HMAC-SHA-256(scope_key, "kvsp-provisional-1 scope")."""

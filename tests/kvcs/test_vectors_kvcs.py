@@ -19,7 +19,7 @@ from kvconform.catalog import load_catalogs
 from kvconform.kvcs.layers import KVO1, dissect, to_header
 from kvconform.kvcs.payload import decode_object, verify_object
 from kvconform.kvcs.tracks import parse_track_name
-from kvconform.kvsp import PROVISIONAL
+from kvconform.kvsp import PROVISIONAL, jcs_canonical
 from kvconform.testvectors import check_files, load_vectors, main, vector_files, vectors_dir
 
 KINDS = {kv.KIND_NAMESPACE, kv.KIND_PAYLOAD, kv.KIND_TRACK_NAME, kv.KIND_KVSP, kv.KIND_OBJECT, kv.KIND_MANIFEST,
@@ -147,6 +147,18 @@ def test_unsorted_jcs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     failed = _failed_ids(_by_name("kvsp_provisional.json"))
     rfc = next(c for c in load_vectors(kv.KIND_KVSP) if "Rfc8785" in c.flags)
     assert rfc.tc_id in failed
+
+
+def test_jcs_that_writes_six_decimals_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-written JCS this replaced wrote 1.5e-06 as 0.000002 (format(value, "f")); the RFC 8785 sample
+    alone did not show it."""
+    def six_decimals(obj: Any) -> bytes:
+        return jcs_canonical(json.loads(json.dumps(obj), parse_float=lambda s: round(float(s), 6) or 0.0))
+
+    monkeypatch.setattr(kv, "jcs_canonical", six_decimals)
+    failed = _failed_ids(_by_name("kvsp_provisional.json"))
+    numbers = next(c for c in load_vectors(kv.KIND_KVSP) if "Rfc8785Numbers" in c.flags)
+    assert numbers.tc_id in failed
 
 
 def test_verifier_that_skips_the_signature_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,19 +23,20 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvconform.fixtures import evidence
-from kvconform.kvcs.consumer import convention_layer_digest
+from kvconform.kvcs.consumer import MAX_RESULT_OCTETS, convention_layer_digest
 from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.cose import ProducerKey, sign
+from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.manifest import Manifest
 from kvconform.kvcs.payload import decode_object, encode_raw
 from kvconform.kvcs.publisher import KvcsPublisher, Progress
+from kvconform.kvcs.strictjson import load_json
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.moqt import client as mc
 from kvconform.moqt.craft import raw_fetch_object
@@ -345,6 +346,17 @@ class Outcome:
         return self.run.result
 
 
+def _result_evidence(out: Path) -> Any:
+    """The consumer's result JSON as evidence; its octets when they do not parse (the run's error says why)."""
+    if not out.exists():
+        return None
+    data = out.read_bytes()
+    try:
+        return load_json(data, what="consumer result", requirement="", max_octets=MAX_RESULT_OCTETS)
+    except KvcsError:
+        return data[:2000].decode("utf-8", "replace")
+
+
 def expected_digests(spec: CacheSpec, layers: Sequence[int], blocks: int | None = None) -> dict[int, bytes]:
     """The convention's layer digests of what a consumer with the spec's tokens should assemble: every
     segment (the consumer's Block Keys cover them all), the first ``blocks`` blocks when given."""
@@ -423,7 +435,7 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
         evidence.record("received", "consumer run", {
             "code": run.code, "elapsed": round(run.elapsed, 3), "error": run.error, "killed": run.killed,
             "stdout": run.stdout[-2000:], "stderr": run.stderr[-2000:],
-            "result": json.loads(out.read_text()) if out.exists() else None})
+            "result": _result_evidence(out)})
         for r in relays:
             evidence.record("note", "relay record", {"relay": r.url, "asked": [str(a)[:300] for a in r.asked]})
         return Outcome(run, [list(r.asked) for r in relays], [p.namespace.pub_id for p, _ in stage.publications],
