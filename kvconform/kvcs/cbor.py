@@ -2,8 +2,9 @@
 
 A target's octets decide every length and nesting here, so the reader never trusts them: a declared length
 must fit in the octets that remain (no allocation on a claim), nesting is bounded (no recursion on a claim),
-indefinite lengths are refused (RFC 9052 section 9 wants definite lengths in what is signed; the harness reads
-the whole message that way, so two readers never disagree on where an item ends), map keys are integers, text
+indefinite lengths are read (RFC 9052 section 9 wants definite lengths only in the structures that are signed,
+which the verifier rebuilds itself; a message may use either), each chunk and element costing at least one octet
+of the input, map keys are integers, text
 or byte strings and appear once, and tags stay ``Tagged`` values: no tag is interpreted (cbor2 would resolve
 shared references, bignums and dates, each a way to build cycles or huge values). Errors are the caller's
 ``KvcsError`` subclass, naming the field and the offset.
@@ -17,12 +18,14 @@ from typing import Any
 
 from kvconform.kvcs.errors import KvcsError, show
 
-__all__ = ["MAJOR_TYPES", "MAX_DEPTH", "CborReader", "Simple", "Tagged", "describe"]
+__all__ = ["INDEFINITE", "MAJOR_TYPES", "MAX_DEPTH", "CborReader", "Simple", "Tagged", "describe"]
 
 MAX_DEPTH = 16  # arrays, maps and tags; a COSE_Sign1 header needs 2 or 3
 MAJOR_TYPES = ("an unsigned integer", "a negative integer", "a byte string", "a text string", "an array", "a map",
           "a tag", "a simple value or float")
 _FLOATS = {25: ">e", 26: ">f", 27: ">d"}
+INDEFINITE = -1  # the argument head() gives an indefinite-length string, array or map
+_BREAK = 0xFF
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,37 @@ class CborReader:
         if info == 31 and major == 7:
             raise self._fail(field, "not CBOR: a break code (0xff) with no indefinite-length item open (RFC 8949 "
                              "section 3.2.1)", start)
+        if info == 31 and major in (2, 3, 4, 5):
+            return major, info, INDEFINITE
         if info == 31:
-            raise self._fail(field, f"{MAJOR_TYPES[major]} of indefinite length: the harness reads definite "
-                             "lengths only", start)
+            raise self._fail(field, f"not CBOR: {MAJOR_TYPES[major]} cannot have an indefinite length (RFC 8949 "
+                             "section 3.2)", start)
         raise self._fail(field, f"not CBOR: additional information {info} is reserved (RFC 8949 section 3)", start)
+
+    def _at_break(self, field: str, start: int) -> bool:
+        """Whether the next octet ends the indefinite-length item opened at ``start`` (consumed if so)."""
+        if self.pos >= len(self.data):
+            raise self._fail(field, f"not CBOR: the indefinite-length item opened at octet {start} has no break "
+                             "code (0xff)", start)
+        if self.data[self.pos] == _BREAK:
+            self.pos += 1
+            return True
+        return False
+
+    def _chunks(self, field: str, major: int, start: int) -> bytes:
+        """An indefinite-length byte or text string: definite chunks of the same major type up to the break."""
+        parts: list[bytes] = []
+        while not self._at_break(field, start):
+            at = self.pos
+            chunk_major, _, size = self.head(field)
+            if chunk_major != major or size == INDEFINITE:
+                raise self._fail(field, f"not CBOR: a chunk of an indefinite-length {MAJOR_TYPES[major]} must be a "
+                                 f"definite {MAJOR_TYPES[major]} (RFC 8949 section 3.2.3)", at)
+            if size > self.remaining():
+                raise self._fail(field, f"a chunk of {size} octets, only {self.remaining()} remain", at)
+            parts.append(self.data[self.pos:self.pos + size])
+            self.pos += size
+        return b"".join(parts)
 
     def item(self, field: str, depth: int = 0) -> Any:
         """The next data item as plain Python values (int, bytes, str, list, dict, float, bool, None, Tagged,
@@ -105,6 +135,14 @@ class CborReader:
             return argument
         if major == 1:
             return -1 - argument
+        if major in (2, 3) and argument == INDEFINITE:
+            joined = self._chunks(field, major, start)
+            if major == 2:
+                return joined
+            try:
+                return joined.decode("utf-8")
+            except UnicodeDecodeError:
+                raise self._fail(field, "a text string that is not UTF-8 (RFC 8949 section 3.1)", start) from None
         if major in (2, 3):
             if argument > self.remaining():
                 raise self._fail(field, f"{MAJOR_TYPES[major]} of {argument} octets, only {self.remaining()} "
@@ -119,16 +157,23 @@ class CborReader:
                 raise self._fail(field, "a text string that is not UTF-8 (RFC 8949 section 3.1)", start) from None
         if major in (4, 5, 6) and depth >= self.max_depth:
             raise self._fail(field, f"arrays, maps and tags nested deeper than {self.max_depth}", start)
+        if major == 4 and argument == INDEFINITE:
+            items: list[Any] = []
+            while not self._at_break(field, start):
+                items.append(self.item(f"{field}[{len(items)}]", depth + 1))
+            return items
         if major == 4:
             if argument > self.remaining():  # each element takes at least one octet
                 raise self._fail(field, f"an array of {argument} elements, only {self.remaining()} octets remain",
                                  start)
             return [self.item(f"{field}[{i}]", depth + 1) for i in range(argument)]
         if major == 5:
-            if argument > self.remaining() // 2:
+            if argument != INDEFINITE and argument > self.remaining() // 2:
                 raise self._fail(field, f"a map of {argument} pairs, only {self.remaining()} octets remain", start)
             out: dict[int | str | bytes, Any] = {}
-            for _ in range(argument):
+            pairs = 0
+            while (pairs < argument) if argument != INDEFINITE else not self._at_break(field, start):
+                pairs += 1
                 key_at = self.pos
                 key = self.item(f"{field} key", depth + 1)
                 if type(key) not in (int, str, bytes):

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
-from kvconform.kvcs.cbor import MAJOR_TYPES, CborReader, describe
+from kvconform.kvcs.cbor import INDEFINITE, MAJOR_TYPES, CborReader, describe
 from kvconform.kvcs.errors import KvcsError, show
 
 __all__ = ["ALGORITHMS", "CoseError", "ProducerKey", "PublicKey", "load_public_key", "sign", "unverified_payload",
@@ -142,14 +142,19 @@ def _structure(data: bytes) -> _Sign1:
         if argument != COSE_SIGN1_TAG:
             raise CoseError(f"{FIELD} tag", f"CBOR tag {argument}, expected 18 (COSE_Sign1) or none", offset=0)
         major, _, argument = reader.head(FIELD)
-    if major != 4 or argument != 4:
-        what = MAJOR_TYPES[major] + (f" of {argument}" if major in (4, 5) else "")
+    if major != 4 or argument not in (4, INDEFINITE):
+        what = MAJOR_TYPES[major] + (f" of {argument}" if major in (4, 5) and argument != INDEFINITE else "")
         raise CoseError(FIELD, f"{what}, expected the 4-element COSE_Sign1 array (protected, unprotected, payload, "
                         "signature)", offset=0)
     protected = reader.item(f"{FIELD} protected header")
     unprotected = reader.item(f"{FIELD} unprotected header")
     payload = reader.item(f"{FIELD} payload")
     signature = reader.item(f"{FIELD} signature")
+    if argument == INDEFINITE and not reader.at_end() and reader.data[reader.pos] == 0xFF:
+        reader.pos += 1  # the break of an indefinite-length array of exactly four elements
+    elif argument == INDEFINITE:
+        raise CoseError(FIELD, "an indefinite-length array of more than 4 elements (or with no break), expected the "
+                        "4-element COSE_Sign1 array", offset=0)
     if not reader.at_end():
         extra = reader.remaining()
         raise CoseError(FIELD, f"{extra} octet{'s' * (extra != 1)} after the COSE_Sign1 structure, expected none: it "

@@ -140,9 +140,14 @@ MALFORMED_COSE: list[tuple[str, bytes, str]] = [
     ("kid in both headers", _sign1(_prot(_ALG), {4: b"producer-1"}), "unprotected header label 4 (kid)"),
     ("a label that is an array (unhashable)", bytes.fromhex("d284" "40" "a1810101" "427b7d" "40"), "unprotected"),
     ("a duplicate label in the protected header", _sign1(bytes.fromhex("a20126" "0126")), "protected"),
-    ("an indefinite-length array", bytes.fromhex("d2" "9f" "40a04040" "ff"), "manifest.cose"),
-    ("an indefinite-length protected bstr", bytes.fromhex("d284" "5f4101ff" "a04040"), "protected"),
+    # Indefinite lengths are read (a message may use them): these fail on what they carry, or on a missing break.
+    ("an indefinite-length array with an empty protected header", bytes.fromhex("d2" "9f" "40a0427b7d40" "ff"),
+     "alg"),
+    ("an indefinite-length protected bstr that is not a map", bytes.fromhex("d284" "5f4101ff" "a04040"), "protected"),
     ("an unterminated indefinite map", bytes.fromhex("d284" "40" "bf01"), "unprotected"),
+    ("an indefinite array with no break", bytes.fromhex("d2" "9f" "40a04040"), "manifest.cose"),
+    ("an indefinite bstr with a text chunk", bytes.fromhex("d284" "5f6101ff" "a04040"), "protected"),
+    ("a break with nothing open", bytes.fromhex("d284" "40" "a0" "ff" "40"), "payload"),
     ("1000 nested arrays in the unprotected header",
      bytes.fromhex("d284" "40" "a1" "20") + b"\x81" * 1000 + b"\x00" + bytes.fromhex("4040"), "unprotected"),
     ("a shared-reference tag (28/29) cycle, kept as plain tags", bytes.fromhex("d284" "40" "a120" "d81c81d81d00"
@@ -486,3 +491,19 @@ def test_cache_spec_fields_are_typed_strictly(tmp_path: Path) -> None:
 
 def test_cose_module_exports_the_unverified_reader() -> None:
     assert cose.unverified_payload(SIGNED) == MANIFEST_JSON
+
+
+def test_a_valid_cose_sign1_with_indefinite_lengths_verifies() -> None:
+    """RFC 9052 section 9 asks definite lengths only of the structures that are signed (the verifier rebuilds
+    Sig_structure itself): the message may use indefinite ones, and a correct publisher must not fail for it."""
+    key = ProducerKey.generate("EdDSA", b"producer-1")
+    protected, unprotected, payload, signature = cbor2.loads(sign(b'{"kvcs": 1}', key)).value
+
+    def chunked(data: bytes) -> bytes:  # a byte string as two chunks
+        half = len(data) // 2
+        return b"\x5f" + cbor2.dumps(data[:half]) + cbor2.dumps(data[half:]) + b"\xff"
+
+    body = (b"\xd2\x9f" + chunked(protected) + b"\xbf" + b"\xff" + chunked(payload) + cbor2.dumps(signature)
+            + b"\xff")
+    assert unprotected == {}
+    assert verify(body, {b"producer-1": key.public_pem()}) == b'{"kvcs": 1}'
