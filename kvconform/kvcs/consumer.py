@@ -56,6 +56,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -241,31 +242,92 @@ class ConsumeResult:
         return json.dumps(self.to_obj(), indent=1)
 
     @classmethod
-    def from_obj(cls, obj: Mapping[str, Any]) -> ConsumeResult:
-        """Read a result JSON (ours or another consumer's); KvcsError naming the field that is off."""
-        pub = obj.get("publication")
+    def from_obj(cls, obj: object) -> ConsumeResult:
+        """Read a result JSON (ours or another consumer's); KvcsError naming the field that is off (and what it
+        holds), never another exception, whatever the JSON holds."""
+        if not isinstance(obj, Mapping):
+            raise KvcsError("consumer result", f"{_shown(obj)}: expected a JSON object")
         layers_obj = obj.get("layers")
         if not isinstance(layers_obj, Mapping):
-            raise KvcsError("consumer result layers", f"{layers_obj!r}: expected an object layer -> entry")
+            raise KvcsError("consumer result layers", f"{_shown(layers_obj)}: expected an object layer -> entry")
         layers: dict[int, bytes | None] = {}
         sources: dict[int, bytes] = {}
         for key, entry in layers_obj.items():
+            where = f"consumer result layers[{_shown(key)}]"
+            layer = _result_int(key, where + " (the key)")
             value = entry.get("digest") if isinstance(entry, Mapping) else entry
-            try:
-                layer = int(key)
-                layers[layer] = None if value == "failed" else bytes.fromhex(str(value))
-            except ValueError as exc:
-                raise KvcsError(f"consumer result layers[{key!r}]", f"{entry!r}: expected a hex digest or "
-                                "\"failed\"") from exc
-            if isinstance(entry, Mapping) and isinstance(entry.get("publication"), str):
-                sources[layer] = bytes.fromhex(entry["publication"])
-        rejected = [Rejection(str(r.get("track", "")), int(r.get("group", -1)), int(r.get("object", -1)),
-                              str(r.get("reason", "")), str(r.get("publication", "")), str(r.get("relay", "")))
-                    for r in obj.get("rejected", []) if isinstance(r, Mapping)]
-        return cls(bytes.fromhex(pub) if isinstance(pub, str) else None, layers, rejected,
-                   list(obj.get("publications", [])), sources, {},
-                   [(int(s[0]), int(s[1])) for s in obj.get("segments", [])],
-                   float(obj.get("elapsed", 0.0)), bool(obj.get("gave_up", False)), obj.get("mode"))
+            layers[layer] = None if value == "failed" else _result_hex(value, where + ".digest", 32)
+            if isinstance(entry, Mapping) and entry.get("publication") is not None:
+                sources[layer] = _result_hex(entry["publication"], where + ".publication", 16)
+        rejected = []
+        for i, r in enumerate(_result_list(obj, "rejected")):
+            where = f"consumer result rejected[{i}]"
+            if not isinstance(r, Mapping):
+                raise KvcsError(where, f"{_shown(r)}: expected an object")
+            rejected.append(Rejection(_result_str(r, "track", where), _result_int(r.get("group", -1), where + ".group"),
+                                      _result_int(r.get("object", -1), where + ".object"),
+                                      _result_str(r, "reason", where), _result_str(r, "publication", where),
+                                      _result_str(r, "relay", where)))
+        segments = []
+        for i, seg in enumerate(_result_list(obj, "segments")):
+            where = f"consumer result segments[{i}]"
+            if not isinstance(seg, list) or len(seg) != 2:
+                raise KvcsError(where, f"{_shown(seg)}: expected [first_block, blocks]")
+            segments.append((_result_int(seg[0], where + "[0]"), _result_int(seg[1], where + "[1]")))
+        publications = _result_list(obj, "publications")
+        if not all(isinstance(x, Mapping) for x in publications):
+            raise KvcsError("consumer result publications", f"{_shown(publications)}: expected a list of objects")
+        pub = obj.get("publication")
+        elapsed = obj.get("elapsed", 0.0)
+        if isinstance(elapsed, bool) or not isinstance(elapsed, int | float) or not math.isfinite(elapsed):
+            raise KvcsError("consumer result elapsed", f"{_shown(elapsed)}: expected a number of seconds")
+        mode = obj.get("mode")
+        if mode is not None and not isinstance(mode, str):
+            raise KvcsError("consumer result mode", f"{_shown(mode)}: expected a string or null")
+        return cls(None if pub is None else _result_hex(pub, "consumer result publication", 16), layers, rejected,
+                   [dict(x) for x in publications], sources, {}, segments, float(elapsed),
+                   bool(obj.get("gave_up", False)), mode)
+
+
+_RESULT_SHOWN = 80  # characters of a bad result value a message shows
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _RESULT_SHOWN else text[:_RESULT_SHOWN] + f"... ({len(text)} characters)"
+
+
+def _result_int(value: object, where: str) -> int:
+    """An integer of a result JSON (a layer key may be its decimal string); bounded so no digit limit is hit."""
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 18:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63:
+        return value
+    raise KvcsError(where, f"{_shown(value)}: expected an integer")
+
+
+def _result_hex(value: object, where: str, octets: int) -> bytes:
+    if isinstance(value, str) and len(value) == 2 * octets:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    raise KvcsError(where, f"{_shown(value)}: expected {octets} octets in hex" +
+                    (" or \"failed\"" if where.endswith(".digest") else ""))
+
+
+def _result_str(obj: Mapping[str, Any], name: str, where: str) -> str:
+    value = obj.get(name, "")
+    if not isinstance(value, str):
+        raise KvcsError(f"{where}.{name}", f"{_shown(value)}: expected a string")
+    return value
+
+
+def _result_list(obj: Mapping[str, Any], name: str) -> list[Any]:
+    value = obj.get(name, [])
+    if not isinstance(value, list):
+        raise KvcsError(f"consumer result {name}", f"{_shown(value)}: expected a list")
+    return value
 
 
 # ---- MOQT handles that report every change to the attempt ------------------------------------------------
