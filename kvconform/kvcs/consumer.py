@@ -1155,7 +1155,8 @@ def _cose_payload_unverified(data: bytes) -> bytes:
         raise cose.CoseError(f"manifest.cose: not CBOR ({exc}) [{REQ['cose']}]") from exc
     if isinstance(obj, cbor2.CBORTag):
         obj = obj.value
-    if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[2], bytes)):
+    # (cbor2 decodes an array as a list, or as a tuple inside a tag, depending on its version)
+    if not (isinstance(obj, list | tuple) and len(obj) == 4 and isinstance(obj[2], bytes)):
         raise cose.CoseError(f"manifest.cose: not a COSE_Sign1 array with a payload [{REQ['cose']}]")
     return bytes(obj[2])
 

@@ -55,6 +55,14 @@ def _data_track(name: bytes) -> DataTrack | None:
     return parsed if isinstance(parsed, DataTrack) else None
 
 
+def _carried_block(payload: bytes) -> int | None:
+    """The Block Index a payload's header names, if it decodes."""
+    try:
+        return decode_object(payload)[0].block_index
+    except KvcsError:
+        return None
+
+
 def payload_problems(obs: Observation, track: DataTrack, loc: Location, got: bytes,
                      via: str) -> list[tuple[str, str]]:
     """(requirement, problem) for each way one payload differs from the one the convention defines."""
@@ -62,6 +70,12 @@ def payload_problems(obs: Observation, track: DataTrack, loc: Location, got: byt
     if track.codec not in CODEC_REGISTRY.values():
         return [("KVCS-TRACK-NAME-CODEC", f"{where}: codec-name {track.codec!r} names no KVSP codec "
                                           f"({sorted(CODEC_REGISTRY.values())})")]
+    # the payload of another block of this track at this Location: the Object ID is not its block index
+    carried = _carried_block(got)
+    if carried is not None and carried != loc.object and got == obs.expected_payload(track,
+                                                                                      Location(loc.group, carried)):
+        return [("KVCS-OBJ-ID-BLOCK", f"{where}: Object ID {loc.object} carries block {carried} of segment "
+                                      f"{track.segment} (the Object ID is the block index within the segment)")]
     want = obs.expected_payload(track, loc)
     if want is None:
         blocks = obs.spec.segment_layout()[track.segment].blocks
