@@ -371,6 +371,18 @@ def poisoned_layers_reported_good(outcome: Outcome, spec: CacheSpec, blocks: int
             for layer, d in sorted(result.layers.items()) if d is not None and d != want.get(layer)]
 
 
+def _result_evidence(out: Path) -> Any:
+    """The consumer's result file as the evidence keeps it: the JSON when it reads as such, else its first
+    octets as text (what a hostile file holds must not break the evidence)."""
+    if not out.exists():
+        return None
+    data = out.read_bytes()
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return data[:2000].decode("utf-8", "replace")
+
+
 async def _start_relays(stage: Stage, tokens: bool) -> list[RecordingRelay]:
     prefix = TrackNamespace((b"kvcs-1", stage.spec.scope_id))
     doc = harness_policy(RelayAccess(tokens, prefix, {"publisher": PUBLISHER_TOKEN.encode(),
@@ -426,7 +438,7 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
         evidence.record("received", "consumer run", {
             "code": run.code, "elapsed": round(run.elapsed, 3), "error": run.error, "killed": run.killed,
             "stdout": run.stdout[-2000:], "stderr": run.stderr[-2000:],
-            "result": json.loads(out.read_text()) if out.exists() else None})
+            "result": _result_evidence(out)})
         for r in relays:
             evidence.record("note", "relay record", {"relay": r.url, "asked": [str(a)[:300] for a in r.asked]})
         return Outcome(run, [list(r.asked) for r in relays], [p.namespace.pub_id for p, _ in stage.publications],

@@ -642,7 +642,7 @@ def readable_manifests(obs: Observation) -> list[tuple[Seen, Manifest]]:
     versions = obs.manifest_versions()
     readable = [(o, m) for o, m, _ in versions if m is not None]
     if versions and not readable:
-        inconclusive(f"case {obs.case.name}: none of the {len(versions)} manifest version(s) can be read "
+        inconclusive(f"case {obs.case.name}: the {len(versions)} manifest version(s) cannot be read "
                      f"({versions[0][2]}); what this check needs is in the manifest")
     return readable
 
