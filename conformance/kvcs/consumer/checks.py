@@ -35,6 +35,7 @@ def producer_key() -> ProducerKey:
 def run(consumer: Any, stage: Stage, tmp: Path, what: str) -> Outcome:
     """The scenario against the consumer under test (``fixtures/kvcs/consumer.py``), bounded."""
     outcome: Outcome = consumer.play(lambda: play(consumer.driver, stage, tmp, consumer.budget), what)
+    outcome.budget_known = consumer.budget_known
     return outcome
 
 

@@ -333,6 +333,7 @@ class Outcome:
     asked: list[list[Asked]]  # per relay
     pub_ids: list[bytes]
     budget: float
+    budget_known: bool = True  # False: the consumer was told no budget and declares none (nothing to hold it to)
 
     @property
     def result(self) -> Any:

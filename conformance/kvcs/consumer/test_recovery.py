@@ -64,8 +64,12 @@ def test_missing_objects_fail_their_layer(kvcs_consumer: object, seed: int, tmp_
         # (a reset stream may lose what it carried before the reset too: RESET_STREAM discards unread data)
         digest_findings(found, outcome, spec, [0, 2, 3], missing="MOQT-FETCH-OBJECT-ENCODING",
                         wrong="KVCS-VERIFY-LAYER-USABLE")
-    found.expect(outcome.run.elapsed <= outcome.budget + SLACK, "KVCS-RECOVER-NO-INDEFINITE-WAIT",
-                 f"took {outcome.run.elapsed:.1f} s with a budget of {outcome.budget:g} s")
+    if outcome.budget_known:
+        found.expect(outcome.run.elapsed <= outcome.budget + SLACK, "KVCS-RECOVER-NO-INDEFINITE-WAIT",
+                     f"took {outcome.run.elapsed:.1f} s with a budget of {outcome.budget:g} s")
+    else:
+        found.expect(not outcome.run.killed, "KVCS-RECOVER-NO-INDEFINITE-WAIT",
+                     f"still running {outcome.run.elapsed:.1f} s after start ({outcome.run.error})")
     found.judge()
 
 
@@ -82,8 +86,9 @@ def test_stalled_production_is_given_up_within_the_budget(kvcs_consumer: object,
           seen=f"still waiting {outcome.run.elapsed:.1f} s into a {outcome.budget:g} s budget ({outcome.run.error})",
           expected="it gives up and reports the missing layers")
     found = Findings("stalled production: not given up within the budget with what was published")
-    found.expect(outcome.run.elapsed <= outcome.budget + SLACK, "KVCS-RECOVER-BOUND",
-                 f"gave up after {outcome.run.elapsed:.1f} s, its budget is {outcome.budget:g} s")
+    if outcome.budget_known:  # (a consumer told no budget that declares none is held to none)
+        found.expect(outcome.run.elapsed <= outcome.budget + SLACK, "KVCS-RECOVER-BOUND",
+                     f"gave up after {outcome.run.elapsed:.1f} s, its budget is {outcome.budget:g} s")
     for problem in poisoned_layers_reported_good(outcome, spec):
         found.add("KVCS-VERIFY-LAYER-USABLE", problem)
     result = outcome.require_result()
