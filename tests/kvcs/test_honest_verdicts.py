@@ -107,11 +107,8 @@ def test_an_unreadable_consumer_result_fails_each_check_naming_the_field(kind: s
 
 def test_a_bad_result_file_is_a_reason_naming_the_field(tmp_path: Path) -> None:
     """The driver's reading of a result file: each bad kind gives no result and a reason naming what is off."""
-    sys.path.insert(0, str(HERE))
-    try:
-        from cmd_bad_result_consumer import RESULTS
-    finally:
-        sys.path.remove(str(HERE))
+    from tests.kvcs.cmd_bad_result_consumer import RESULTS
+
     for kind, text in RESULTS.items():
         out = tmp_path / f"{kind}.json"
         out.write_text(text, "utf-8")

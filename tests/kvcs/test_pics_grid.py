@@ -99,7 +99,7 @@ def test_the_reference_runs_reach_every_requirement_they_cite(tmp_path: Path) ->
     for suite in ("kvcs-publisher", "kvcs-consumer"):
         run = run_suite(suite, "reference", tmp_path / suite, testbed=None)
         _green(run)
-        role = catalog.role_of_suite(suite)
+        role = str(catalog.role_of_suite(suite))
         assert not _roles_not_reached(run, "kvcs", (role,)), (suite, _roles_not_reached(run, "kvcs", (role,)))
         cited = {rid for t in run.coverage["tests"] for rid in t["reqs"]}
         reached = {rid for t in run.coverage["tests"] if t["verdict"] == "pass" for rid in t["reached"]}

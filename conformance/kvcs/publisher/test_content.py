@@ -113,7 +113,7 @@ def payload_problems(obs: Observation, track: DataTrack, loc: Location, got: byt
         other = {"k": "v", "v": "k"}.get(track.component)
         swapped = other is not None and data == obs.spec.object_data(DataTrack(other, track.codec, track.segment),
                                                                      loc.group, loc.object)
-        if swapped:
+        if swapped and other is not None:
             problems.append(("KVCS-PAYLOAD-DATA-RAW", f"{where}: Data is the {other.upper()} section, not the "
                                                       f"{track.component.upper()} section of the block and layer"))
         else:
