@@ -39,12 +39,14 @@ FIELD_REQS = {"magic": ("Magic", "KVCS-PAYLOAD-MAGIC"), "version": ("Version", "
 DECODE_REQS = {"Magic": "KVCS-PAYLOAD-MAGIC", "Version": "KVCS-PAYLOAD-VERSION",
                "Data Length": "KVCS-PAYLOAD-DATA-LENGTH"}
 CODEC_REGISTRY = {1: "raw"}  # KVSP Codecs registry (kvsp-provisional-1): 0 is reserved
-PAYLOAD_REQS = ("KVCS-OBJ-ONE-PAYLOAD", "KVCS-PAYLOAD-LAYOUT", "KVCS-PAYLOAD-MAGIC", "KVCS-PAYLOAD-VERSION",
-                "KVCS-PAYLOAD-COMPONENT", "KVCS-PAYLOAD-FLAGS-ZERO", "KVCS-PAYLOAD-LAYER", "KVCS-PAYLOAD-BLOCK-INDEX",
-                "KVCS-PAYLOAD-TOKEN-START", "KVCS-PAYLOAD-TOKEN-COUNT", "KVCS-PAYLOAD-CODEC",
-                "KVCS-KVSP-CODEC-REGISTRY", "KVCS-PAYLOAD-DATA-LENGTH", "KVCS-PAYLOAD-DIGEST", "KVCS-PAYLOAD-DATA-RAW",
-                "KVCS-KVSP-RAW-LAYOUT", "KVCS-KVSP-TEST-CONTENT", "KVCS-GROUP-LAYER", "KVCS-OBJ-ID-BLOCK",
-                "KVCS-TRACK-NAME-CODEC")
+# what each object is judged on, by the check that judges it: where it is (its track and Location), its header,
+# its Data (payload_problems returns each problem with its id; each check takes those of its own ids)
+PLACE_REQS = ("KVCS-TRACK-NAME-CODEC", "KVCS-GROUP-LAYER", "KVCS-OBJ-ID-BLOCK")
+HEADER_REQS = ("KVCS-OBJ-ONE-PAYLOAD", "KVCS-PAYLOAD-LAYOUT", "KVCS-PAYLOAD-MAGIC", "KVCS-PAYLOAD-VERSION",
+               "KVCS-PAYLOAD-COMPONENT", "KVCS-PAYLOAD-FLAGS-ZERO", "KVCS-PAYLOAD-LAYER", "KVCS-PAYLOAD-BLOCK-INDEX",
+               "KVCS-PAYLOAD-TOKEN-START", "KVCS-PAYLOAD-TOKEN-COUNT", "KVCS-PAYLOAD-CODEC", "KVCS-KVSP-CODEC-REGISTRY",
+               "KVCS-PAYLOAD-DATA-LENGTH", "KVCS-PAYLOAD-DIGEST")
+DATA_REQS = ("KVCS-PAYLOAD-DATA-RAW", "KVCS-KVSP-RAW-LAYOUT", "KVCS-KVSP-TEST-CONTENT")
 
 
 def _data_track(name: bytes) -> DataTrack | None:
@@ -122,20 +124,40 @@ def payload_problems(obs: Observation, track: DataTrack, loc: Location, got: byt
     return problems
 
 
-@pytest.mark.req(*PAYLOAD_REQS)
-def test_every_object_is_the_expected_payload(kvcs_publication: Any) -> None:
-    """Every object of every data track, live, filled or fetched, is byte for byte the KVO1 payload the cache
-    spec defines for its track and Location (68-octet header, then the SHAKE-128 test content)."""
-    obs = kvcs_publication
+def _judge_objects(obs: Observation, reqs: tuple[str, ...], what: str) -> None:
+    """Every normal object of every data track, live, filled or fetched, against the problems of ``reqs``."""
     need_publication(obs)
-    found = findings(f"case {obs.case.name}: objects differ from the cache spec's content", *PAYLOAD_REQS)
+    found = findings(f"case {obs.case.name}: {what}", *reqs)
     for o in obs.objects:
         track = _data_track(o.track)
         if track is None or o.status != ObjectStatus.NORMAL:
             continue
         for req, problem in payload_problems(obs, track, o.location, o.payload, o.via):
-            found.add(req, problem)
+            if req in reqs:
+                found.add(req, problem)
     found.judge()
+
+
+@pytest.mark.req(*PLACE_REQS)
+def test_every_object_is_a_block_of_a_layer(kvcs_publication: Any) -> None:
+    """Every object of every data track sits where the cache has a block: a registered codec in its track name,
+    Group ID a layer (0..L-1), Object ID the index of the block it carries within its segment."""
+    _judge_objects(kvcs_publication, PLACE_REQS, "objects are not at the Location of their block")
+
+
+@pytest.mark.req(*HEADER_REQS)
+def test_every_object_header_is_the_expected_one(kvcs_publication: Any) -> None:
+    """Every object of every data track, live, filled or fetched, has the 68-octet KVO1 header the cache spec
+    defines for its track and Location, field by field; its Data Length and Data Digest are those of its own
+    Data."""
+    _judge_objects(kvcs_publication, HEADER_REQS, "object headers differ from the cache spec's")
+
+
+@pytest.mark.req(*DATA_REQS)
+def test_every_object_data_is_the_test_content(kvcs_publication: Any) -> None:
+    """The Data of every object is its block and layer's section of the test content (SHAKE-128 of the content
+    seed), in the raw layout (f16 [kv_heads][block_tokens][head_dim]), the K section in k, the V section in v."""
+    _judge_objects(kvcs_publication, DATA_REQS, "object Data differ from the test content")
 
 
 @pytest.mark.req("KVCS-TRACK-COMPLETE-OWN", "KVCS-DEF-SEGMENT", "KVCS-KVSP-COMPLETE-BLOCKS",

@@ -77,6 +77,20 @@ class NestedManifestPublisher(hostile_publishers.NestedManifestPublisher):
     RecursionError instead of failing the manifest requirement)."""
 
 
+class SwappedSectionsPublisher(KvcsPublisher):
+    """KVCS-PAYLOAD-DATA-RAW: the k objects carry the V section of their block and layer, the v objects the K
+    section (each with the Data Digest of what it carries)."""
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        payload = super().object_payload(track, layer, object_id)
+        other = {"k": "v", "v": "k"}.get(track.component)
+        if other is None:
+            return payload
+        header, _ = decode_object(payload)
+        data = self.spec.object_data(DataTrack(other, track.codec, track.segment), layer, object_id)
+        return encode_raw(header.with_(digest=hashlib.sha256(data).digest()), data)
+
+
 class MissingBlockPublisher(KvcsPublisher):
     """KVCS-TRACK-COMPLETE-OWN: leaves the last block of layer 2 out of every track (End of Group still follows)."""
 
@@ -330,7 +344,8 @@ MUTANTS: dict[str, Mutant] = {
                                ("test_publish_namespace_is_the_full_namespace_with_the_scope_token",)),
     "ContentDerivedIdPublisher": Mutant(SUITE, "KVCS-NS-PUBID-RANDOM",
                                         ("test_publication_id_is_new_for_each_production",)),
-    "CorruptDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DIGEST", ("test_every_object_is_the_expected_payload",)),
+    "CorruptDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DIGEST", ("test_every_object_header_is_the_expected_one",)),
+    "SwappedSectionsPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DATA-RAW", ("test_every_object_data_is_the_test_content",)),
     "RehashedDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-LAYER-DIGEST",
                                     ("test_k_and_v_data_give_the_kvsp_layer_digest",)),
     "NestedManifestPublisher": Mutant(SUITE, "KVCS-MANIFEST-JSON",
@@ -345,7 +360,7 @@ MUTANTS: dict[str, Mutant] = {
                                             ("test_a_deterministic_claim_holds_across_productions",)),
     "AbsoluteObjectIdPublisher": Mutant(SUITE, "KVCS-OBJ-ID-BLOCK",
                                         ("test_appended_tokens_are_published_as_a_new_segment",
-                                         "test_every_object_is_the_expected_payload")),
+                                         "test_every_object_is_a_block_of_a_layer")),
     "DescendingLayersPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
     "SubgroupOnePublisher": Mutant(SUITE, "KVCS-GROUP-SUBGROUP-ZERO",
                                    ("test_each_group_is_one_subgroup_0_stream_in_ascending_object_order",)),
