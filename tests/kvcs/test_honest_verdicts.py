@@ -175,3 +175,20 @@ def test_the_hostile_manifests_are_what_they_claim() -> None:
     with pytest.raises(ValueError):  # past CPython's default limit: json.loads itself refuses it
         json.loads(text)
     assert ROOT.is_dir()
+
+
+@pytest.mark.slow
+def test_a_publisher_that_publishes_nothing_fails_one_requirement(tmp_path: Path) -> None:
+    """A publisher that announces and then publishes no object fails the completeness requirement
+    (KVCS-TRACK-COMPLETE-OWN) once per case; the checks that judge objects have nothing to judge and say so
+    (inconclusive), rather than each failing on its own first requirement."""
+    run = run_suite("kvcs-publisher", "python:tests.kvcs.hostile_publishers:SilentPublisher", tmp_path, testbed=None)
+    assert run.coverage, run.output
+    _no_harness_errors(run)
+    verdicts = _by_verdict(run)
+    failed = verdicts.get("fail", [])
+    assert {t["blamed"] for t in failed} == {"KVCS-TRACK-COMPLETE-OWN"}, [(t["nodeid"], t["blamed"]) for t in failed]
+    assert {_function(t) for t in failed} == {"test_every_block_of_every_layer_is_published"}
+    unsure = verdicts.get("inconclusive", [])
+    assert unsure and all("no object" in t["message"] for t in unsure), {t["message"][:80] for t in unsure}
+    assert run.code == 1
