@@ -13,7 +13,7 @@ layers of the suite's own publication.
 from __future__ import annotations
 
 from kvconform.targets.spec import Pics
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import HarnessBug, check, inconclusive
 
 __all__ = ["DATA_TRACKS_PER_LAYER", "EXTRA_STREAMS", "REQUIREMENT", "check_grant", "grant_problem",
            "needed_streams_uni", "pipeline_layers"]
@@ -34,8 +34,9 @@ def pipeline_layers(pics: Pics, role: str, default: int) -> tuple[int, str]:
     value = pics.get(path)
     if value is None:
         return default, f"PICS {path} absent: the {default} layers of the suite's publication"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AssertionError(f"PICS {path}: got {value!r}, expected a positive integer [{REQUIREMENT}]")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # the schema refuses it first
+        raise HarnessBug(f"PICS {path}: got {value!r}, expected a positive integer (the PICS schema should refuse "
+                         "it)")
     return value, f"PICS {path} = {value}"
 
 
@@ -58,4 +59,4 @@ def grant_problem(granted: int | None, *, who: str, peer: str, pics: Pics, role:
 def check_grant(granted: int | None, *, who: str, peer: str, pics: Pics, role: str, default_layers: int) -> None:
     """Fail with ``grant_problem``'s message when the grant is too small."""
     problem = grant_problem(granted, who=who, peer=peer, pics=pics, role=role, default_layers=default_layers)
-    assert problem is None, problem
+    check(problem is None, str(problem), req=REQUIREMENT)

@@ -12,8 +12,9 @@ at its own relays with a cache spec, and whose result JSON it reads.
   none), ``{token}`` (the scope's subscriber token), ``{budget}`` (seconds), ``{producer_key}`` (``kid=PATH``
   of a producer's public PEM; empty when the scenario has none), ``{layers}`` (``a-b``, inclusive; every
   layer unless a check asks for a range) and ``{blocks}`` (the first n blocks; all unless asked). Each fetch is
-  one process in its own process group, bounded by the budget plus a grace period (then SIGKILL), always
-  reaped; its stdout and stderr are kept for the evidence.
+  one process run by ``kvconform.targets.process`` (its own session, output to files as bytes), bounded by
+  the budget plus a grace period, then stopped with everything it started; its output is kept for the
+  evidence.
 
 The result JSON is the one ``kvconform.kvcs.consumer.ConsumeResult`` writes (its module docstring defines
 the layer digest).
@@ -22,19 +23,14 @@ the layer digest).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import shlex
-import signal
-import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.targets.drivers import TargetUnavailable
+from kvconform.targets.process import fill_template, run_process
 
 __all__ = ["GRACE", "SUITE", "CmdConsumer", "ConsumerDriver", "ConsumerRun", "FetchRequest", "InProcessConsumer",
            "adapt_consumer", "reference_consumer"]
@@ -83,6 +79,7 @@ class ConsumerDriver(Protocol):
 
 
 def _read_result(out: Path) -> tuple[Any, str | None]:
+    """The parsed result, or why there is none: no file, not JSON, or a field that is off (named)."""
     from kvconform.kvcs.consumer import ConsumeResult
     from kvconform.kvcs.errors import KvcsError
 
@@ -142,8 +139,8 @@ class InProcessConsumer:
 
 
 class CmdConsumer:
-    """A spawned consumer: one process per fetch, in its own process group, bounded and reaped."""
-
+    """A spawned consumer: one process per fetch (``kvconform.targets.process``: its own session, output to files,
+    the whole group stopped past its bound and at the end)."""
 
     def __init__(self, template: str) -> None:
         self.template = template
@@ -173,38 +170,16 @@ class CmdConsumer:
                   "producer_key": ",".join(f"{kid}={path}" for kid, path in request.producer_keys.items())}
         if "{layers}" in self.template or "{blocks}" in self.template:
             values.update(self._range_values(request))
-        try:
-            argv = [arg.format(**values) for arg in shlex.split(self.template)]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise DriverError(f"cmd target {self.template!r}: unknown placeholder {exc}") from exc
-        with tempfile.TemporaryDirectory(prefix="kvconform-consumer-") as tmp:
-            so, se = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            started = time.monotonic()
-            try:
-                with open(so, "wb") as stdout, open(se, "wb") as stderr:
-                    proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
-            except OSError as exc:
-                raise TargetUnavailable(f"cannot start {argv!r}: {exc}") from exc
-            killed = False
-            try:
-                code: int | None = proc.wait(request.budget + GRACE)
-            except subprocess.TimeoutExpired:
-                killed = True
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the group this driver created for it, by its id
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(5.0)
-                code = proc.poll()
-            elapsed = time.monotonic() - started
-            stdout_text = so.read_text("utf-8", "replace")[-OUTPUT_TAIL:]
-            stderr_text = se.read_text("utf-8", "replace")[-OUTPUT_TAIL:]
-        if killed:
-            return ConsumerRun(None, code, elapsed, stdout_text, stderr_text,
-                               f"still running {request.budget + GRACE:g} s after start (budget {request.budget:g} "
-                               "s): killed", killed=True)
+        argv = fill_template(self.template, values)
+        bound = request.budget + GRACE
+        proc = run_process(argv, bound, what="consumer")
+        stdout, stderr = proc.stdout_text[-OUTPUT_TAIL:], proc.stderr_text[-OUTPUT_TAIL:]
+        if proc.timed_out:
+            return ConsumerRun(None, None, proc.elapsed, stdout, stderr,
+                               f"still running {bound:g} s after start (budget {request.budget:g} s): killed",
+                               killed=True)
         parsed, error = _read_result(out)
-        return ConsumerRun(parsed, code, elapsed, stdout_text, stderr_text, error)
+        return ConsumerRun(parsed, proc.returncode, proc.elapsed, stdout, stderr, error)
 
 
 def reference_consumer() -> InProcessConsumer:

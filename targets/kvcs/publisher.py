@@ -11,24 +11,19 @@ at its own relay URL with a cache spec and the scope's token.
   --token {token}``. Its stdout and stderr are kept for the evidence.
 
 Every driver is started once per publication and always stopped: ``stop()`` is bounded (SIGTERM, then
-SIGKILL for a spawned one) and returns what the publisher printed.
+SIGKILL for a spawned one and everything it started) and returns what the publisher printed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
-import shlex
-import signal
-import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kvconform.targets.drivers import TargetUnavailable
+from kvconform.targets.process import Process, fill_template
 
 __all__ = ["SUITE", "CmdPublisher", "InProcessPublisher", "PublisherDriver", "PublisherExit", "adapt_publisher",
            "reference_publisher"]
@@ -112,57 +107,27 @@ class InProcessPublisher:
 
 
 class CmdPublisher:
-    """A spawned publisher (its own process group, so SIGTERM reaches a wrapper's children too)."""
+    """A spawned publisher, run by ``kvconform.targets.process`` (its own session, so SIGTERM reaches a wrapper's
+    children too; output to files; the whole group and anything that escaped it stopped at the end)."""
 
     def __init__(self, template: str) -> None:
         self.template = template
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._proc: Process | None = None
 
     def start(self, relay_url: str, cache: Path, token: str) -> None:
-        argv = [arg.format(relay=relay_url, cache=str(cache), token=token) for arg in shlex.split(self.template)]
-        self._tmp = tempfile.TemporaryDirectory(prefix="kvconform-publisher-")
-        out = Path(self._tmp.name)
-        try:
-            with open(out / "stdout", "wb") as stdout, open(out / "stderr", "wb") as stderr:
-                self._proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
-        except OSError as exc:
-            self._tmp.cleanup()
-            self._tmp = None
-            raise TargetUnavailable(f"cannot start {argv!r}: {exc}") from exc
+        argv = fill_template(self.template, {"relay": relay_url, "cache": str(cache), "token": token})
+        self._proc = Process(argv, what="publisher")
+        self._proc.start()
 
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def _signal(self, sig: signal.Signals) -> None:
-        assert self._proc is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)  # the group this driver created for it, by its id
+        return self._proc is not None and self._proc.running()
 
     def stop(self) -> PublisherExit:
         if self._proc is None:
             return PublisherExit(None, "", "")
-        note = ""
-        if self._proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self._proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                note = f"\n[kvconform] did not exit within {STOP_TIMEOUT} s of SIGTERM; killed"
-                self._signal(signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(STOP_TIMEOUT)
-        code = self._proc.poll()
-        stdout = stderr = ""
-        if self._tmp is not None:
-            out = Path(self._tmp.name)
-            stdout = (out / "stdout").read_text("utf-8", "replace")[-OUTPUT_TAIL:]
-            stderr = (out / "stderr").read_text("utf-8", "replace")[-OUTPUT_TAIL:] + note
-            self._tmp.cleanup()
-            self._tmp = None
+        result = self._proc.stop()
         self._proc = None
-        return PublisherExit(code, stdout, stderr)
+        return PublisherExit(result.returncode, result.stdout_text[-OUTPUT_TAIL:], result.stderr_text[-OUTPUT_TAIL:])
 
 
 def reference_publisher(**options: Any) -> InProcessPublisher:

@@ -209,6 +209,34 @@ def test_cmd_driver_stops_a_consumer_past_its_budget(tmp_path: Path, monkeypatch
     assert not driver.supports("relay2") and not driver.supports("token")
 
 
+def test_cmd_driver_leaves_no_process_behind_and_keeps_undecodable_output(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer that writes non-UTF-8 octets, daemonises a child (setsid) and hangs past its budget: the run is
+    stopped, its output decoded with replacement, and nothing it started is left."""
+    from kvconform.targets import process
+
+    marks: list[str] = []
+    real = process.Process.__init__
+
+    def remember(self: process.Process, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        marks.append(self.mark)
+
+    monkeypatch.setattr(process.Process, "__init__", remember)
+    monkeypatch.setattr(drivers, "GRACE", 1.0)
+    script = tmp_path / "consumer.py"
+    script.write_text("import subprocess, sys, time\n"
+                      "sys.stderr.buffer.write(b'bad \\xff octet\\n'); sys.stderr.flush()\n"
+                      "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+                      "                 start_new_session=True)\n"
+                      "time.sleep(120)\n")
+    driver = drivers.CmdConsumer(f"{sys.executable} {script} {{relay}} {{cache}} {{out}}")
+    cache = example_spec(layers=2, blocks=2).write_json(tmp_path / "c.json")
+    run = driver.fetch(drivers.FetchRequest(("moqt://127.0.0.1:9",), cache, budget=1.0), tmp_path / "r.json")
+    assert run.killed and run.result is None and "bad \ufffd octet" in run.stderr, run.stderr
+    assert marks and process.marked_pids(marks[0]) == []
+
+
 def test_ready_callback_carries_the_block_data() -> None:
     spec = example_spec(layers=1, blocks=3)
     got: list[LayerReady] = []

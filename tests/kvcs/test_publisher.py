@@ -311,3 +311,30 @@ def test_in_process_driver_with_an_unusable_spec_is_unavailable(tmp_path: Path) 
     with pytest.raises(TargetUnavailable):
         InProcessPublisher(KvcsPublisher).start("moqt://127.0.0.1:9", tmp_path / "missing.json", "tok")
 
+
+
+def test_cmd_driver_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A publisher that ignores SIGTERM, keeps a child in its group and daemonises another (setsid): after
+    stop() none of them is left (targets/process.py kills the group, then whatever carries its mark)."""
+    from kvconform.targets.process import marked_pids
+
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    script = tmp_path / "pub.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        f"open({str(fifo)!r}, 'w').write('ready')\n"
+        "time.sleep(120)\n")
+    driver = CmdPublisher(f"{sys.executable} {script} {{relay}} {{cache}} {{token}}")
+    driver.start("moqt://127.0.0.1:9", tmp_path / "cache.json", "tok")
+    assert _wait_ready(fifo, TIMEOUT) == "ready"
+    proc = driver._proc
+    assert proc is not None
+    mark = proc.mark
+    assert len(marked_pids(mark)) == 3
+    ended = driver.stop()
+    assert marked_pids(mark) == [] and not driver.running()
+    assert "ignored SIGTERM" in ended.stderr

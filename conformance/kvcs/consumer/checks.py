@@ -12,6 +12,7 @@ from kvconform.kvcs.cose import ProducerKey
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType, RangeFilter
 from kvconform.moqt.structures import ParamType
+from kvconform.verdicts import Findings
 
 LAYERS = 4
 BLOCKS = 4
@@ -34,23 +35,31 @@ def producer_key() -> ProducerKey:
 def run(consumer: Any, stage: Stage, tmp: Path, what: str) -> Outcome:
     """The scenario against the consumer under test (``fixtures/kvcs/consumer.py``), bounded."""
     outcome: Outcome = consumer.play(lambda: play(consumer.driver, stage, tmp, consumer.budget), what)
+    outcome.budget_known = consumer.budget_known
     return outcome
 
 
-def digest_problems(outcome: Outcome, spec: CacheSpec, layers: list[int], requirement: str,
-                    blocks: int | None = None) -> list[str]:
-    """Each of ``layers`` must be reported assembled with the convention's digest."""
-    result = outcome.require_result(requirement)
+def digest_findings(found: Findings, outcome: Outcome, spec: CacheSpec, layers: list[int], *, missing: str,
+                    wrong: str, blocks: int | None = None) -> None:
+    """Each of ``layers`` must be reported assembled with the convention's digest: a layer absent or failed is a
+    problem against ``missing``, one reported with another digest (content that is not the true one, reported
+    usable) against ``wrong``. Both are asserted."""
+    result = outcome.require_result()
     want = expected_digests(spec, layers, blocks)
-    problems = []
+    for req in (missing, wrong):
+        if req not in found.asserted:
+            found.asserted.append(req)
     for layer in layers:
         got = result.layers.get(layer, "absent")
-        if got != want[layer]:
-            shown = got if isinstance(got, str) else ("failed" if got is None else got.hex()[:16] + "..")
-            reason = getattr(result, "reasons", {}).get(layer, "")
-            problems.append(f"layer {layer}: {shown}, expected the true content's digest {want[layer].hex()[:16]}.. "
-                            f"{'(' + reason + ') ' if reason else ''}[{requirement}]")
-    return problems
+        if got == want[layer]:
+            continue
+        expected = f"expected the true content's digest {want[layer].hex()[:16]}.."
+        if isinstance(got, bytes):
+            found.add(wrong, f"layer {layer}: reported assembled with digest {got.hex()[:16]}.., {expected}")
+        else:
+            reason = result.reasons.get(layer, "")
+            found.add(missing, f"layer {layer}: {'failed' if got is None else got}, {expected}"
+                               f"{' (' + reason + ')' if reason else ''}")
 
 
 def filter_of(asked: Asked) -> LocationFilter | None:
@@ -58,26 +67,26 @@ def filter_of(asked: Asked) -> LocationFilter | None:
     return flt if isinstance(flt, LocationFilter) else None
 
 
-def live_subscribe_problems(asked: Asked, requirement: str) -> list[str]:
+def live_subscribe_problems(asked: Asked) -> list[str]:
     """A data SUBSCRIBE must be Next Object + FILL_PARAMETERS {Absolute Start {0,0}} (KVCS "Retrieval during
     Production"); GROUP_ORDER inside the fill, when present, Ascending (profile §11.3)."""
     problems = []
     flt = filter_of(asked)
     if flt is None or flt.type != LocationFilterType.NEXT_OBJECT:
-        problems.append(f"SUBSCRIBE {asked.name!r}: LOCATION_FILTER {flt}, expected Next Object (0x05) [{requirement}]")
+        problems.append(f"SUBSCRIBE {asked.name!r}: LOCATION_FILTER {flt}, expected Next Object (0x05)")
     fill = asked.param(ParamType.FILL_PARAMETERS)
     inner = fill.params.get(ParamType.LOCATION_FILTER) if isinstance(fill, FillParameters) else None
     if not (isinstance(inner, LocationFilter) and inner.type == LocationFilterType.ABSOLUTE_START
             and inner.start_group == 0 and inner.start_object == 0):
         problems.append(f"SUBSCRIBE {asked.name!r}: FILL_PARAMETERS {fill}, expected a LOCATION_FILTER Absolute Start "
-                        f"{{0,0}} inside [{requirement}]")
+                        "{0,0} inside")
     order = fill.params.get(ParamType.GROUP_ORDER) if isinstance(fill, FillParameters) else None
     if order is not None and order != GroupOrder.ASCENDING:
-        problems.append(f"SUBSCRIBE {asked.name!r}: fill GROUP_ORDER {order!r}, expected Ascending [{requirement}]")
+        problems.append(f"SUBSCRIBE {asked.name!r}: fill GROUP_ORDER {order!r}, expected Ascending")
     return problems
 
 
-def fetch_problems(asked: Asked, first: int, last: int, requirement: str) -> list[str]:
+def fetch_problems(asked: Asked, first: int, last: int) -> list[str]:
     """A data FETCH of layers first..last: Absolute Start, Group End {first,0} EndGroupDelta last-first and
     GROUP_ORDER Ascending (KVCS "Retrieval of Completed Caches")."""
     problems = []
@@ -85,10 +94,10 @@ def fetch_problems(asked: Asked, first: int, last: int, requirement: str) -> lis
     want = LocationFilter.absolute_start_group_end(first, 0, last - first)
     if flt != want:
         problems.append(f"FETCH {asked.name!r}: LOCATION_FILTER {flt}, expected Absolute Start, Group End "
-                        f"{{{first},0}} EndGroupDelta {last - first} [{requirement}]")
+                        f"{{{first},0}} EndGroupDelta {last - first}")
     if asked.param(ParamType.GROUP_ORDER) != GroupOrder.ASCENDING:
         problems.append(f"FETCH {asked.name!r}: GROUP_ORDER {asked.param(ParamType.GROUP_ORDER)}, expected "
-                        f"Ascending (0x1) [{requirement}]")
+                        "Ascending (0x1)")
     return problems
 
 

@@ -47,6 +47,7 @@ from kvconform.moqt.policy import policy_from_mapping
 from kvconform.moqt.relay import Peer, Relay
 from kvconform.moqt.session import Request, Role, SessionConfig
 from kvconform.moqt.structures import TrackNamespace
+from kvconform.targets.drivers import DriverError
 from kvconform.targets.kvcs.consumer import GRACE, ConsumerDriver, ConsumerRun, FetchRequest
 from kvconform.targets.moqt import RelayAccess, harness_policy
 
@@ -333,16 +334,19 @@ class Outcome:
     asked: list[list[Asked]]  # per relay
     pub_ids: list[bytes]
     budget: float
+    budget_known: bool = True  # False: the consumer was told no budget and declares none (nothing to hold it to)
 
     @property
     def result(self) -> Any:
         return self.run.result
 
-    def require_result(self, requirement: str) -> Any:
-        """The parsed result; an AssertionError citing ``requirement`` when the consumer gave none."""
-        assert self.run.result is not None, (
-            f"{requirement}: the consumer produced no result ({self.run.error}; exit {self.run.code}, "
-            f"{self.run.elapsed:.1f} s)\nstderr: {self.run.stderr[-1500:]}")
+    def require_result(self) -> Any:
+        """The parsed result. A consumer that gave none the harness can read (it crashed, wrote no result file,
+        or one whose field is off: the error names it) misbehaved: DriverError, a fail of the check that needed
+        it, blamed on that check's first requirement."""
+        if self.run.result is None:
+            raise DriverError(f"the consumer produced no result the harness can read: {self.run.error} (exit "
+                              f"{self.run.code}, {self.run.elapsed:.1f} s)\nstderr: {self.run.stderr[-1500:]}")
         return self.run.result
 
 
@@ -370,14 +374,14 @@ def expected_digests(spec: CacheSpec, layers: Sequence[int], blocks: int | None 
     return {layer: convention_layer_digest(spec, layer, plan) for layer in layers}
 
 
-def poisoned_layers_reported_good(outcome: Outcome, spec: CacheSpec, requirement: str,
-                                  blocks: int | None = None) -> list[str]:
+def poisoned_layers_reported_good(outcome: Outcome, spec: CacheSpec, blocks: int | None = None) -> list[str]:
     """Every layer the consumer reports as assembled must carry the convention's digest: anything else is
-    poisoned (or mixed) content reported as good."""
-    result = outcome.require_result(requirement)
-    want = expected_digests(spec, sorted(result.layers), blocks)
-    return [f"layer {layer}: reported digest {d.hex()[:16]}.. is not the true content's {want[layer].hex()[:16]}.. "
-            f"[{requirement}]" for layer, d in sorted(result.layers.items()) if d is not None and d != want[layer]]
+    poisoned (or mixed) content reported as good (each entry says which layer)."""
+    result = outcome.require_result()
+    want = expected_digests(spec, [layer for layer in sorted(result.layers) if 0 <= layer < spec.layers], blocks)
+    return [f"layer {layer}: reported digest {d.hex()[:16]}.. is not the true content's "
+            f"{want[layer].hex()[:16] + '..' if layer in want else '(no such layer)'}"
+            for layer, d in sorted(result.layers.items()) if d is not None and d != want.get(layer)]
 
 
 async def _start_relays(stage: Stage, tokens: bool) -> list[RecordingRelay]:

@@ -20,7 +20,7 @@ from kvconform.moqt.messages import Fetch, Subscribe, SubscribeNamespace
 from kvconform.moqt.relay import Peer
 from kvconform.moqt.session import Event, Request, SetupReceived
 from kvconform.targets.spec import Pics
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import check_no_problems, inconclusive
 
 
 @dataclass
@@ -69,4 +69,4 @@ def test_enough_unidirectional_streams_are_granted(kvcs_consumer: Any, seed: int
     problems = [p for n in sorted(grants.askers)
                 if (p := grant_problem(grants.granted.get(n), who="the consumer", peer=f"the relay (session#{n})",
                                        pics=pics, role="consumer", default_layers=spec.layers)) is not None]
-    assert not problems, f"{REQUIREMENT}:\n  " + "\n  ".join(problems)
+    check_no_problems(problems, what="the consumer's sessions grant too few unidirectional streams", req=REQUIREMENT)

@@ -15,7 +15,7 @@ import pytest
 from kvconform.conformance.kvcs.consumer.checks import (
     KID,
     LAYERS,
-    digest_problems,
+    digest_findings,
     producer_key,
     rejected_at,
     run,
@@ -24,10 +24,13 @@ from kvconform.conformance.kvcs.consumer.checks import (
 from kvconform.conformance.kvcs.consumer.harness import (
     DuplicatingRelay,
     HarnessPublisher,
+    Outcome,
     Poison,
     Stage,
     poisoned_layers_reported_good,
 )
+from kvconform.kvcs.content import CacheSpec
+from kvconform.verdicts import Findings, check, check_no_problems
 
 POISONED = (1, 1)  # {layer, object} of k.raw.s0 that the poisoning scenarios mutate
 GOOD = [layer for layer in range(LAYERS) if layer != POISONED[0]]
@@ -42,20 +45,22 @@ CHECKS = {
 }
 
 
-def _poisoned_layer_problems(outcome: object, spec: object, requirement: str) -> list[str]:
-    """The poisoned object's layer is not reported assembled, the object is listed as rejected, the other
-    layers are assembled, and no layer carries a digest other than the true content's."""
-    problems = poisoned_layers_reported_good(outcome, spec, requirement)  # type: ignore[arg-type]
-    result = outcome.require_result(requirement)  # type: ignore[attr-defined]
-    if result.layers.get(POISONED[0]) is not None and not problems:
-        problems.append(f"layer {POISONED[0]} reported assembled although its only source object "
-                        f"k.raw.s0 {{{POISONED[0]},{POISONED[1]}}} is poisoned [{requirement}]")
-    if not rejected_at(outcome, "k.raw.s0", *POISONED):  # type: ignore[arg-type]
-        problems.append(f"k.raw.s0 {{{POISONED[0]},{POISONED[1]}}} is not listed among the rejected objects "
-                        f"(rejected: {[(r.track, r.group, r.object) for r in result.rejected][:8]}) "
-                        "[KVCS-PAYLOAD-DISCARD]")
-    problems += digest_problems(outcome, spec, GOOD, "KVCS-PAYLOAD-DISCARD")  # type: ignore[arg-type]
-    return problems
+def _poisoned_layer_findings(outcome: Outcome, spec: CacheSpec, requirement: str, what: str) -> Findings:
+    """The poisoned object's layer is not reported assembled (``requirement``: the check that catches it), the
+    object is listed as rejected (KVCS-VERIFY-EVERY: it was verified), and the other layers are assembled
+    (KVCS-PAYLOAD-DISCARD: only the object is discarded, treated as missing)."""
+    found = Findings(what)
+    for problem in poisoned_layers_reported_good(outcome, spec):
+        found.add(requirement, problem)
+    result = outcome.require_result()
+    found.expect(result.layers.get(POISONED[0]) is None or found.problems, requirement,
+                 f"layer {POISONED[0]} reported assembled although its only source object k.raw.s0 "
+                 f"{{{POISONED[0]},{POISONED[1]}}} is poisoned")
+    found.expect(rejected_at(outcome, "k.raw.s0", *POISONED), "KVCS-VERIFY-EVERY",
+                 f"k.raw.s0 {{{POISONED[0]},{POISONED[1]}}} is not listed among the rejected objects (rejected: "
+                 f"{[(r.track, r.group, r.object) for r in result.rejected][:8]})")
+    digest_findings(found, outcome, spec, GOOD, missing="KVCS-PAYLOAD-DISCARD", wrong="KVCS-PAYLOAD-DISCARD")
+    return found
 
 
 @pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.req(req, "KVCS-PAYLOAD-DISCARD",
@@ -68,8 +73,7 @@ def test_object_failing_a_check_is_discarded(kvcs_consumer: object, seed: int, t
     spec = small_spec(seed)
     pub = HarnessPublisher(spec, poisons=[Poison(kind, "k.raw.s0", *POISONED)])
     outcome = run(kvcs_consumer, Stage(spec, [(pub, (0,))]), tmp_path, f"poison {kind}")
-    problems = _poisoned_layer_problems(outcome, spec, CHECKS[kind])
-    assert not problems, "\n".join(problems)
+    _poisoned_layer_findings(outcome, spec, CHECKS[kind], f"an object poisoned ({kind}) is not discarded").judge()
 
 
 @pytest.mark.req("KVCS-PAYLOAD-FLAGS-IGNORED")
@@ -79,8 +83,10 @@ def test_nonzero_flags_are_ignored(kvcs_consumer: object, seed: int, tmp_path: P
     poisons = [Poison("flags", track, layer, obj) for track in ("k.raw.s0", "v.raw.s0") for layer in range(LAYERS)
                for obj in (0, 2)]
     outcome = run(kvcs_consumer, Stage(spec, [(HarnessPublisher(spec, poisons=poisons), (0,))]), tmp_path, "flags")
-    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-PAYLOAD-FLAGS-IGNORED")
-    assert not problems, "\n".join(problems)
+    found = Findings("objects with nonzero Flags are not used")
+    digest_findings(found, outcome, spec, list(range(LAYERS)), missing="KVCS-PAYLOAD-FLAGS-IGNORED",
+                    wrong="KVCS-PAYLOAD-FLAGS-IGNORED")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-SEC-COSE-VERIFY", "KVCS-VERIFY-EVERY", "KVCS-PAYLOAD-DISCARD")
@@ -95,30 +101,34 @@ def test_poison_with_matching_digest_is_caught_by_the_signed_manifest(kvcs_consu
     pub = HarnessPublisher(spec, poisons=[Poison("data-rehash", "k.raw.s0", *POISONED)])
     stage = Stage(spec, [(pub, (0,))], producer_keys={KID: key.public_pem()})
     outcome = run(kvcs_consumer, stage, tmp_path, "poison with matching digest")
-    problems = _poisoned_layer_problems(outcome, spec, "KVCS-SEC-COSE-VERIFY")
-    assert not problems, "\n".join(problems)
+    _poisoned_layer_findings(outcome, spec, "KVCS-SEC-COSE-VERIFY",
+                             "an object whose Data Digest matches but the signed object_digests does not is "
+                             "not discarded").judge()
 
 
-@pytest.mark.req("KVCS-RECOVER-RETRY", "KVCS-VERIFY-NO-MIX", "KVCS-PAYLOAD-DISCARD")
+@pytest.mark.req("KVCS-RECOVER-RETRY", "KVCS-VERIFY-NO-MIX", "KVCS-PAYLOAD-VERIFY-DIGEST")
 def test_poisoned_publication_is_replaced_by_an_honest_one(kvcs_consumer: object, seed: int,
                                                            tmp_path: Path) -> None:
     """Two publications of the cache (neither deterministic): the first announced has a poisoned object in
-    layer 1, the second is honest. The consumer recovers every layer, all from the honest publication."""
+    layer 1 (Data changed under its Data Digest), the second is honest. The consumer recovers every layer, all
+    from the honest publication."""
     spec = small_spec(seed)
     bad = HarnessPublisher(spec, poisons=[Poison("data", "k.raw.s0", *POISONED)])
     good = HarnessPublisher(spec)
     outcome = run(kvcs_consumer, Stage(spec, [(bad, (0,)), (good, (0,))]), tmp_path, "poisoned + honest")
-    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
-    result = outcome.require_result("KVCS-RECOVER-RETRY")
+    found = Findings("a poisoned publication is not replaced by the honest one")
+    # a layer with other than the true content used the object whose Data does not match its Data Digest
+    digest_findings(found, outcome, spec, list(range(LAYERS)), missing="KVCS-RECOVER-RETRY",
+                    wrong="KVCS-PAYLOAD-VERIFY-DIGEST")
+    result = outcome.require_result()
     honest = good.namespace.pub_id
-    if not problems and result.publication != honest:
-        problems.append(f"reported publication {result.publication.hex() if result.publication else None}, but "
-                        f"only {honest.hex()} has every layer unpoisoned [KVCS-VERIFY-NO-MIX]")
+    found.expect(found.problems or result.publication == honest, "KVCS-VERIFY-NO-MIX",
+                 f"reported publication {result.publication.hex() if result.publication else None}, but only "
+                 f"{honest.hex()} has every layer unpoisoned")
     mixed = {layer: p.hex() for layer, p in result.sources.items() if p != honest}
-    if mixed:
-        problems.append(f"layers {mixed} reported from the poisoned, non-deterministic publication while others "
-                        f"come from {honest.hex()} [KVCS-VERIFY-NO-MIX]")
-    assert not problems, "\n".join(problems)
+    found.expect(not mixed, "KVCS-VERIFY-NO-MIX", f"layers {mixed} reported from the poisoned, non-deterministic "
+                                                  f"publication while others come from {honest.hex()}")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-MANIFEST-COMPAT-CHECK", "KVCS-RECOVER-RETRY")
@@ -131,13 +141,16 @@ def test_manifest_with_another_compatibility_id_discards_the_publication(kvcs_co
     liar = HarnessPublisher(spec, other_compat=True)
     good = HarnessPublisher(spec)
     outcome = run(kvcs_consumer, Stage(spec, [(liar, (0,)), (good, (0,))]), tmp_path, "other compat")
-    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
-    result = outcome.require_result("KVCS-MANIFEST-COMPAT-CHECK")
+    result = outcome.require_result()
     used = {result.publication, *result.sources.values()} - {None}
-    if liar.namespace.pub_id in used:
-        problems.append(f"publication {liar.namespace.pub_id.hex()} was used although its manifest's compat does "
-                        "not hash to the namespace's Compatibility ID [KVCS-MANIFEST-COMPAT-CHECK]")
-    assert not problems, "\n".join(problems)
+    check(liar.namespace.pub_id not in used, "the publications the consumer used", req="KVCS-MANIFEST-COMPAT-CHECK",
+          seen=sorted(u.hex() for u in used),
+          expected=f"not {liar.namespace.pub_id.hex()}, whose manifest's compat does not hash to the namespace's "
+                   "Compatibility ID")
+    found = Findings("the honest publication is not used after the other one was discarded")
+    digest_findings(found, outcome, spec, list(range(LAYERS)), missing="KVCS-RECOVER-RETRY",
+                    wrong="KVCS-RECOVER-RETRY")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-SEC-COSE-VERIFY", "KVCS-RECOVER-RETRY")
@@ -151,13 +164,16 @@ def test_bad_cose_signature_discards_the_publication(kvcs_consumer: object, seed
     good = HarnessPublisher(spec)
     stage = Stage(spec, [(forger, (0,)), (good, (0,))], producer_keys={KID: key.public_pem()})
     outcome = run(kvcs_consumer, stage, tmp_path, "bad COSE signature")
-    problems = digest_problems(outcome, spec, list(range(LAYERS)), "KVCS-RECOVER-RETRY")
-    result = outcome.require_result("KVCS-SEC-COSE-VERIFY")
+    result = outcome.require_result()
     used = {result.publication, *result.sources.values()} - {None}
-    if forger.namespace.pub_id in used:
-        problems.append(f"publication {forger.namespace.pub_id.hex()} was used although its manifest.cose signature "
-                        f"does not verify with producer key {KID!r} [KVCS-SEC-COSE-VERIFY]")
-    assert not problems, "\n".join(problems)
+    check(forger.namespace.pub_id not in used, "the publications the consumer used", req="KVCS-SEC-COSE-VERIFY",
+          seen=sorted(u.hex() for u in used),
+          expected=f"not {forger.namespace.pub_id.hex()}, whose manifest.cose signature does not verify with producer "
+                   f"key {KID!r}")
+    found = Findings("the honest publication is not used after the forged one was discarded")
+    digest_findings(found, outcome, spec, list(range(LAYERS)), missing="KVCS-RECOVER-RETRY",
+                    wrong="KVCS-RECOVER-RETRY")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-VERIFY-NO-MIX")
@@ -169,13 +185,14 @@ def test_non_deterministic_publications_are_not_mixed(kvcs_consumer: object, see
     first = HarnessPublisher(spec, skip_layers=[LAYERS - 1])
     second = HarnessPublisher(spec, skip_layers=[0])
     outcome = run(kvcs_consumer, Stage(spec, [(first, (0,)), (second, (0,))]), tmp_path, "two partial publications")
-    problems = poisoned_layers_reported_good(outcome, spec, "KVCS-VERIFY-NO-MIX")
-    result = outcome.require_result("KVCS-VERIFY-NO-MIX")
+    problems = poisoned_layers_reported_good(outcome, spec)
+    result = outcome.require_result()
     if result.layers.get(0) is not None and result.layers.get(LAYERS - 1) is not None:
         problems.append(f"layers 0 and {LAYERS - 1} both reported assembled: no single publication has both, so "
                         "objects of two non-deterministic publications were combined in segment 0 "
-                        f"(sources {({k: v.hex()[:8] for k, v in result.sources.items()})}) [KVCS-VERIFY-NO-MIX]")
-    assert not problems, "\n".join(problems)
+                        f"(sources {({k: v.hex()[:8] for k, v in result.sources.items()})})")
+    check_no_problems(problems, what="objects of two non-deterministic publications are combined",
+                      req="KVCS-VERIFY-NO-MIX")
 
 
 @pytest.mark.req("MOQT-DATA-MALFORMED-DUPLICATE", "KVCS-PAYLOAD-DISCARD")
@@ -187,10 +204,14 @@ def test_same_location_with_two_payloads_is_not_used(kvcs_consumer: object, seed
     spec = small_spec(seed)
     stage = Stage(spec, [(HarnessPublisher(spec, no_digests=True), (0,))], relays=(DuplicatingRelay,))
     outcome = run(kvcs_consumer, stage, tmp_path, "same Location twice")
-    problems = poisoned_layers_reported_good(outcome, spec, "MOQT-DATA-MALFORMED-DUPLICATE")
-    result = outcome.require_result("MOQT-DATA-MALFORMED-DUPLICATE")
-    if result.layers.get(DuplicatingRelay.DUP[0]) is not None and not problems:
-        problems.append(f"layer {DuplicatingRelay.DUP[0]} reported assembled although k.raw.s0 "
-                        f"{{{DuplicatingRelay.DUP[0]},{DuplicatingRelay.DUP[1]}}} arrived with two different payloads "
-                        "(a malformed track) [MOQT-DATA-MALFORMED-DUPLICATE]")
-    assert not problems, "\n".join(problems)
+    found = Findings("a Location delivered with two payloads is used")
+    # content other than the true one reported usable: the poisoned copy was used instead of discarded
+    for problem in poisoned_layers_reported_good(outcome, spec):
+        found.add("KVCS-PAYLOAD-DISCARD", problem)
+    found.asserted.append("KVCS-PAYLOAD-DISCARD")
+    result = outcome.require_result()
+    dup = DuplicatingRelay.DUP
+    found.expect(found.problems or result.layers.get(dup[0]) is None, "MOQT-DATA-MALFORMED-DUPLICATE",
+                 f"layer {dup[0]} reported assembled although k.raw.s0 {{{dup[0]},{dup[1]}}} arrived with two "
+                 "different payloads (a malformed track)")
+    found.judge()

@@ -55,9 +55,18 @@ from kvconform.moqt.session import (
 )
 from kvconform.moqt.structures import KeyValuePair, Location, Parameters, ParamType, TrackNamespace
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
+from kvconform.verdicts import Findings, HarnessBug, inconclusive
 
-__all__ = ["CASES", "PUBLISH_TIMEOUT", "Announce", "Answer", "Case", "Observation", "RecordingRelay", "Seen",
-           "observe"]
+__all__ = ["CASES", "PARSE_ERRORS", "PUBLISH_TIMEOUT", "Announce", "Answer", "Case", "Observation",
+           "RecordingRelay", "Seen", "findings", "need_live", "need_publication", "observe", "readable_manifests",
+           "track_name"]
+
+# What decoding what a target sent may raise: KvcsError / CoseError (the parsers' own, naming the field and the
+# requirement) and, from a parser not yet hardened against it, the built-in errors hostile input provokes (deep
+# nesting, huge integers, wrong types). Each is a recorded decode failure of the target's data, never a crash
+# of the scenario.
+PARSE_ERRORS: tuple[type[Exception], ...] = (KvcsError, CoseError, ValueError, TypeError, RecursionError,
+                                             OverflowError, IndexError, KeyError)
 
 PUBLISH_TIMEOUT = 40.0  # seconds from start until the whole publication must have been seen
 ANNOUNCE_TIMEOUT = 15.0  # seconds until the PUBLISH_NAMESPACE must have arrived
@@ -249,8 +258,8 @@ class Observation:
             if name == MANIFEST_COSE:
                 body = verify(payload, self.public_keys)
             return parse_manifest(body), ""
-        except (CoseError, KvcsError) as exc:
-            return None, str(exc)
+        except PARSE_ERRORS as exc:
+            return None, _parse_failure(exc)
 
     def expected_payload(self, track: DataTrack, location: Location) -> bytes | None:
         try:
@@ -270,6 +279,14 @@ class Observation:
                                                   for a in self.answers],
                 "publisher_exit": self.exit.code, "publisher_stdout": self.exit.stdout[-800:],
                 "publisher_stderr": self.exit.stderr[-800:], "notes": self.notes}
+
+
+def _parse_failure(exc: Exception) -> str:
+    """A decode failure as the checks report it: the parser's own message, or the error a hostile input provoked
+    in a parser not hardened against it (a RecursionError's text is the whole story otherwise)."""
+    if isinstance(exc, KvcsError | CoseError):
+        return str(exc)
+    return f"does not decode as a manifest ({type(exc).__name__}: {str(exc)[:200]})"
 
 
 # ---- the recording relay ------------------------------------------------------------------------------
@@ -472,7 +489,7 @@ class RecordingRelay(Relay):
         try:
             body = verify(latest.payload, public_keys) if latest.track == MANIFEST_COSE else latest.payload
             manifest = parse_manifest(body)
-        except (CoseError, KvcsError):
+        except PARSE_ERRORS:
             return False
         segments = {s.segment: s.complete for s in manifest.segments}
         return all(segments.get(s.segment, False) for s in spec.segment_layout())
@@ -543,7 +560,8 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
             thread.close(3.0)
     if log is not None:
         log(f"{case.name}: complete={complete} after {time.monotonic() - started:.1f} s")
-    assert relay is not None
+    if relay is None:  # start() raised, and that propagated; kept for the type checker
+        raise HarnessBug("kvcs-publisher harness: the recording relay was never started")
     grants = relay.granted_streams_uni
     granted = grants.get(relay.source.number) if relay.source is not None else next(iter(grants.values()), None)
     return Observation(case, spec, token, keys, list(relay.announces), list(relay.objects),
@@ -591,33 +609,42 @@ def _probe(thread: LoopThread, relay: RecordingRelay, notes: list[str]) -> None:
 
 # ---- what the checks share -------------------------------------------------------------------------------
 
-MAX_SHOWN = 8  # problems listed in a failure message (the rest are counted)
-
-
-def report(problems: list[str], what: str) -> None:
-    """Fail the check listing ``problems`` (each names its field and requirement id)."""
-    if problems:
-        shown = problems[:MAX_SHOWN]
-        more = f"\n  ... and {len(problems) - MAX_SHOWN} more" if len(problems) > MAX_SHOWN else ""
-        raise AssertionError(f"{what}:\n  " + "\n  ".join(shown) + more)
+def findings(what: str, *asserted: str) -> Findings:
+    """A ``Findings`` for a check that evaluates each of ``asserted`` on everything it reads (a problem is added
+    against the id it breaks; with none, each of them was asserted and holds)."""
+    found = Findings(what)
+    found.asserted.extend(asserted)
+    return found
 
 
 def need_live(obs: Observation) -> None:
     """End the check inconclusive when the relay's own subscriptions saw nothing (a publisher that published
     before the relay subscribed, or never): what only live delivery shows cannot be judged then."""
-    from kvconform.verdicts import inconclusive
-
     if not obs.live_any():
         inconclusive(f"case {obs.case.name}: no object arrived on the relay's subscriptions (opened before its "
                      f"REQUEST_OK to PUBLISH_NAMESPACE); notes: {obs.notes}")
 
 
 def need_publication(obs: Observation) -> None:
-    """Fail when the publisher published nothing the harness could read at all."""
+    """End the check inconclusive when the publisher published no object at all: there is nothing for it to
+    judge. That a publisher announced and published nothing is what test_every_block_of_every_layer_is_published
+    (KVCS-TRACK-COMPLETE-OWN) and the announcement check fail; one requirement broken, not forty blamed."""
     if not obs.objects:
-        raise AssertionError(f"case {obs.case.name}: the publisher published no object (announces: "
-                             f"{[(str(a.namespace), a.allowed, a.reason) for a in obs.announces]}; notes: "
-                             f"{obs.notes}; publisher stderr: {obs.exit.stderr[-500:]!r})")
+        inconclusive(f"case {obs.case.name}: the publisher published no object to judge (announces: "
+                     f"{[(str(a.namespace), a.allowed, a.reason) for a in obs.announces]}; notes: {obs.notes}; "
+                     f"publisher exit {obs.exit.code}, stderr: {obs.exit.stderr[-300:]!r})")
+
+
+def readable_manifests(obs: Observation) -> list[tuple[Seen, Manifest]]:
+    """The manifest versions that parse (and verify), in Group order. Inconclusive when versions arrived but
+    none of them can be read: a check that needs a manifest's content cannot judge it then (the manifest's own
+    check, test_manifest_is_consistent_with_the_namespace_and_the_cache, fails naming why)."""
+    versions = obs.manifest_versions()
+    readable = [(o, m) for o, m, _ in versions if m is not None]
+    if versions and not readable:
+        inconclusive(f"case {obs.case.name}: the {len(versions)} manifest version(s) cannot be read "
+                     f"({versions[0][2]}); what this check needs is in the manifest")
+    return readable
 
 
 def track_name(name: bytes) -> str:

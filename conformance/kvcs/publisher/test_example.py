@@ -16,16 +16,14 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Case, Observation, need_publication, report
-from kvconform.fixtures import evidence
+from kvconform.conformance.kvcs.publisher.harness import Case, Observation, need_publication
 from kvconform.kvcs.content import CacheSpec, example_spec
 from kvconform.kvcs.payload import HEADER_LEN, field_offset
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import Location
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.testvectors import load_vectors
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import check, check_no_problems
 
 REQ = "KVCS-EX-PAYLOAD-HEADER"
 EXAMPLE_TRACK = DataTrack("k", "raw", 0)
@@ -58,20 +56,12 @@ def field_at(offset: int) -> str:
     return max((n for n in FIELDS if field_offset(n) <= offset), key=field_offset)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kvcs_example_geometry(kvcs_publications: Any) -> Observation:
     """One publication of a 2-layer x 2-block cache of the example's geometry (bounded by the harness's own
     timeouts), once per session."""
-    from kvconform.conformance.kvcs.publisher.harness import observe
-
-    pubs = kvcs_publications
-    if EXAMPLE_CASE.name not in pubs.done:
-        try:
-            pubs.done[EXAMPLE_CASE.name] = observe(EXAMPLE_CASE, pubs.factory(), pubs.seed ^ SEED_SALT)
-        except TargetUnavailable as exc:
-            inconclusive(f"the publisher could not be started for case {EXAMPLE_CASE.name}: {exc}")
-    obs: Observation = pubs.done[EXAMPLE_CASE.name]
-    evidence.record("note", "publication", obs.summary())
+    obs: Observation = kvcs_publications.observe(EXAMPLE_CASE.name, EXAMPLE_CASE,
+                                                 kvcs_publications.seed ^ SEED_SALT)
     return obs
 
 
@@ -80,21 +70,20 @@ def header_problems(payload: bytes, via: str) -> list[str]:
     want = example_payload()
     where = f"{EXAMPLE_TRACK} {EXAMPLE_LOCATION} ({via})"
     if len(payload) < HEADER_LEN:
-        return [f"{where}: {len(payload)} octets, shorter than the {HEADER_LEN}-octet header [{REQ}]"]
+        return [f"{where}: {len(payload)} octets, shorter than the {HEADER_LEN}-octet header"]
     problems = []
     first = next((i for i in range(DIGEST_AT) if payload[i] != want[i]), None)
     if first is not None:
         problems.append(f"{where}: header octets 0..{DIGEST_AT - 1} are {payload[:DIGEST_AT].hex()}, the text's "
                         f"example has {want[:DIGEST_AT].hex()}; first difference at offset {first} "
-                        f"({field_at(first)}) [{REQ}]")
+                        f"({field_at(first)})")
     data = payload[HEADER_LEN:]
     if len(data) != len(want) - HEADER_LEN:
-        problems.append(f"{where}: {len(data)} Data octets, the example's geometry gives {len(want) - HEADER_LEN} "
-                        f"[{REQ}]")
+        problems.append(f"{where}: {len(data)} Data octets, the example's geometry gives {len(want) - HEADER_LEN}")
     digest = payload[DIGEST_AT:HEADER_LEN]
     if digest != hashlib.sha256(data).digest():
         problems.append(f"{where}: Data Digest (offset {DIGEST_AT}) {digest.hex()} is not the SHA-256 of the "
-                        f"object's Data {hashlib.sha256(data).hexdigest()} [{REQ}]")
+                        f"object's Data {hashlib.sha256(data).hexdigest()}")
     return problems
 
 
@@ -105,12 +94,12 @@ def test_the_texts_example_header(kvcs_example_geometry: Observation) -> None:
     need_publication(obs)
     seen = [o for o in obs.objects if o.track == EXAMPLE_TRACK.name and o.location == EXAMPLE_LOCATION
             and o.status == ObjectStatus.NORMAL]
-    assert seen, (f"the publisher sent no object {EXAMPLE_TRACK} {EXAMPLE_LOCATION} for a {obs.spec.layers}-layer "
-                  f"cache of the example's geometry (live, filled or fetched) [{REQ}]; notes: {obs.notes}")
+    check(seen, f"the object {EXAMPLE_TRACK} {EXAMPLE_LOCATION} of a {obs.spec.layers}-layer cache of the example's "
+          "geometry (live, filled or fetched)", req=REQ, seen=f"none (notes: {obs.notes})", expected="one")
     problems: list[str] = []
     vias: dict[bytes, set[str]] = {}
     for o in seen:
         vias.setdefault(o.payload, set()).add(o.via)
     for payload, how in vias.items():
         problems += header_problems(payload, ", ".join(sorted(how)))
-    report(problems, "the k object at {0,1} is not the text's example header")
+    check_no_problems(problems, what="the k object at {0,1} is not the text's example header", req=REQ)

@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Observation, Seen, need_live, need_publication, report
+from kvconform.conformance.kvcs.publisher.harness import (
+    Observation,
+    Seen,
+    findings,
+    need_live,
+    need_publication,
+    readable_manifests,
+)
 from kvconform.kvcs.manifest import Manifest, manifest_problems
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import ObjectStatus
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import check, check_no_problems, inconclusive
 
 
 def _live_versions(obs: Observation) -> list[tuple[Seen, Manifest | None, str]]:
@@ -61,9 +69,14 @@ def test_exactly_one_manifest_track(kvcs_publication: Any) -> None:
     obs = kvcs_publication
     need_publication(obs)
     served = [n.decode() for n in (MANIFEST, MANIFEST_COSE) if obs.offered(n)]
-    if len(served) != 1:
-        raise AssertionError(f"KVCS-MANIFEST-ONE-TRACK: case {obs.case.name}: the publisher serves {served or 'no'} "
-                             "manifest track(s), expected exactly one of 'manifest' and 'manifest.cose'")
+    check(len(served) == 1, f"case {obs.case.name}: the manifest tracks the publisher serves",
+          req="KVCS-MANIFEST-ONE-TRACK", seen=served or "none",
+          expected="exactly one of 'manifest' and 'manifest.cose'")
+    # the reserved names carry the manifest, never a data object (a KVO1 payload)
+    kvo1 = [f"{o.track.decode()} {o.location}" for n in (MANIFEST, MANIFEST_COSE) for o in obs.of(n)
+            if o.status == ObjectStatus.NORMAL and o.payload[:4] == b"KVO1"]
+    check(not kvo1, "objects on the reserved manifest track names", req="KVCS-IANA-RESERVED-NAMES", seen=kvo1[:4],
+          expected="manifest versions only, no KVO1 data payload")
 
 
 @pytest.mark.req("KVCS-PUB-MANIFEST-FIRST")
@@ -74,20 +87,20 @@ def test_manifest_before_the_first_data_object(kvcs_publication: Any) -> None:
     obs = kvcs_publication
     need_live(obs)
     versions = _live_versions(obs)
-    if not versions:
-        raise AssertionError(f"KVCS-PUB-MANIFEST-FIRST: case {obs.case.name}: no manifest version arrived on the "
-                             "relay's subscription to the manifest track")
+    check(versions, f"case {obs.case.name}: manifest versions on the relay's subscription to the manifest track",
+          req="KVCS-PUB-MANIFEST-FIRST", seen="none", expected="the first before or with the first data object")
     first_manifest = min(v[0].stream_id for v in versions)
     data = [o for t in obs.data_tracks() for o in obs.live(t.name)]
     if not data:
         inconclusive(f"case {obs.case.name}: no data object arrived live to compare the manifest with")
     first_data = min(data, key=lambda o: (o.stream_id, o.seq))
     streams = sorted({o.stream_id for o in data})
-    if len(streams) > 1 and first_manifest > streams[1]:
-        before = sorted({o.stream_id for o in data if o.stream_id < first_manifest})
-        raise AssertionError(f"KVCS-PUB-MANIFEST-FIRST: case {obs.case.name}: the first manifest version came on "
-                             f"stream {first_manifest}, opened after {len(before)} data streams (first data object "
-                             f"{first_data.location} of {first_data.track.decode()})")
+    before = sorted({o.stream_id for o in data if o.stream_id < first_manifest})
+    check(len(streams) <= 1 or first_manifest < streams[1],
+          f"case {obs.case.name}: the stream of the first manifest version (first data object {first_data.location} "
+          f"of {first_data.track.decode()})", req="KVCS-PUB-MANIFEST-FIRST",
+          seen=f"stream {first_manifest}, opened after {len(before)} data streams",
+          expected="opened before the second data stream")
 
 
 @pytest.mark.req("KVCS-MANIFEST-VERSION-GROUP")
@@ -99,17 +112,17 @@ def test_each_manifest_version_is_object_0_of_the_next_group(kvcs_publication: A
     live = sorted(obs.live(name), key=lambda o: (o.stream_id, o.seq)) if name else []
     normal = [o for o in live if o.status == ObjectStatus.NORMAL]
     if not normal:
-        raise AssertionError(f"KVCS-MANIFEST-VERSION-GROUP: case {obs.case.name}: no manifest version arrived live")
+        inconclusive(f"case {obs.case.name}: no manifest version arrived live (the manifest-first check judges that)")
     problems = []
     for i, o in enumerate(normal):
         if o.location.object != 0:
-            problems.append(f"manifest version at {o.location}: not Object 0 of its Group "
-                            "[KVCS-MANIFEST-VERSION-GROUP]")
+            problems.append(f"manifest version at {o.location}: not Object 0 of its Group")
         if o.location.group != i:
             problems.append(f"manifest version {i} (in publication order) is in Group {o.location.group}, expected "
-                            f"Group {i}: Group IDs increase by one per version [KVCS-MANIFEST-VERSION-GROUP]")
+                            f"Group {i}: Group IDs increase by one per version")
             break
-    report(problems, f"case {obs.case.name}: manifest versions are not Object 0 of consecutive Groups")
+    check_no_problems(problems, what=f"case {obs.case.name}: manifest versions are not Object 0 of consecutive Groups",
+                      req="KVCS-MANIFEST-VERSION-GROUP")
 
 
 def _listed_layers(m: Manifest, segment: int) -> int | None:
@@ -132,6 +145,10 @@ def test_a_new_manifest_version_at_least_every_8_layers(kvcs_publication: Any) -
     obs = kvcs_publication
     need_live(obs)
     versions = _live_versions(obs)
+    unreadable = [problem for _, m, problem in versions if m is None]
+    if unreadable:
+        inconclusive(f"case {obs.case.name}: {len(unreadable)} of {len(versions)} live manifest version(s) cannot be "
+                     f"read ({unreadable[0]}): the layers each lists are unknown")
     problems = []
     for seg in obs.spec.segment_layout():
         listed = [_listed_layers(m, seg.segment) for _, m, _ in versions if m is not None]
@@ -151,8 +168,9 @@ def test_a_new_manifest_version_at_least_every_8_layers(kvcs_publication: Any) -
         for (_, a_hi), (b_lo, _) in itertools.pairwise(marks):
             if b_lo - a_hi > 8:
                 problems.append(f"segment {seg.segment}: layers {a_hi + 1}..{b_lo} ({b_lo - a_hi}) completed with no "
-                                f"new manifest version (versions at {counts} layers {how}) [KVCS-MANIFEST-CADENCE]")
-    report(problems, f"case {obs.case.name}: manifest versions are further apart than 8 completed layers")
+                                f"new manifest version (versions at {counts} layers {how})")
+    check_no_problems(problems, what=f"case {obs.case.name}: manifest versions are further apart than 8 completed "
+                      "layers", req="KVCS-MANIFEST-CADENCE")
 
 
 @pytest.mark.req("KVCS-MANIFEST-NEW-VERSION-SEGMENT")
@@ -164,12 +182,12 @@ def test_a_new_manifest_version_when_a_segment_is_added_or_completes(kvcs_public
     so a manifest version may legitimately reach the relay after the first objects of the segment it adds."""
     obs = kvcs_publication
     need_publication(obs)
-    versions = [m for _, m, _ in obs.manifest_versions() if m is not None]
+    versions = [m for _, m in readable_manifests(obs)]
     problems = []
     for seg in obs.spec.segment_layout():
         listing = [m for m in versions if m.segment(seg.segment) is not None]
         if not listing:
-            problems.append(f"segment {seg.segment}: no manifest version lists it [KVCS-MANIFEST-NEW-VERSION-SEGMENT]")
+            problems.append(f"segment {seg.segment}: no manifest version lists it")
             continue
         first = listing[0]
         entry = first.segment(seg.segment)
@@ -177,60 +195,81 @@ def test_a_new_manifest_version_when_a_segment_is_added_or_completes(kvcs_public
         if (entry is not None and entry.complete) or (layers is not None and layers > 0):
             problems.append(f"segment {seg.segment}: the first version listing it already has "
                             f"{obs.spec.layers if layers is None else layers} layers complete: no version was "
-                            "published when it was added [KVCS-MANIFEST-NEW-VERSION-SEGMENT]")
+                            "published when it was added")
         if not any((e := m.segment(seg.segment)) is not None and e.complete for m in listing):
-            problems.append(f"segment {seg.segment}: no manifest version marks it complete "
-                            "[KVCS-MANIFEST-NEW-VERSION-SEGMENT]")
-    report(problems, f"case {obs.case.name}: no new manifest version when a segment was added or completed")
+            problems.append(f"segment {seg.segment}: no manifest version marks it complete")
+    check_no_problems(problems, what=f"case {obs.case.name}: no new manifest version when a segment was added or "
+                      "completed", req="KVCS-MANIFEST-NEW-VERSION-SEGMENT")
 
 
-@pytest.mark.req("KVCS-MANIFEST-JSON", "KVCS-MANIFEST-SEGMENTS", "KVCS-MANIFEST-BLOCK-KEYS-SHA256",
-                 "KVCS-MANIFEST-COMPAT-CONSISTENT", "KVCS-KVSP-COMPAT-DESCRIPTOR", "KVCS-TRACK-NAME-ABNF")
+CONSISTENCY_REQS = ("KVCS-MANIFEST-JSON", "KVCS-MANIFEST-SEGMENTS", "KVCS-MANIFEST-BLOCK-KEYS-SHA256",
+                    "KVCS-MANIFEST-COMPAT-CONSISTENT", "KVCS-KVSP-COMPAT-DESCRIPTOR", "KVCS-TRACK-NAME-ABNF")
+DESCRIPTOR_KEYS = ("model", "layers", "kv_heads", "head_dim", "block_tokens", "dtype")
+_CITED = re.compile(r"\[(KVCS-[A-Z0-9-]+)\]\s*$")
+
+
+def _cited(problem: str, default: str) -> str:
+    """The requirement a problem of kvconform.kvcs.manifest names ("... [ID]"), else ``default``."""
+    found = _CITED.search(problem)
+    return found.group(1) if found else default
+
+
+@pytest.mark.req(*CONSISTENCY_REQS)
 def test_manifest_is_consistent_with_the_namespace_and_the_cache(kvcs_publication: Any) -> None:
-    """Every version parses; its "compat" hashes to the namespace's Compatibility ID; layers and block_tokens
-    match; each segment entry has the segment's first_block, blocks, block_keys_sha256 and data tracks (names
-    that follow the ABNF and are served); "complete" only once every Group was published."""
+    """Every version parses; its "compat" is a Compatibility Descriptor that hashes to the namespace's
+    Compatibility ID; layers and block_tokens match; each segment entry has the segment's first_block, blocks,
+    block_keys_sha256 and data tracks (names that follow the ABNF and are served); "complete" only once every
+    Group was published."""
     obs = kvcs_publication
     need_publication(obs)
     ns = obs.namespace
     versions = obs.manifest_versions()
-    if ns is None or not versions:
-        absent = (("an accepted namespace", ns is None), ("a manifest version", not versions))
-        missing = [what for what, gone in absent if gone]
-        raise AssertionError(f"KVCS-MANIFEST-JSON: case {obs.case.name}: no {' nor '.join(missing)} to check")
+    if ns is None:
+        inconclusive(f"case {obs.case.name}: no accepted namespace to check the manifest against (the announcement "
+                     "check judges that)")
+    check(versions, f"case {obs.case.name}: manifest versions of the manifest track", req="KVCS-MANIFEST-JSON",
+          seen="none readable on manifest or manifest.cose", expected="at least one")
     layout = obs.spec.segment_layout()
     served = {t.name.decode() for t in obs.data_tracks()}
-    problems = []
+    found = findings(f"case {obs.case.name}: the manifest is not consistent with the namespace and the cache",
+                     *CONSISTENCY_REQS)
     for o, m, problem in versions:
         where = f"manifest version {o.location.group} ({o.via})"
         if m is None:
-            problems.append(f"{where}: {problem} [KVCS-MANIFEST-JSON]")
+            found.add("KVCS-MANIFEST-JSON", f"{where}: {problem}")
             continue
-        found = manifest_problems(m, ns, obs.spec.profile, block_keys=obs.spec.block_keys)
-        problems += [f"{where}: {p}" for p in found]
+        missing = [k for k in DESCRIPTOR_KEYS if k not in m.compat]
+        if missing or m.compat.get("dtype") != "f16":
+            found.add("KVCS-KVSP-COMPAT-DESCRIPTOR", f"{where}: compat lacks {missing} or its dtype "
+                                                     f"{m.compat.get('dtype')!r} is not 'f16'")
+        for p in manifest_problems(m, ns, obs.spec.profile, block_keys=obs.spec.block_keys):
+            req = _cited(p, "KVCS-MANIFEST-JSON")
+            if req == "KVCS-MANIFEST-OBJECT-DIGESTS":
+                continue  # test_manifest_lists_the_object_digests judges those
+            found.add(req if req in CONSISTENCY_REQS else "KVCS-MANIFEST-JSON", f"{where}: {p}")
         if (m.layers, m.block_tokens) != (obs.spec.layers, obs.spec.block_tokens):
-            problems.append(f"{where}: layers {m.layers}, block_tokens {m.block_tokens}; the cache has "
-                            f"{obs.spec.layers}, {obs.spec.block_tokens} [KVCS-MANIFEST-JSON]")
+            found.add("KVCS-MANIFEST-JSON", f"{where}: layers {m.layers}, block_tokens {m.block_tokens}; the cache has "
+                                            f"{obs.spec.layers}, {obs.spec.block_tokens}")
         for e in m.segments:
             if e.segment >= len(layout):
-                problems.append(f"{where}: segment {e.segment} does not exist in the cache [KVCS-MANIFEST-SEGMENTS]")
+                found.add("KVCS-MANIFEST-SEGMENTS", f"{where}: segment {e.segment} does not exist in the cache")
                 continue
             want = layout[e.segment]
             if (e.first_block, e.blocks) != (want.first_block, want.blocks):
-                problems.append(f"{where}: segment {e.segment} first_block {e.first_block} blocks {e.blocks}, expected "
-                                f"{want.first_block}, {want.blocks} [KVCS-MANIFEST-SEGMENTS]")
+                found.add("KVCS-MANIFEST-SEGMENTS", f"{where}: segment {e.segment} first_block {e.first_block} blocks "
+                                                    f"{e.blocks}, expected {want.first_block}, {want.blocks}")
             needed = {str(t) for t in obs.spec.data_tracks(e.segment)}
             if not needed <= set(e.tracks) or not set(e.tracks) <= served:
-                problems.append(f"{where}: segment {e.segment} tracks {list(e.tracks)}; it needs {sorted(needed)} and "
-                                f"the publisher serves {sorted(served)} [KVCS-MANIFEST-SEGMENTS]")
+                found.add("KVCS-MANIFEST-SEGMENTS", f"{where}: segment {e.segment} tracks {list(e.tracks)}; it needs "
+                                                    f"{sorted(needed)} and the publisher serves {sorted(served)}")
             if e.complete:
                 for t in e.tracks:
                     have = {x.location for x in obs.of(t.encode()) if x.status == ObjectStatus.NORMAL}
                     if len(have) < obs.spec.layers * want.blocks:
-                        problems.append(f"{where}: segment {e.segment} marked complete, but {t} published "
-                                        f"{len(have)} of {obs.spec.layers * want.blocks} objects "
-                                        "[KVCS-MANIFEST-SEGMENTS]")
-    report(problems, f"case {obs.case.name}: the manifest is not consistent with the namespace and the cache")
+                        found.add("KVCS-MANIFEST-SEGMENTS", f"{where}: segment {e.segment} marked complete, but {t} "
+                                                            f"published {len(have)} of "
+                                                            f"{obs.spec.layers * want.blocks} objects")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-MANIFEST-OBJECT-DIGESTS")
@@ -243,32 +282,30 @@ def test_manifest_lists_the_object_digests(kvcs_publication: Any) -> None:
     layout = obs.spec.segment_layout()
     tracks = {str(t): t for t in obs.expected_tracks()}
     problems = []
-    for o, m, _ in obs.manifest_versions():
-        if m is None:
-            continue
+    for o, m in readable_manifests(obs):
         where = f"manifest version {o.location.group}"
         for e in m.segments:
             if e.object_digests is None:
-                problems.append(f"{where}: segment {e.segment} has no object_digests [KVCS-MANIFEST-OBJECT-DIGESTS]")
+                problems.append(f"{where}: segment {e.segment} has no object_digests")
                 continue
             for name in e.tracks:
                 groups = e.object_digests.get(name)
                 track = tracks.get(name)
-                if groups is None or track is None:
-                    problems.append(f"{where}: segment {e.segment} object_digests has no array for {name} "
-                                    "[KVCS-MANIFEST-OBJECT-DIGESTS]")
+                if groups is None or track is None or e.segment >= len(layout):
+                    problems.append(f"{where}: segment {e.segment} object_digests has no array for {name}")
                     continue
                 if e.complete and len(groups) != obs.spec.layers:
                     problems.append(f"{where}: {name} lists {len(groups)} Groups in a complete segment of "
-                                    f"{obs.spec.layers} layers [KVCS-MANIFEST-OBJECT-DIGESTS]")
+                                    f"{obs.spec.layers} layers")
                 for g, digests in enumerate(groups[:obs.spec.layers]):
                     want = [hashlib.sha256(obs.spec.object_data(track, g, b)).digest()
                             for b in range(layout[track.segment].blocks)]
                     if digests != want:
                         problems.append(f"{where}: {name} Group {g} digests differ from the Data Digests of its "
-                                        "objects [KVCS-MANIFEST-OBJECT-DIGESTS]")
+                                        "objects")
                         break
-    report(problems, f"case {obs.case.name}: the manifest does not list the objects' digests")
+    check_no_problems(problems, what=f"case {obs.case.name}: the manifest does not list the objects' digests",
+                      req="KVCS-MANIFEST-OBJECT-DIGESTS")
 
 
 @pytest.mark.req("KVCS-MANIFEST-COSE-SIGN", "KVCS-SEC-COSE-REQUIRED")
@@ -277,19 +314,19 @@ def test_signed_manifest_verifies_with_the_producer_key(kvcs_signed: Any) -> Non
     COSE_Sign1 that verifies with that key under its kid (ES256 or EdDSA), and each carries object_digests."""
     obs = kvcs_signed
     need_publication(obs)
-    problems = []
-    if not obs.offered(MANIFEST_COSE) or obs.offered(MANIFEST):
-        problems.append(f"tracks served: manifest {obs.offered(MANIFEST)}, manifest.cose {obs.offered(MANIFEST_COSE)}; "
-                        "with a producer key only manifest.cose [KVCS-MANIFEST-COSE-SIGN, KVCS-SEC-COSE-REQUIRED]")
+    check(obs.offered(MANIFEST_COSE) and not obs.offered(MANIFEST), "manifest tracks served with a producer key",
+          req="KVCS-SEC-COSE-REQUIRED",
+          seen=f"manifest {obs.offered(MANIFEST)}, manifest.cose {obs.offered(MANIFEST_COSE)}",
+          expected="manifest.cose only")
     versions = obs.manifest_versions()
-    if obs.manifest_track == MANIFEST_COSE and not versions:
-        problems.append("no manifest.cose version arrived [KVCS-MANIFEST-COSE-SIGN]")
+    check(versions, "versions of manifest.cose", req="KVCS-MANIFEST-COSE-SIGN", seen="none arrived",
+          expected="at least one")
+    found = findings("the signed manifest does not verify with the producer key", "KVCS-MANIFEST-COSE-SIGN",
+                     "KVCS-SEC-COSE-REQUIRED")
     for o, m, problem in versions:
-        if obs.manifest_track != MANIFEST_COSE:
-            break
         if m is None:
-            problems.append(f"manifest.cose version {o.location.group} ({o.via}): {problem} [KVCS-MANIFEST-COSE-SIGN]")
+            found.add("KVCS-MANIFEST-COSE-SIGN", f"manifest.cose version {o.location.group} ({o.via}): {problem}")
         elif any(e.object_digests is None for e in m.segments):
-            problems.append(f"manifest.cose version {o.location.group}: a segment without object_digests "
-                            "[KVCS-SEC-COSE-REQUIRED]")
-    report(problems, "the signed manifest does not verify with the producer key")
+            found.add("KVCS-SEC-COSE-REQUIRED", f"manifest.cose version {o.location.group}: a segment without "
+                                                "object_digests")
+    found.judge()

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Observation, Seen, need_live, report, track_name
+from kvconform.conformance.kvcs.publisher.harness import Observation, Seen, findings, need_live, track_name
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import SG_FIRST_OBJECT, ObjectStatus
 from kvconform.moqt.structures import Location, PropertyType, property_int
+from kvconform.verdicts import check_no_problems, inconclusive
 
 
 def _data_live(obs: Observation) -> dict[bytes, list[Seen]]:
@@ -47,10 +48,11 @@ def test_groups_are_published_in_layer_order(kvcs_publication: Any) -> None:
         for o in objects:
             if o.location.group < highest:
                 problems.append(f"{track_name(name)}: {o.location} was published (stream {o.stream_id}) after "
-                                f"objects of Group {highest} [KVCS-GROUP-ORDER]")
+                                f"objects of Group {highest}")
                 break
             highest = max(highest, o.location.group)
-    report(problems, f"case {obs.case.name}: Groups are not published layer by layer")
+    check_no_problems(problems, what=f"case {obs.case.name}: Groups are not published layer by layer",
+                      req="KVCS-GROUP-ORDER")
 
 
 @pytest.mark.req("KVCS-GROUP-SUBGROUP-ZERO", "MOQT-DATA-FIRST-OBJECT", "MOQT-DATA-FIN")
@@ -59,7 +61,8 @@ def test_each_group_is_one_subgroup_0_stream_in_ascending_object_order(kvcs_publ
     publisher opens the subgroup), Object IDs ascending from 0, closed with FIN."""
     obs = kvcs_publication
     need_live(obs)
-    problems = []
+    found = findings(f"case {obs.case.name}: Groups are not one Subgroup 0 stream in Object ID order",
+                     "KVCS-GROUP-SUBGROUP-ZERO", "MOQT-DATA-FIRST-OBJECT", "MOQT-DATA-FIN")
     ends = {sid: end for a in obs.answers if a.kind == "subscribe" for sid, end in a.data_streams.items()}
     for name, objects in _data_live(obs).items():
         groups: dict[int, list[Seen]] = {}
@@ -69,23 +72,23 @@ def test_each_group_is_one_subgroup_0_stream_in_ascending_object_order(kvcs_publ
             where = f"{track_name(name)} Group {g}"
             streams = sorted({o.stream_id for o in objs})
             if len(streams) != 1:
-                problems.append(f"{where}: on {len(streams)} subgroup streams, expected one [KVCS-GROUP-SUBGROUP-ZERO]")
+                found.add("KVCS-GROUP-SUBGROUP-ZERO", f"{where}: on {len(streams)} subgroup streams, expected one")
             subgroups = sorted({o.subgroup for o in objs}, key=lambda s: -1 if s is None else s)
             if subgroups != [0]:
-                problems.append(f"{where}: Subgroup IDs {subgroups}, expected only 0 [KVCS-GROUP-SUBGROUP-ZERO]")
+                found.add("KVCS-GROUP-SUBGROUP-ZERO", f"{where}: Subgroup IDs {subgroups}, expected only 0")
             ids = [o.location.object for o in objs]
             if ids != sorted(set(ids)) or ids[0] != 0:
-                problems.append(f"{where}: Object IDs in the order {ids[:10]}, expected ascending from 0 "
-                                "[KVCS-GROUP-SUBGROUP-ZERO]")
+                found.add("KVCS-GROUP-SUBGROUP-ZERO", f"{where}: Object IDs in the order {ids[:10]}, expected "
+                                                      "ascending from 0")
             flags = objs[0].header_flags
             if flags is not None and not flags & SG_FIRST_OBJECT:
-                problems.append(f"{where}: SUBGROUP_HEADER 0x{flags:02x} without FIRST_OBJECT (0x40) on the stream "
-                                "that opens the subgroup [MOQT-DATA-FIRST-OBJECT]")
+                found.add("MOQT-DATA-FIRST-OBJECT", f"{where}: SUBGROUP_HEADER 0x{flags:02x} without FIRST_OBJECT "
+                                                    "(0x40) on the stream that opens the subgroup")
             for sid in streams:
                 if ends.get(sid) != "fin":
-                    problems.append(f"{where}: its stream {sid} ended {ends.get(sid, 'never')!r}, expected FIN "
-                                    "[MOQT-DATA-FIN]")
-    report(problems, f"case {obs.case.name}: Groups are not one Subgroup 0 stream in Object ID order")
+                    found.add("MOQT-DATA-FIN", f"{where}: its stream {sid} ended {ends.get(sid, 'never')!r}, "
+                                               "expected FIN")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-GROUP-END-OF-GROUP", "MOQT-DATA-OBJECT-STATUS")
@@ -95,7 +98,8 @@ def test_end_of_group_after_each_layer(kvcs_publication: Any) -> None:
     instead (moqt-d22-profile section 13 #11)."""
     obs = kvcs_publication
     need_live(obs)
-    problems = []
+    found = findings(f"case {obs.case.name}: End of Group does not follow each layer", "KVCS-GROUP-END-OF-GROUP",
+                     "MOQT-DATA-OBJECT-STATUS")
     layers = obs.spec.layers
     for name, objects in _data_live(obs).items():
         blocks = _blocks(obs, name)
@@ -107,18 +111,21 @@ def test_end_of_group_after_each_layer(kvcs_publication: Any) -> None:
             if g == layers - 1 and eot_here and not eog:
                 continue  # End of Track at {L-1, n} closes the last Group (accepted, section 13 #11)
             if len(eog) != 1:
-                problems.append(f"{where}: {len(eog)} End of Group status objects, expected one after Object "
-                                f"{blocks - 1} [KVCS-GROUP-END-OF-GROUP]")
+                found.add("KVCS-GROUP-END-OF-GROUP", f"{where}: {len(eog)} End of Group status objects, expected one "
+                                                     f"after Object {blocks - 1}")
                 continue
             marker = eog[0]
-            if marker.location.object < blocks or marker.payload:
-                problems.append(f"{where}: End of Group at Object {marker.location.object}, expected after the "
-                                f"last block (Object ID >= {blocks}) and no payload [KVCS-GROUP-END-OF-GROUP]")
+            if marker.location.object < blocks:
+                found.add("KVCS-GROUP-END-OF-GROUP", f"{where}: End of Group at Object {marker.location.object}, "
+                                                     f"expected after the last block (Object ID >= {blocks})")
+            if marker.payload:
+                found.add("MOQT-DATA-OBJECT-STATUS", f"{where}: End of Group status object with a "
+                                                     f"{len(marker.payload)}-octet payload")
             after = [o for o in objs if _published_after(o, marker) or o.location.object > marker.location.object]
             if after:
-                problems.append(f"{where}: {[str(o.location) for o in after][:4]} after its End of Group "
-                                "[KVCS-GROUP-END-OF-GROUP, MOQT-DATA-OBJECT-STATUS]")
-    report(problems, f"case {obs.case.name}: End of Group does not follow each layer")
+                found.add("KVCS-GROUP-END-OF-GROUP", f"{where}: {[str(o.location) for o in after][:4]} after its End "
+                                                     "of Group")
+    found.judge()
 
 
 def _end_of_track(obs: Observation, name: bytes) -> Location | None:
@@ -134,28 +141,29 @@ def test_end_of_track_after_the_last_layer(kvcs_publication: Any) -> None:
     obs = kvcs_publication
     need_live(obs)
     layers = obs.spec.layers
-    problems = []
+    found = findings(f"case {obs.case.name}: End of Track does not follow the last layer", "KVCS-GROUP-END-OF-TRACK",
+                     "MOQT-SUB-LARGEST-OBJECT")
     for name, objects in _data_live(obs).items():
         blocks = _blocks(obs, name)
         marks = [o for o in objects if o.status == ObjectStatus.END_OF_TRACK]
         where = track_name(name)
         if len(marks) != 1:
-            problems.append(f"{where}: {len(marks)} End of Track status objects, expected one after Group "
-                            f"{layers - 1} [KVCS-GROUP-END-OF-TRACK]")
+            found.add("KVCS-GROUP-END-OF-TRACK", f"{where}: {len(marks)} End of Track status objects, expected one "
+                                                 f"after Group {layers - 1}")
             continue
         loc = marks[0].location
         if loc != Location(layers, 0) and not (loc.group == layers - 1 and loc.object >= blocks):
-            problems.append(f"{where}: End of Track at {loc}, expected {{{layers},0}} (or "
-                            f"{{{layers - 1},n>={blocks}}}) [KVCS-GROUP-END-OF-TRACK]")
+            found.add("KVCS-GROUP-END-OF-TRACK", f"{where}: End of Track at {loc}, expected {{{layers},0}} (or "
+                                                 f"{{{layers - 1},n>={blocks}}})")
         after = [o.location for o in objects if _published_after(o, marks[0]) or o.location > loc]
         if after:
-            problems.append(f"{where}: {[str(a) for a in after[:4]]} after End of Track [KVCS-GROUP-END-OF-TRACK]")
+            found.add("KVCS-GROUP-END-OF-TRACK", f"{where}: {[str(a) for a in after[:4]]} after End of Track")
         last = Location(layers - 1, blocks - 1)
         for a in obs.answers_for(name, "probe-subscribe"):
             if a.ok and a.largest not in (loc, last):
-                problems.append(f"{where}: SUBSCRIBE_OK after the end has LARGEST_OBJECT {a.largest}, expected {loc} "
-                                f"(End of Track) or {last} [MOQT-SUB-LARGEST-OBJECT]")
-    report(problems, f"case {obs.case.name}: End of Track does not follow the last layer")
+                found.add("MOQT-SUB-LARGEST-OBJECT", f"{where}: SUBSCRIBE_OK after the end has LARGEST_OBJECT "
+                                                     f"{a.largest}, expected {loc} (End of Track) or {last}")
+    found.judge()
 
 
 def _priority(obs: Observation, o: Seen) -> int:
@@ -182,9 +190,10 @@ def test_data_priority_is_floor_128_g_over_l(kvcs_publication: Any) -> None:
             got = _priority(obs, o)
             if got != want:
                 problems.append(f"{track_name(name)} {o.location}: Publisher Priority {got}, expected floor(128*"
-                                f"{o.location.group}/{layers}) = {want} [KVCS-OBJ-PRIORITY]")
+                                f"{o.location.group}/{layers}) = {want}")
                 break
-    report(problems, f"case {obs.case.name}: data objects do not carry floor(128*g/L)")
+    check_no_problems(problems, what=f"case {obs.case.name}: data objects do not carry floor(128*g/L)",
+                      req="KVCS-OBJ-PRIORITY")
 
 
 @pytest.mark.req("KVCS-OBJ-MANIFEST-PRIORITY")
@@ -194,7 +203,8 @@ def test_manifest_priority_is_0(kvcs_publication: Any) -> None:
     need_live(obs)
     manifests = [o for name in (MANIFEST, MANIFEST_COSE) for o in obs.live(name)]
     if not manifests:
-        raise AssertionError(f"KVCS-OBJ-MANIFEST-PRIORITY: case {obs.case.name}: no manifest object arrived live")
-    problems = [f"{track_name(o.track)} {o.location}: Publisher Priority {_priority(obs, o)}, expected 0 "
-                "[KVCS-OBJ-MANIFEST-PRIORITY]" for o in manifests if _priority(obs, o) != 0]
-    report(problems, f"case {obs.case.name}: the manifest track does not use Publisher Priority 0")
+        inconclusive(f"case {obs.case.name}: no manifest object arrived live (the manifest-first check judges that)")
+    problems = [f"{track_name(o.track)} {o.location}: Publisher Priority {_priority(obs, o)}, expected 0"
+                for o in manifests if _priority(obs, o) != 0]
+    check_no_problems(problems, what=f"case {obs.case.name}: the manifest track does not use Publisher Priority 0",
+                      req="KVCS-OBJ-MANIFEST-PRIORITY")

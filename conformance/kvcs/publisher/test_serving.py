@@ -8,13 +8,15 @@ and a FETCH of everything (Ascending), and for the manifest a SUBSCRIBE with fil
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Answer, Observation, need_publication, report, track_name
+from kvconform.conformance.kvcs.publisher.harness import Answer, Observation, findings, need_publication, track_name
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import Location
+from kvconform.verdicts import Findings
 
 
 def _published(obs: Observation, name: bytes) -> dict[Location, bytes]:
@@ -22,85 +24,100 @@ def _published(obs: Observation, name: bytes) -> dict[Location, bytes]:
     return {o.location: o.payload for o in obs.live(name) if o.status == ObjectStatus.NORMAL}
 
 
-def _stream_problems(a: Answer, what: str) -> list[str]:
+@dataclass(frozen=True)
+class Blame:
+    """Which requirement each way a probe's delivery can go wrong breaks."""
+
+    refused: str  # no OK answer
+    stream: str  # not one data stream ended with FIN
+    groups: str  # Groups not ascending
+    objects: str  # an object twice, or Object IDs not ascending within a Group
+    missing: str  # a published object not delivered
+    changed: str  # a payload other than the published one
+
+
+FILL = Blame("MOQT-FILL-STREAM", "MOQT-FILL-STREAM", "MOQT-FILL-EXACTLY-ONCE", "MOQT-FILL-EXACTLY-ONCE",
+             "MOQT-FILL-EXACTLY-ONCE", "KVCS-PUB-NO-DUP-LOCATION")
+FETCH = Blame("MOQT-FETCH-RANGE", "MOQT-FETCH-ORDER", "KVCS-FETCH-ASCENDING", "MOQT-FETCH-ORDER", "MOQT-FETCH-RANGE",
+              "KVCS-PUB-NO-DUP-LOCATION")
+
+
+def _delivery_problems(obs: Observation, a: Answer, via: str, what: str, found: Findings, blame: Blame) -> None:
+    """One probe's answer and data stream: answered OK, one stream ended with FIN, every published object once in
+    ascending order, each payload as published; each problem against the requirement ``blame`` names."""
+    if not a.ok:
+        found.add(blame.refused, f"{what}: answered "
+                                 f"{'nothing' if a.ok is None else f'REQUEST_ERROR 0x{a.error_code:x}'}")
+        return
     ends = sorted(a.data_streams.values())
     if ends != ["fin"]:
-        return [f"{what}: data streams ended {ends or 'none opened'}, expected one stream ended with FIN"]
-    return []
-
-
-def _delivery_problems(obs: Observation, a: Answer, via: str, what: str, order_req: str,
-                       content_req: str) -> list[str]:
-    """One probe's answer and data stream: answered OK, one stream ended with FIN, every published object once
-    in ascending order, each payload as published. ``order_req`` / ``content_req``: the ids cited."""
-    if not a.ok:
-        return [f"{what}: answered {'nothing' if a.ok is None else f'REQUEST_ERROR 0x{a.error_code:x}'} "
-                f"[{content_req}]"]
-    problems = [f"{p} [{order_req}]" for p in _stream_problems(a, what)]
+        found.add(blame.stream, f"{what}: data streams ended {ends or 'none opened'}, expected one stream ended with "
+                                "FIN")
     objs = sorted((o for o in obs.of(a.track, via) if o.stream_id in a.data_streams), key=lambda o: o.seq)
     locs = [o.location for o in objs]
-    if locs != sorted(set(locs)):
-        problems.append(f"{what}: objects not once each in ascending Group and Object order "
-                        f"({[str(x) for x in locs[:8]]}) [{order_req}]")
+    groups = [loc.group for loc in locs]
+    if groups != sorted(groups):
+        found.add(blame.groups, f"{what}: Groups not in ascending order ({[str(x) for x in locs[:8]]})")
+    elif locs != sorted(set(locs)):
+        found.add(blame.objects, f"{what}: objects not once each in ascending Object ID order within their Group "
+                                 f"({[str(x) for x in locs[:8]]})")
     published = _published(obs, a.track)
     got = {o.location: o.payload for o in objs}
     missing = sorted(set(published) - set(got))
     if missing:
-        problems.append(f"{what}: {len(missing)} published objects missing, e.g. {[str(m) for m in missing[:5]]} "
-                        f"[{content_req}]")
+        found.add(blame.missing, f"{what}: {len(missing)} published objects missing, e.g. "
+                                 f"{[str(m) for m in missing[:5]]}")
     changed = sorted(loc for loc in got if loc in published and got[loc] != published[loc])
     if changed:
-        problems.append(f"{what}: payloads differ from the published ones at {[str(c) for c in changed[:5]]} "
-                        f"[{content_req}]")
-    return problems
+        found.add(blame.changed, f"{what}: payloads differ from the ones published live at "
+                                 f"{[str(c) for c in changed[:5]]}")
 
 
-@pytest.mark.req("MOQT-FILL-STREAM", "MOQT-FILL-EXACTLY-ONCE", "MOQT-SUB-PUBLISH-DONE")
+@pytest.mark.req("MOQT-FILL-STREAM", "MOQT-FILL-EXACTLY-ONCE", "MOQT-SUB-PUBLISH-DONE", "KVCS-PUB-NO-DUP-LOCATION")
 def test_a_late_subscription_is_filled_with_every_object_once(kvcs_publication: Any) -> None:
     """After the publication, Next Object + fill {0,0} gets SUBSCRIBE_OK and one fill stream carrying every
     object of the track once, in ascending order, identical to what was published, ended with FIN; the manifest
     with fill {Relative Start 1} gets the latest version."""
     obs = kvcs_publication
     need_publication(obs)
-    problems = []
+    found = findings(f"case {obs.case.name}: a late subscription is not filled with the publication",
+                     "MOQT-FILL-STREAM", "MOQT-FILL-EXACTLY-ONCE", "KVCS-PUB-NO-DUP-LOCATION")
     for track in obs.data_tracks():
-        name = track.name
-        for a in obs.answers_for(name, "probe-subscribe"):
+        for a in obs.answers_for(track.name, "probe-subscribe"):
             what = f"{track} SUBSCRIBE Next Object + fill {{0,0}}"
-            problems += _delivery_problems(obs, a, "fill", what, "MOQT-FILL-STREAM, MOQT-FILL-EXACTLY-ONCE",
-                                           "MOQT-FILL-EXACTLY-ONCE")
-            if a.done is not None and a.done.stream_count not in (len(a.data_streams), 2**64 - 1):
-                problems.append(f"{what}: PUBLISH_DONE Stream Count {a.done.stream_count}, {len(a.data_streams)} data "
-                                "streams were opened [MOQT-SUB-PUBLISH-DONE]")
+            _delivery_problems(obs, a, "fill", what, found, FILL)
+            if a.done is not None:
+                found.expect(a.done.stream_count in (len(a.data_streams), 2**64 - 1), "MOQT-SUB-PUBLISH-DONE",
+                             f"{what}: PUBLISH_DONE Stream Count {a.done.stream_count}, {len(a.data_streams)} data "
+                             "streams were opened")
     name = obs.manifest_track
     if name is not None:
         latest = max((o.location for o in obs.live(name) if o.status == ObjectStatus.NORMAL), default=None)
         for a in obs.answers_for(name, "probe-subscribe"):
             delivered = [o.location for o in obs.of(name, "fill") if o.stream_id in a.data_streams]
             if a.ok and latest is not None and delivered != [latest]:
-                problems.append(f"{track_name(name)} SUBSCRIBE fill {{Relative Start 1}}: delivered "
-                                f"{[str(g) for g in delivered]}, expected the latest version {latest} "
-                                "[MOQT-FILL-STREAM]")
-    report(problems, f"case {obs.case.name}: a late subscription is not filled with the publication")
+                found.add("MOQT-FILL-STREAM", f"{track_name(name)} SUBSCRIBE fill {{Relative Start 1}}: delivered "
+                                              f"{[str(g) for g in delivered]}, expected the latest version {latest}")
+    found.judge()
 
 
-@pytest.mark.req("MOQT-FETCH-ORDER", "KVCS-FETCH-ASCENDING", "MOQT-FETCH-RANGE", "MOQT-FETCH-OK")
+@pytest.mark.req("MOQT-FETCH-ORDER", "KVCS-FETCH-ASCENDING", "MOQT-FETCH-RANGE", "MOQT-FETCH-OK",
+                 "KVCS-PUB-NO-DUP-LOCATION")
 def test_fetch_returns_the_track_in_ascending_order(kvcs_publication: Any) -> None:
     """A FETCH from {0,0} (Ascending) gets FETCH_OK whose End Location is the last object (or End of Track), then
     one stream with every object once, Groups ascending and objects ascending within each, as published."""
     obs = kvcs_publication
     need_publication(obs)
-    problems = []
+    found = findings(f"case {obs.case.name}: FETCH does not return the track in ascending order", "MOQT-FETCH-ORDER",
+                     "KVCS-FETCH-ASCENDING", "MOQT-FETCH-RANGE", "MOQT-FETCH-OK", "KVCS-PUB-NO-DUP-LOCATION")
     for track in obs.data_tracks():
-        name = track.name
-        published = _published(obs, name)
-        for a in obs.answers_for(name, "probe-fetch"):
+        published = _published(obs, track.name)
+        for a in obs.answers_for(track.name, "probe-fetch"):
             what = f"{track} FETCH {{0,0}}.. Ascending"
-            problems += _delivery_problems(obs, a, "fetch", what, "MOQT-FETCH-ORDER, KVCS-FETCH-ASCENDING",
-                                           "MOQT-FETCH-RANGE")
+            _delivery_problems(obs, a, "fetch", what, found, FETCH)
             last = max(published, default=None)
-            ends = {o.location for o in obs.live(name) if o.status == ObjectStatus.END_OF_TRACK}
-            if last is not None and a.end_location not in {last, *ends}:
-                problems.append(f"{what}: FETCH_OK End Location {a.end_location}, expected the last object {last} "
-                                "[MOQT-FETCH-OK]")
-    report(problems, f"case {obs.case.name}: FETCH does not return the track in ascending order")
+            ends = {o.location for o in obs.live(track.name) if o.status == ObjectStatus.END_OF_TRACK}
+            if last is not None and a.ok and a.end_location not in {last, *ends}:
+                found.add("MOQT-FETCH-OK", f"{what}: FETCH_OK End Location {a.end_location}, expected the last object "
+                                           f"{last}")
+    found.judge()

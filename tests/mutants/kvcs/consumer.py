@@ -202,7 +202,9 @@ _POISONS = ("test_object_failing_a_check_is_discarded",)
 MUTANTS: dict[str, Mutant] = {
     "DigestBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-DIGEST",
                                   (*_POISONS, "test_poisoned_publication_is_replaced_by_an_honest_one")),
-    "FieldBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LAYER", _POISONS),
+    # it skips the Block Index check too (one override drops both), so the [block] poison is used as well
+    "FieldBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LAYER", _POISONS,
+                                 collateral=("KVCS-PAYLOAD-VERIFY-BLOCK",)),
     "LengthBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LENGTH", _POISONS),
     "MagicBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-MAGIC", _POISONS),
     "FlagStrictConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-FLAGS-IGNORED", ("test_nonzero_flags_are_ignored",)),

@@ -23,6 +23,7 @@ from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
 from kvconform.moqt.quic import granting_streams_uni
 from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, PropertyType
+from tests.kvcs import hostile_publishers
 from tests.mutants import Mutant
 
 # ---- the announcement ------------------------------------------------------------------------------------
@@ -55,6 +56,39 @@ class CorruptDataPublisher(KvcsPublisher):
         if (layer, object_id) == (1, 0):
             return payload[:-1] + bytes([payload[-1] ^ 0x01])
         return payload
+
+
+class RehashedDataPublisher(KvcsPublisher):
+    """KVCS-PAYLOAD-LAYER-DIGEST: flips the last Data octet of block 0 of layer 1 of the k track and recomputes
+    its Data Digest, so each object is self-consistent but SHA-256(k Data || v Data) is not the KVSP layer
+    digest."""
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        payload = super().object_payload(track, layer, object_id)
+        if (track.component, layer, object_id) == ("k", 1, 0):
+            header, data = decode_object(payload)
+            bad = data[:-1] + bytes([data[-1] ^ 0x01])
+            return encode_raw(header.with_(digest=hashlib.sha256(bad).digest()), bad)
+        return payload
+
+
+class NestedManifestPublisher(hostile_publishers.NestedManifestPublisher):
+    """KVCS-MANIFEST-JSON: every manifest version is 994 nested JSON arrays (issue 10: the harness crashed with
+    RecursionError instead of failing the manifest requirement)."""
+
+
+class SwappedSectionsPublisher(KvcsPublisher):
+    """KVCS-PAYLOAD-DATA-RAW: the k objects carry the V section of their block and layer, the v objects the K
+    section (each with the Data Digest of what it carries)."""
+
+    def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
+        payload = super().object_payload(track, layer, object_id)
+        other = {"k": "v", "v": "k"}.get(track.component)
+        if other is None:
+            return payload
+        header, _ = decode_object(payload)
+        data = self.spec.object_data(DataTrack(other, track.codec, track.segment), layer, object_id)
+        return encode_raw(header.with_(digest=hashlib.sha256(data).digest()), data)
 
 
 class MissingBlockPublisher(KvcsPublisher):
@@ -310,8 +344,12 @@ MUTANTS: dict[str, Mutant] = {
                                ("test_publish_namespace_is_the_full_namespace_with_the_scope_token",)),
     "ContentDerivedIdPublisher": Mutant(SUITE, "KVCS-NS-PUBID-RANDOM",
                                         ("test_publication_id_is_new_for_each_production",)),
-    "CorruptDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DIGEST", ("test_every_object_is_the_expected_payload",
-                                                                  "test_k_and_v_data_give_the_kvsp_layer_digest")),
+    "CorruptDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DIGEST", ("test_every_object_header_is_the_expected_one",)),
+    "SwappedSectionsPublisher": Mutant(SUITE, "KVCS-PAYLOAD-DATA-RAW", ("test_every_object_data_is_the_test_content",)),
+    "RehashedDataPublisher": Mutant(SUITE, "KVCS-PAYLOAD-LAYER-DIGEST",
+                                    ("test_k_and_v_data_give_the_kvsp_layer_digest",)),
+    "NestedManifestPublisher": Mutant(SUITE, "KVCS-MANIFEST-JSON",
+                                      ("test_manifest_is_consistent_with_the_namespace_and_the_cache",)),
     "MissingBlockPublisher": Mutant(SUITE, "KVCS-TRACK-COMPLETE-OWN",
                                     ("test_every_block_of_every_layer_is_published",)),
     "RepublishingPublisher": Mutant(SUITE, "KVCS-PUB-NO-DUP-LOCATION",
@@ -322,7 +360,7 @@ MUTANTS: dict[str, Mutant] = {
                                             ("test_a_deterministic_claim_holds_across_productions",)),
     "AbsoluteObjectIdPublisher": Mutant(SUITE, "KVCS-OBJ-ID-BLOCK",
                                         ("test_appended_tokens_are_published_as_a_new_segment",
-                                         "test_every_object_is_the_expected_payload")),
+                                         "test_every_object_is_a_block_of_a_layer")),
     "DescendingLayersPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
     "SubgroupOnePublisher": Mutant(SUITE, "KVCS-GROUP-SUBGROUP-ZERO",
                                    ("test_each_group_is_one_subgroup_0_stream_in_ascending_object_order",)),
@@ -350,8 +388,8 @@ MUTANTS: dict[str, Mutant] = {
     "DeliveryTimeoutPublisher": Mutant(SUITE, "KVCS-PUB-NO-DELIVERY-TIMEOUT",
                                        ("test_no_delivery_timeout_on_data_tracks",)),
     "NoCacheDurationPublisher": Mutant(SUITE, "KVCS-PUB-MAX-CACHE-DURATION", ("test_max_cache_duration_is_set",)),
-    "BlockUnitTokenStartPublisher": Mutant(SUITE, "KVCS-EX-PAYLOAD-HEADER", ("test_the_texts_example_header",
-                                                                             "test_every_object_is_the_expected_payload")),
+    # (its Token Start is wrong in every object too: the payload check blames KVCS-PAYLOAD-TOKEN-START there)
+    "BlockUnitTokenStartPublisher": Mutant(SUITE, "KVCS-EX-PAYLOAD-HEADER", ("test_the_texts_example_header",)),
     "FewStreamsPublisher": Mutant(SUITE, "KVCS-OPS-STREAMS", ("test_enough_unidirectional_streams_are_granted",)),
 }
 
