@@ -73,9 +73,9 @@ def test_a_correct_non_signing_cmd_publisher_passes(tmp_path: Path) -> None:
 # -- a consumer result the harness cannot read -------------------------------------------------------------
 
 # what each bad result file names in the failure message
-BAD_RESULTS = {"segments": "consumer result segments[0]", "digest": "consumer result layers['0'].digest",
-               "layers": "consumer result layers", "nested": "not JSON", "not-json": "not JSON",
-               "bigint": "consumer result layers["}
+BAD_RESULTS = {"segments": "consumer result segments[0]", "digest": "consumer result layers[0]: 'zz'",
+               "layers": "consumer result layers", "nested": "nested 1001 deep", "not-json": "not JSON",
+               "bigint": "consumer result layers: key '777"}
 # a few checks that need the result, for the kinds other than the issue's own (which runs the whole suite)
 SOME_CHECKS = ("test_completed_cache_is_discovered_and_assembled", "test_nonzero_flags_are_ignored",
                "test_object_failing_a_check_is_discarded")
