@@ -117,12 +117,14 @@ class RequestRejected(Exception):
 
 
 class SessionEnded(Exception):
-    """The session closed while a request was waiting."""
+    """The session closed while a request was waiting; `setup_received`: the peer's SETUP had arrived."""
 
-    def __init__(self, closed: SessionClosed) -> None:
+    def __init__(self, closed: SessionClosed, *, setup_received: bool = True) -> None:
         self.closed = closed
+        self.setup_received = setup_received
         who = "peer" if closed.by_peer else "this endpoint"
-        super().__init__(f"session closed by {who}: code 0x{closed.code:x} {closed.reason!r}")
+        how = "QUIC (no MOQT session close)" if closed.transport else who
+        super().__init__(f"session closed by {how}: code 0x{closed.code:x} {closed.reason!r}")
 
 
 def build_parameters(
@@ -798,7 +800,7 @@ class MoqtClient:
             return task.result()
         task.cancel()
         if self.session.closed is not None and self.closed.is_set():
-            raise SessionEnded(self.session.closed)
+            raise SessionEnded(self.session.closed, setup_received=self.session.peer_setup is not None)
         raise TimeoutError(f"no result within {timeout or self.timeout} s")
 
     async def wait_setup(self, timeout: float | None = None) -> None:
@@ -870,7 +872,7 @@ class MoqtClient:
     def _on_closed(self, closed: SessionClosed) -> None:
         self.closed.set()
         for handle in list(self._handles.values()):
-            handle._fail_waiters(SessionEnded(closed))
+            handle._fail_waiters(SessionEnded(closed, setup_received=self.session.peer_setup is not None))
 
     # -- serving peer requests ------------------------------------------------------------------------
 

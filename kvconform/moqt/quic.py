@@ -113,6 +113,7 @@ class MoqtProtocol(QuicConnectionProtocol):
         self.established = asyncio.Event()
         self.terminated = asyncio.Event()
         self.alpn: str | None = None
+        self.refused: OSError | None = None  # the peer's host said nothing listens there (client side)
         self._pump_scheduled = False
         # when_sent: (streams, callback) waiting until those streams' data and FIN have left once
         self._sent_waiters: list[tuple[tuple[int, ...], Callable[[], None]]] = []
@@ -140,12 +141,22 @@ class MoqtProtocol(QuicConnectionProtocol):
         elif isinstance(event, qe.DatagramFrameReceived):
             session.receive_datagram(event.data)
         elif isinstance(event, qe.ConnectionTerminated):
-            session.connection_terminated(event.error_code, event.reason_phrase)
+            # aioquic gives an application CONNECTION_CLOSE (0x1d, a MOQT session close) no frame type; a
+            # transport close (0x1c), an idle timeout and a lost path carry one.
+            session.connection_terminated(event.error_code, event.reason_phrase,
+                                          transport=event.frame_type is not None)
             self.established.set()  # wake a waiter for a handshake that will never complete
             self.terminated.set()
         # No transmit here: aioquic calls `transmit()` right after handing over a datagram's (or a
         # timer's) events, and `transmit()` applies the session's commands first, so a datagram
         # costs one send pass instead of one per QUIC event.
+
+    def error_received(self, exc: Exception) -> None:
+        """An ICMP error on the client's connected socket: port unreachable before the handshake completes
+        means nothing listens at the peer's address (the connect fails at once instead of timing out)."""
+        if isinstance(exc, ConnectionRefusedError) and not self.established.is_set():
+            self.refused = exc
+            self.established.set()
 
     def transmit(self) -> None:
         """Apply the session's commands, send in its priority order (profile §11.1; aioquic itself
@@ -434,13 +445,15 @@ async def connect(
         qlog_dir=qlog_dir, secrets_log=secrets_log,
     )
     infos = await asyncio.wait_for(loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM), timeout)
-    family, _, _, _, addr = infos[0]
+    _, _, _, _, addr = infos[0]
     quic = QuicConnection(configuration=configuration)
     _grant_streams_uni(quic, _GRANTED_STREAMS_UNI.get())
     session = Session(config)
+    # A connected socket (remote_addr): the kernel reports an ICMP port unreachable (error_received), so
+    # connecting to a port nothing listens on fails at once (ConnectionRefusedError) instead of timing out.
     transport, protocol = await loop.create_datagram_endpoint(
         lambda: MoqtProtocol(quic, session=session, transcript=transcript),
-        local_addr=("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0),
+        remote_addr=cast(tuple[str, int], addr),  # an IPv6 sockaddr has two more fields: asyncio takes it as is
     )
     moqt = protocol
     connection = MoqtConnection(moqt, transport, target)
@@ -450,6 +463,9 @@ async def connect(
     except TimeoutError:
         transport.close()
         raise
+    if moqt.refused is not None:
+        transport.close()
+        raise ConnectionRefusedError(f"MOQT connection to {target}: nothing listens there ({moqt.refused})")
     if moqt.terminated.is_set() and not session.started:
         transport.close()
         closed = session.closed

@@ -315,11 +315,16 @@ class DatagramReceived:
 
 @dataclass(frozen=True)
 class SessionClosed:
-    """The session ended: `by_peer` False when this endpoint closed it (with `code` and `reason`)."""
+    """The session ended: `by_peer` False when this endpoint closed it (with `code` and `reason`).
+
+    `transport` True when QUIC ended the connection without a MOQT session close (profile §1: a session
+    closes with an application CONNECTION_CLOSE carrying a Session Termination code): a transport
+    CONNECTION_CLOSE (its `code` is then a QUIC transport error code), an idle timeout, a lost path."""
 
     code: int
     reason: str
     by_peer: bool
+    transport: bool = False
 
 
 Event = (
@@ -618,10 +623,11 @@ class Session:
         self._cmd(CloseConnection(int(code), reason))
         self._event(self.closed)
 
-    def connection_terminated(self, code: int, reason: str) -> None:
-        """QUIC reported the connection gone (peer close, idle timeout, or our own close completing)."""
+    def connection_terminated(self, code: int, reason: str, *, transport: bool = False) -> None:
+        """QUIC reported the connection gone (peer close, idle timeout, or our own close completing);
+        `transport`: not by an application CONNECTION_CLOSE (see `SessionClosed.transport`)."""
         if self.closed is None:
-            self.closed = SessionClosed(code, reason, by_peer=True)
+            self.closed = SessionClosed(code, reason, by_peer=True, transport=transport)
             self._event(self.closed)
 
     def _guard(self, fn: Callable[[], None]) -> None:

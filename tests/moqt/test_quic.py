@@ -4,7 +4,9 @@ from the URL, certificate pinning, and a protocol violation seen on the wire as 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,6 +165,44 @@ def test_violation_closes_with_the_termination_code_on_the_wire(
     assert client_view.by_peer and client_view.code == SessionError.PROTOCOL_VIOLATION
     assert "second GOAWAY" in client_view.reason
     assert not server_view.by_peer and server_view.code == SessionError.PROTOCOL_VIOLATION
+
+
+def test_a_session_close_and_a_transport_close_are_told_apart(
+    loop: quic.LoopThread, server: tuple[quic.MoqtServer, asyncio.Queue[quic.MoqtConnection]]
+) -> None:
+    """An application CONNECTION_CLOSE is a MOQT session close; a transport CONNECTION_CLOSE with the same
+    number (0x3 is FLOW_CONTROL_ERROR there) is not one (profile section 1)."""
+    srv, accepted = server
+
+    async def close(transport: bool) -> SessionClosed:
+        conn = await quic.connect(srv.url, timeout=TIMEOUT)
+        peer = await asyncio.wait_for(accepted.get(), TIMEOUT)
+        if transport:
+            peer._protocol._quic.close(error_code=0x3, frame_type=0, reason_phrase="transport")
+            peer._protocol.transmit()
+        else:
+            peer.session.close(SessionError.PROTOCOL_VIOLATION, "session")
+        return await conn.wait_closed(TIMEOUT)
+
+    session_close = loop.run(close(False), timeout=15.0)
+    transport_close = loop.run(close(True), timeout=15.0)
+    assert session_close == SessionClosed(SessionError.PROTOCOL_VIOLATION, "session", by_peer=True, transport=False)
+    assert transport_close == SessionClosed(0x3, "transport", by_peer=True, transport=True)
+
+
+def test_nothing_listening_is_a_refusal_at_once(loop: quic.LoopThread) -> None:
+    """An ICMP port unreachable ends the connect at once (not after its timeout), as ConnectionRefusedError."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    async def scenario() -> float:
+        started = time.monotonic()
+        with pytest.raises(ConnectionRefusedError, match="nothing listens there"):
+            await quic.connect(f"moqt://127.0.0.1:{port}", timeout=TIMEOUT)
+        return time.monotonic() - started
+
+    assert loop.run(scenario(), timeout=15.0) < TIMEOUT / 2
 
 
 def test_server_config_factory_applies_per_session(loop: quic.LoopThread) -> None:

@@ -8,8 +8,9 @@ fail. The harness starts them like the reference, with the policy the PICS decla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.moqt import quic
@@ -17,12 +18,85 @@ from kvconform.moqt.cache import CachedObject
 from kvconform.moqt.data import SG_FIRST_OBJECT, EndOfRange, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
 from kvconform.moqt.errors import MoqtDecodeError, RequestErrorCode, SessionError, StreamResetCode
 from kvconform.moqt.filters import RangeFilter
-from kvconform.moqt.messages import Subscribe, SubscribeNamespace
-from kvconform.moqt.policy import Decision, Right
-from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, _Refusal
-from kvconform.moqt.session import Request
-from kvconform.moqt.structures import KeyValuePair, Location, Parameters, TrackNamespace
+from kvconform.moqt.messages import Fetch, PublishNamespace, Subscribe, SubscribeNamespace
+from kvconform.moqt.policy import Decision, Policy, Right, is_prefix
+from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, UpstreamFetch, _Refusal
+from kvconform.moqt.session import Event, Request, SessionUsageError, SetupReceived
+from kvconform.moqt.structures import (
+    AuthToken,
+    KeyValuePair,
+    Location,
+    Parameters,
+    ParamType,
+    SetupOption,
+    TrackNamespace,
+)
 from tests.mutants import Mutant
+
+# ---- behaviours several mutants (of this lane and of kvcs-relay) share ----------------------------------
+
+
+def with_granted_token(policy: Policy, right: Right, namespace: TrackNamespace, params: Parameters) -> Parameters:
+    """``params`` carrying, instead of the requester's tokens, a token the policy grants ``right`` on
+    ``namespace`` (so the request passes authorization whoever sent it)."""
+    for key, grant in policy.tokens.items():
+        if grant.expires is None and any(is_prefix(p, namespace.fields) for p in grant.prefixes(right)):
+            return params.with_param(ParamType.AUTHORIZATION_TOKEN, AuthToken.use_value(key.value, key.type))
+    return params
+
+
+class _GrantedSubscribe(Relay):
+    """Serves every SUBSCRIBE as if it carried a token granted on the track's namespace."""
+
+    def handle_subscribe(self, peer: Peer, req: Request, msg: Subscribe) -> None:
+        params = with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
+        super().handle_subscribe(peer, req, dataclasses.replace(msg, parameters=params))
+
+
+class _GrantedFetch(Relay):
+    """Serves every FETCH as if it carried a token granted on the track's namespace."""
+
+    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+        params = with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
+        await super().handle_fetch(peer, req, dataclasses.replace(msg, parameters=params))
+
+
+class _GrantedSubscribeNamespace(Relay):
+    """Accepts every SUBSCRIBE_NAMESPACE as if it carried a token granted on the prefix."""
+
+    def handle_subscribe_namespace(self, peer: Peer, req: Request, msg: SubscribeNamespace) -> None:
+        params = with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace_prefix, msg.parameters)
+        super().handle_subscribe_namespace(peer, req, dataclasses.replace(msg, parameters=params))
+
+
+class _GrantedPublishNamespace(Relay):
+    """Accepts every PUBLISH_NAMESPACE as if it carried a publisher token granted on the namespace."""
+
+    def handle_publish_namespace(self, peer: Peer, req: Request, msg: PublishNamespace) -> None:
+        params = with_granted_token(self.policy, Right.PUBLISH, msg.track_namespace, msg.parameters)
+        super().handle_publish_namespace(peer, req, dataclasses.replace(msg, parameters=params))
+
+
+class _StoredFetch(Relay):
+    """Serves a FETCH of a track it does not follow once the whole upstream range is stored (no cut-through),
+    so ``serve_fetch_range`` sees every FETCH response whole (a mutant reordering it reorders all of it)."""
+
+    async def serve_fetch_cut_through(self, peer: Peer, req: Request, track: Track, fetch: UpstreamFetch,
+                                      rng: tuple[Location, Location], end_of_track: bool,
+                                      filters: Sequence[RangeFilter], budget: Callable[[], int | None]) -> None:
+        await self._await_fetch(fetch, budget())
+        start, end = rng
+        items = self.fetch_items(track, start, end, False, filters, await self.ensure_cached(track, start, end,
+                                                                                            budget()))
+        session = peer.session
+        session.fetch_ok(req.stream_id, end, end_of_track=end_of_track, track_properties=self.track_properties(track))
+        sid = session.open_fetch_stream(req.stream_id)
+        self.serve_fetch_range(peer, req, track, sid, items)
+        if session.data_stream_open(sid):
+            session.end_data_stream(sid)
+        with contextlib.suppress(SessionUsageError):
+            session.finish_request(req.stream_id)
+
 
 # ---- delivery and fill ------------------------------------------------------------------------------
 
@@ -143,7 +217,7 @@ class AcceptsConflictsRelay(Relay):
 # ---- FETCH ------------------------------------------------------------------------------------------
 
 
-class ReorderedFetchRelay(Relay):
+class ReorderedFetchRelay(_StoredFetch):
     """MOQT-FETCH-ORDER: writes a FETCH's groups in the opposite of the requested group order."""
 
     def serve_fetch_range(self, peer: Peer, req: Request, track: Track, stream_id: int,
@@ -259,6 +333,18 @@ class OpenRelay(Relay):
         return Decision(True)
 
 
+class OpenPublishNamespaceRelay(_GrantedPublishNamespace):
+    """MOQT-AUTH-PUBLISH-NAMESPACE: accepts every PUBLISH_NAMESPACE as if it carried the publisher token."""
+
+
+class OpenFetchRelay(_GrantedFetch):
+    """MOQT-AUTH-FETCH: serves every FETCH as if it carried the subscriber token."""
+
+
+class OpenSubscribeNamespaceRelay(_GrantedSubscribeNamespace):
+    """MOQT-AUTH-SUBSCRIBE-NAMESPACE: accepts every SUBSCRIBE_NAMESPACE as if it carried the subscriber token."""
+
+
 class ExpiryBlindRelay(Relay):
     """MOQT-AUTH-TOKEN: refuses an expired token with UNAUTHORIZED instead of EXPIRED_AUTH_TOKEN (0x5)."""
 
@@ -273,25 +359,97 @@ class ExpiryBlindRelay(Relay):
 
 
 class _WrongCloseCode(Relay):
-    """Closes offending sessions with ``wrong`` wherever the session would have used ``right``."""
+    """Closes offending sessions with ``wrong`` wherever the session would have used ``right`` for a defect
+    ``breaks`` says (from the reason the reference closes with); any other defect it closes for right."""
 
     right: int = SessionError.PROTOCOL_VIOLATION
     wrong: int = SessionError.INTERNAL_ERROR
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return True
 
     async def _serve_peer(self, conn: quic.MoqtConnection) -> None:
         session = conn.session
         close = session.close
 
         def close_with_wrong_code(code: int = SessionError.NO_ERROR, reason: str = "") -> None:
-            close(self.wrong if code == self.right else code, reason)
+            close(self.wrong if code == self.right and self.breaks(reason) else code, reason)
 
         session.close = close_with_wrong_code  # type: ignore[method-assign]
         await super()._serve_peer(conn)
 
 
 class InternalErrorCloseRelay(_WrongCloseCode):
-    """MOQT-CTRL-LENGTH-MISMATCH: closes sessions that send malformed messages (bad length, unknown type,
-    parameter not allowed) with INTERNAL_ERROR (0x1) instead of PROTOCOL_VIOLATION (0x3)."""
+    """MOQT-CTRL-LENGTH-MISMATCH: closes a session whose message body does not match its Message Length with
+    INTERNAL_ERROR (0x1) instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "Message Length" in reason or "needs " in reason
+
+
+class UnknownTypeInternalErrorRelay(_WrongCloseCode):
+    """MOQT-CTRL-UNKNOWN-TYPE: closes on an unknown control message type with INTERNAL_ERROR (0x1) instead of
+    PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "unknown control message type" in reason
+
+
+class NotAllowedInternalErrorRelay(_WrongCloseCode):
+    """MOQT-PARAM-NOT-ALLOWED: closes on a parameter the message type does not allow with INTERNAL_ERROR (0x1)
+    instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "is not allowed in" in reason and "(FILL_PARAMETERS)[" not in reason
+
+
+class RequestFirstInternalErrorRelay(_WrongCloseCode):
+    """MOQT-CTRL-REQUEST-STREAM-FIRST: closes on a response message opening a request stream with
+    INTERNAL_ERROR (0x1) instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "cannot open a request stream" in reason
+
+
+class ControlStreamInternalErrorRelay(_WrongCloseCode):
+    """MOQT-CTRL-CONTROL-STREAMS: closes on a misused control stream (a second SETUP, a request on it, its FIN)
+    with INTERNAL_ERROR (0x1) instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "§4.1" in reason
+
+
+class NamespaceLimitsInternalErrorRelay(_WrongCloseCode):
+    """MOQT-CTRL-NAMESPACE-LIMITS: closes on a namespace of 33 fields or with an empty field with INTERNAL_ERROR
+    (0x1) instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "Number of Fields" in reason or "zero-length namespace field" in reason
+
+
+class FillParametersInternalErrorRelay(_WrongCloseCode):
+    """MOQT-PARAM-FILL-PARAMETERS: closes on a parameter FILL_PARAMETERS may not hold with INTERNAL_ERROR (0x1)
+    instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "(FILL_PARAMETERS)[" in reason
+
+
+class LocationFilterInternalErrorRelay(_WrongCloseCode):
+    """MOQT-PARAM-LOCATION-FILTER: closes on an unknown LOCATION_FILTER Filter Type with INTERNAL_ERROR (0x1)
+    instead of PROTOCOL_VIOLATION (0x3)."""
+
+    @staticmethod
+    def breaks(reason: str) -> bool:
+        return "Location Filter Type" in reason and "needs " not in reason
 
 
 class ParityAsViolationRelay(_WrongCloseCode):
@@ -321,6 +479,17 @@ class IgnoresUnknownStreamsRelay(Relay):
         await super()._serve_peer(conn)
 
 
+class UnknownOptionsRefusedRelay(Relay):
+    """MOQT-SETUP-OPTIONS: closes a session whose SETUP carries a Setup Option it does not know, instead of
+    ignoring it."""
+
+    def dispatch(self, peer: Peer, event: Event) -> None:
+        if isinstance(event, SetupReceived) and any(kv.type not in set(SetupOption) for kv in event.setup.options):
+            peer.session.close(SessionError.PROTOCOL_VIOLATION, "unknown Setup Option")
+            return
+        super().dispatch(peer, event)
+
+
 class FragileRelay(Relay):
     """MOQT-CTRL-LENGTH-MISMATCH: closes the offending session, then shuts down the whole relay with it."""
 
@@ -337,14 +506,8 @@ class FragileRelay(Relay):
 _EXACTLY_ONCE = ("test_next_object_plus_fill_is_exactly_once_mid_track",
                  "test_objects_published_while_the_subscribe_is_in_flight",
                  "test_several_subscribers_joining_at_different_points")
-_AUTH = ("test_unauthorized_publish_namespace_is_refused",
-         "test_unauthorized_subscribe_is_refused_and_nothing_delivered",
-         "test_unauthorized_fetch_is_refused_and_nothing_delivered",
-         "test_unauthorized_subscribe_namespace_is_refused")
-
 MUTANTS: dict[str, Mutant] = {
-    "DropsFillRelay": Mutant("moqt-relay", "MOQT-FILL-EXACTLY-ONCE",
-                             (*_EXACTLY_ONCE, "test_cached_objects_are_byte_identical")),
+    "DropsFillRelay": Mutant("moqt-relay", "MOQT-FILL-EXACTLY-ONCE", _EXACTLY_ONCE),
     "DoubleFillRelay": Mutant("moqt-relay", "MOQT-FILL-EXACTLY-ONCE", _EXACTLY_ONCE),
     "AlteringRelay": Mutant("moqt-relay", "MOQT-RELAY-NO-MODIFY", ("test_forwarded_objects_are_unchanged_and_in_order",
                                                                    "test_next_object_plus_fill_is_exactly_once_mid_track")),
@@ -358,21 +521,39 @@ MUTANTS: dict[str, Mutant] = {
                                    "test_fetch_descending_group_order")),
     "EmptyFetchResetRelay": Mutant("moqt-relay", "MOQT-FETCH-EMPTY", ("test_fetch_of_a_range_without_objects",)),
     "InternalErrorRefusalRelay": Mutant("moqt-relay", "MOQT-FETCH-INVALID-RANGE",
-                                        ("test_fetch_past_the_largest_object_is_invalid_range", *_AUTH)),
+                                        ("test_fetch_past_the_largest_object_is_invalid_range",)),
     "SilentNamespaceRelay": Mutant("moqt-relay", "MOQT-NS-SUBSCRIBE-NAMESPACE",
                                    ("test_namespace_prefix_subscription_sees_every_matching_publication",)),
     "OverlapBlindRelay": Mutant("moqt-relay", "MOQT-NS-PREFIX-OVERLAP",
                                 ("test_overlapping_namespace_prefixes_in_one_session",)),
     "ExactRoutingRelay": Mutant("moqt-relay", "MOQT-RELAY-SUBSCRIBE-ROUTING",
                                 ("test_subscribe_reaches_the_publisher_of_a_namespace_prefix",)),
-    "OpenRelay": Mutant("moqt-relay", "MOQT-AUTH-SUBSCRIBE", _AUTH),
-    "ExpiryBlindRelay": Mutant("moqt-relay", "MOQT-AUTH-TOKEN", ("test_expired_token_is_expired_auth_token",)),
-    "InternalErrorCloseRelay": Mutant("moqt-relay", "MOQT-CTRL-LENGTH-MISMATCH",
-                                      ("test_message_length_mismatch", "test_unknown_message_type",
-                                       "test_parameter_not_allowed_in_message",
-                                       "test_response_message_opens_a_request_stream", "test_control_stream_misuse",
-                                       "test_namespace_limits", "test_forbidden_parameter_inside_fill_parameters",
-                                       "test_unknown_location_filter_type")),
+    "OpenRelay": Mutant("moqt-relay", "MOQT-AUTH-SUBSCRIBE",
+                        ("test_unauthorized_subscribe_is_refused_and_nothing_delivered",)),
+    "OpenPublishNamespaceRelay": Mutant("moqt-relay", "MOQT-AUTH-PUBLISH-NAMESPACE",
+                                        ("test_unauthorized_publish_namespace_is_refused",)),
+    "OpenFetchRelay": Mutant("moqt-relay", "MOQT-AUTH-FETCH",
+                             ("test_unauthorized_fetch_is_refused_and_nothing_delivered",)),
+    "OpenSubscribeNamespaceRelay": Mutant("moqt-relay", "MOQT-AUTH-SUBSCRIBE-NAMESPACE",
+                                          ("test_unauthorized_subscribe_namespace_is_refused",)),
+    # The expired token is declared (a testbed default is no declaration of one).
+    "ExpiryBlindRelay": Mutant("moqt-relay", "MOQT-AUTH-TOKEN", ("test_expired_token_is_expired_auth_token",),
+                               pics=("moqt.relay.tokens.expired=kvcs-old-token",)),
+    "UnknownOptionsRefusedRelay": Mutant("moqt-relay", "MOQT-SETUP-OPTIONS", ("test_the_relay_answers_setup",)),
+    "InternalErrorCloseRelay": Mutant("moqt-relay", "MOQT-CTRL-LENGTH-MISMATCH", ("test_message_length_mismatch",)),
+    "UnknownTypeInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-UNKNOWN-TYPE", ("test_unknown_message_type",)),
+    "NotAllowedInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-NOT-ALLOWED",
+                                           ("test_parameter_not_allowed_in_message",)),
+    "RequestFirstInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-REQUEST-STREAM-FIRST",
+                                             ("test_response_message_opens_a_request_stream",)),
+    "ControlStreamInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-CONTROL-STREAMS",
+                                              ("test_control_stream_misuse",)),
+    "NamespaceLimitsInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS",
+                                                ("test_namespace_limits",)),
+    "FillParametersInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-FILL-PARAMETERS",
+                                               ("test_forbidden_parameter_inside_fill_parameters",)),
+    "LocationFilterInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-LOCATION-FILTER",
+                                               ("test_unknown_location_filter_type",)),
     "IgnoresUnknownStreamsRelay": Mutant("moqt-relay", "MOQT-CTRL-UNKNOWN-STREAM-TYPE",
                                          ("test_unknown_unidirectional_stream_type",)),
     "MalformedPropertiesRelay": Mutant("moqt-relay", "MOQT-CTRL-KVP", ("test_everything_the_relay_writes_decodes",)),

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvconform.fixtures.kvcs.relay import KvcsRelay, cache_spec, content_problems, kvcs_publication, until_received
-from kvconform.fixtures.moqt import fetch, record, run_check, session, subscribe
+from kvconform.fixtures.kvcs.relay import KvcsRelay, cache_spec, content, kvcs_publication, until_received
+from kvconform.fixtures.moqt import fetch, record, rejection, run_findings, session, subscribe
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.errors import RequestErrorCode
@@ -25,7 +25,7 @@ from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import Fetch
 from kvconform.moqt.session import RequestReceived
 from kvconform.moqt.structures import Location
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import Findings, inconclusive
 
 pytestmark = pytest.mark.usefixtures("kvcs_relay_sanity")
 
@@ -47,7 +47,7 @@ def test_layers_are_served_from_cache_only_within_max_cache_duration(kvcs_relay:
     view = kvcs_relay.scopes[0]
     token = view.token("subscriber")
 
-    async def scenario() -> list[str]:
+    async def scenario(f: Findings) -> None:
         spec = cache_spec(rng, layers=3, blocks=3)
         async with kvcs_publication(view, spec, rng, cache_duration_ms=CACHE_DURATION_MS,
                                     on_request=refuse_fetch) as pub, session(view, "consumer") as client:
@@ -59,38 +59,35 @@ def test_layers_are_served_from_cache_only_within_max_cache_duration(kvcs_relay:
             await until_received(live, Location(1, pub.blocks - 1))
             arrived = time.monotonic()
             flt = LocationFilter.absolute_start_group_end(0, 0, 1)
-            problems: list[str] = []
             try:
                 fresh = await fetch(client, pub.ns, track.name, location_filter=flt,
                                     group_order=GroupOrder.ASCENDING, auth=token)
             except RequestRejected as exc:
-                fresh = None
-                late = time.monotonic() - arrived > CACHE_DURATION_MS / 1000
-                if late:
+                if time.monotonic() - arrived > CACHE_DURATION_MS / 1000:
                     inconclusive(f"the FETCH within MAX_CACHE_DURATION was refused ({exc}), but its answer came "
                                  f"after {CACHE_DURATION_MS} ms: the machine is too slow to tell")
-                problems.append(f"FETCH of layers 0..1 right after they were forwarded (MAX_CACHE_DURATION "
-                                f"{CACHE_DURATION_MS} ms) was refused although the relay cached them: {exc} "
-                                "(KVCS-RELAY-CACHE)")
-            if fresh is not None:
+                f.add("KVCS-RELAY-CACHE", f"FETCH of layers 0..1 right after they were forwarded (MAX_CACHE_DURATION "
+                                          f"{CACHE_DURATION_MS} ms): seen {rejection(exc)}, expected them served from "
+                                          "the cache")
+            else:
                 got = sorted(o.location for o in fresh.objects if o.end_of_range is None)
                 want = sorted(loc for loc in pub.published(track.name) if loc.group <= 1)
-                if got != want:
-                    problems.append(f"FETCH within MAX_CACHE_DURATION delivered {[str(x) for x in got]}, expected "
-                                    f"{[str(x) for x in want]} from the cache (KVCS-RELAY-CACHE)")
-                problems += content_problems("FETCH within MAX_CACHE_DURATION", track.name, fresh.objects, pub)
+                f.expect(got == want, "KVCS-RELAY-CACHE",
+                         f"FETCH within MAX_CACHE_DURATION: seen {[str(x) for x in got]}, expected "
+                         f"{[str(x) for x in want]} from the cache")
+                content(f, "KVCS-RELAY-CACHE", "FETCH within MAX_CACHE_DURATION", track.name, fresh.objects, pub)
             # Waiting out the duration is the condition under test, not a synchronisation.
             await asyncio.sleep(max(0.0, arrived + 1.5 * CACHE_DURATION_MS / 1000 - time.monotonic()))
             try:
                 stale = await fetch(client, pub.ns, track.name, location_filter=flt,
                                     group_order=GroupOrder.ASCENDING, auth=token)
+                served = [str(o.location) for o in stale.objects if o.end_of_range is None]
             except RequestRejected as exc:
                 record("received", "FETCH refused or reset after MAX_CACHE_DURATION", error=str(exc))
-                return problems
-            served = [str(o.location) for o in stale.objects if o.end_of_range is None]
-            if served:
-                problems.append(f"objects {served} served {1.5 * CACHE_DURATION_MS:.0f} ms after they arrived, with "
-                                f"MAX_CACHE_DURATION {CACHE_DURATION_MS} ms (KVCS-RELAY-MAX-CACHE-DURATION)")
-            return problems
+                served = []
+            for req in ("KVCS-RELAY-MAX-CACHE-DURATION", "MOQT-RELAY-MAX-CACHE-DURATION"):
+                f.expect(not served, req, f"FETCH {1.5 * CACHE_DURATION_MS:.0f} ms after the objects arrived, "
+                                          f"MAX_CACHE_DURATION {CACHE_DURATION_MS} ms: seen {served} served, expected "
+                                          "none (a refusal or unknown ranges)")
 
-    run_check(scenario, "KVCS-RELAY-MAX-CACHE-DURATION", "MAX_CACHE_DURATION")
+    run_findings("MAX_CACHE_DURATION", scenario)

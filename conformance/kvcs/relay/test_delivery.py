@@ -24,16 +24,27 @@ from kvconform.fixtures.kvcs.relay import (
     KvcsPublication,
     KvcsRelay,
     cache_spec,
-    content_problems,
+    content,
     expected_from,
     kvcs_publication,
     subscribe_publication,
     until_received,
 )
-from kvconform.fixtures.moqt import CLIENT_TIMEOUT, exactly_once_problems, fetch, finish, run_check, session
+from kvconform.fixtures.moqt import (
+    CLIENT_TIMEOUT,
+    OnceRules,
+    exactly_once,
+    fetch,
+    finish,
+    rejection,
+    run_findings,
+    session,
+    waiting,
+)
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.structures import Location, TrackNamespace
+from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("kvcs_relay_sanity")
 
@@ -49,24 +60,30 @@ def steps(pub: KvcsPublication, layers: range) -> list[Callable[[], None]]:
     return out
 
 
-async def check_subscriptions(label: str, subs: dict[bytes, Any], pub: KvcsPublication) -> list[str]:
+async def check_subscriptions(f: Findings, label: str, subs: dict[bytes, Any], pub: KvcsPublication,
+                              rules: OnceRules) -> None:
     """Every track of one consumer: fill ended, PUBLISH_DONE, exactly once, KVO1-valid, published bytes."""
-    problems: list[str] = []
     for name, sub in subs.items():
         await finish(sub)
-        where = f"{label}, {name.decode()}, L={sub.largest}"
-        problems += [f"[{where}] {p}" for p in exactly_once_problems(sub, expected_from(name, sub, pub))]
-        problems += content_problems(where, name, sub.objects, pub, compare=False)  # bytes: exactly_once_problems
-    return problems
+        where = f"{label}, {name.decode()}"
+        exactly_once(f, where, sub, expected_from(name, sub, pub), rules)
+        # The bytes were compared above; a KVO1 object that does not verify is one the relay changed.
+        content(f, rules.live or rules.once, f"{where}, L={sub.largest}", name, sub.objects, pub, compare=False)
 
 
-@pytest.mark.req("KVCS-LIVE-EXACTLY-ONCE", "MOQT-FILL-EXACTLY-ONCE", "KVCS-RELAY-CACHE", "MOQT-RELAY-FILL-FROM-CACHE")
+# Live consumers: each object once (profile section 11.4), the same bytes whichever way it came, the gaps of the
+# relay's cache filled upstream.
+LIVE = OnceRules(once="KVCS-LIVE-EXACTLY-ONCE", live="KVCS-RELAY-SAME-OBJECTS", cached="KVCS-RELAY-SAME-OBJECTS",
+                 gaps="KVCS-RELAY-CACHE")
+
+
+@pytest.mark.req("KVCS-LIVE-EXACTLY-ONCE", "KVCS-RELAY-SAME-OBJECTS", "KVCS-RELAY-CACHE")
 def test_consumers_joining_a_live_publication_get_every_object_once(kvcs_relay: KvcsRelay,
                                                                     rng: np.random.Generator) -> None:
     view = kvcs_relay.scopes[0]
     token = view.token("subscriber")
 
-    async def scenario() -> list[str]:
+    async def scenario(f: Findings) -> None:
         spec = cache_spec(rng, layers=5, blocks=3)
         async with kvcs_publication(view, spec, rng) as pub, session(view, "early") as early, \
                 session(view, "layer boundary") as boundary, session(view, "mid-layer") as mid, \
@@ -98,12 +115,15 @@ def test_consumers_joining_a_live_publication_get_every_object_once(kvcs_relay: 
             for step in todo:
                 step()
             pub.end()
-            problems: list[str] = []
             for label, subs in consumers.items():
-                problems += await check_subscriptions(label, subs, pub)
-            return problems
+                await check_subscriptions(f, label, subs, pub, LIVE)
+            f.expect(True, "KVCS-RELAY-CACHE", "")
 
-    run_check(scenario, "KVCS-LIVE-EXACTLY-ONCE", "consumers joining a live publication")
+    run_findings("consumers joining a live publication", scenario)
+
+
+# Several authorized subscribers: each gets every object once; each gets the published bytes.
+SAME = OnceRules(once="MOQT-SUB-MULTIPLE", live="KVCS-RELAY-SAME-OBJECTS", cached="KVCS-RELAY-SAME-OBJECTS")
 
 
 @pytest.mark.req("KVCS-RELAY-SAME-OBJECTS", "MOQT-RELAY-CACHE-IDENTICAL", "MOQT-SUB-MULTIPLE")
@@ -114,7 +134,7 @@ def test_every_authorized_subscriber_gets_identical_objects(kvcs_relay: KvcsRela
     span several QUIC packets."""
     view = kvcs_relay.scopes[0]
 
-    async def scenario() -> list[str]:
+    async def scenario(f: Findings) -> None:
         spec = cache_spec(rng, layers=3, blocks=4, head_dim=128)
         async with kvcs_publication(view, spec, rng) as pub, session(view, "consumer 1") as c1, \
                 session(view, "consumer 2") as c2, session(view, "late consumer") as c3:
@@ -131,10 +151,9 @@ def test_every_authorized_subscriber_gets_identical_objects(kvcs_relay: KvcsRela
             late = await subscribe_publication(c3, pub, view.token("subscriber"), manifest=False)
             pub.end()
             seen: dict[tuple[bytes, Location], dict[str, bytes]] = {}
-            problems: list[str] = []
             views = {**live, "after production (fill)": late}
             for label, subs in views.items():
-                problems += await check_subscriptions(label, subs, pub)
+                await check_subscriptions(f, label, subs, pub, SAME)
                 for name, sub in subs.items():
                     for loc, payload in sub.payloads().items():
                         seen.setdefault((name, loc), {})[label] = payload
@@ -143,22 +162,26 @@ def test_every_authorized_subscriber_gets_identical_objects(kvcs_relay: KvcsRela
                     result = await fetch(c3, pub.ns, t.name, group_order=GroupOrder.ASCENDING,
                                          auth=view.token("subscriber"))
                 except RequestRejected as exc:
-                    problems.append(f"[FETCH {t}] of the completed publication refused or reset: {exc}")
+                    f.add("MOQT-RELAY-CACHE-IDENTICAL", f"[FETCH {t}] of the completed publication: seen "
+                                                        f"{rejection(exc)}, expected FETCH_OK and its objects")
                     continue
-                problems += content_problems(f"FETCH {t}", t.name, result.objects, pub)
+                content(f, "MOQT-RELAY-CACHE-IDENTICAL", f"FETCH {t}", t.name, result.objects, pub)
                 for o in result.objects:
                     if o.end_of_range is None:
                         seen.setdefault((t.name, o.location), {})["FETCH"] = o.payload
             for (name, loc), by in sorted(seen.items()):
-                if len(set(by.values())) > 1:
-                    problems.append(f"{name.decode()} {loc}: {len(set(by.values()))} different payloads among "
-                                    f"{sorted(by)}")
-            return problems
+                f.expect(len(set(by.values())) == 1, "KVCS-RELAY-SAME-OBJECTS",
+                         f"{name.decode()} {loc}: seen {len(set(by.values()))} different payloads among {sorted(by)}, "
+                         "expected the same bytes for every subscriber")
 
-    run_check(scenario, "KVCS-RELAY-SAME-OBJECTS", "identical objects to every subscriber")
+    run_findings("identical objects to every subscriber", scenario)
 
 
-@pytest.mark.req("KVCS-RELAY-CACHE", "KVCS-RELAY-SAME-OBJECTS", "MOQT-NS-SUBSCRIBE-NAMESPACE")
+# Two publications of one prefix: whatever one consumer gets of the other's is the cache's keying at fault.
+APART = OnceRules(once="KVCS-RELAY-CACHE")
+
+
+@pytest.mark.req("KVCS-RELAY-CACHE", "MOQT-NS-SUBSCRIBE-NAMESPACE")
 def test_publications_of_one_token_prefix_are_kept_apart(kvcs_relay: KvcsRelay, rng: np.random.Generator) -> None:
     """Two productions of the same prefix (equal content fields, each its own Publication ID) whose bytes
     differ, as two computations on different hardware may: discovery by the content prefix names both, and
@@ -167,20 +190,21 @@ def test_publications_of_one_token_prefix_are_kept_apart(kvcs_relay: KvcsRelay, 
     view = kvcs_relay.scopes[0]
     token = view.token("subscriber")
 
-    async def scenario() -> list[str]:
+    async def scenario(f: Findings) -> None:
         first = cache_spec(rng, layers=3, blocks=2)
         second = dataclasses.replace(first, content_seed=rng.bytes(16))  # same namespace fields, other bytes
-        problems: list[str] = []
         async with kvcs_publication(view, first, rng) as p1, kvcs_publication(view, second, rng) as p2, \
                 session(view, "watcher") as watcher_client, session(view, "live consumer") as live_client, \
                 session(view, "late consumer") as late_client:
             pubs = {"publication 1": p1, "publication 2": p2}
             watcher = await watcher_client.subscribe_namespace(p1.namespace.content_prefix(), auth=token)
-            notices = {await watcher.next(CLIENT_TIMEOUT) for _ in pubs}
+            with waiting("one NAMESPACE per publication at the content prefix's subscriber",
+                         "MOQT-NS-SUBSCRIBE-NAMESPACE"):
+                notices = {await watcher.next(CLIENT_TIMEOUT) for _ in pubs}
             expected = {("namespace", TrackNamespace((p.namespace.pub_id,))) for p in pubs.values()}
-            if notices != expected:
-                problems.append(f"SUBSCRIBE_NAMESPACE of the content prefix got {sorted(map(str, notices))}, expected "
-                                f"one NAMESPACE per Publication ID {sorted(map(str, expected))}")
+            f.expect(notices == expected, "MOQT-NS-SUBSCRIBE-NAMESPACE",
+                     f"notices for the content prefix: seen {sorted(map(str, notices))}, expected one NAMESPACE per "
+                     f"Publication ID {sorted(map(str, expected))}")
             live = {label: await subscribe_publication(live_client, p, token) for label, p in pubs.items()}
             for p in pubs.values():
                 p.publish_manifest()
@@ -196,15 +220,15 @@ def test_publications_of_one_token_prefix_are_kept_apart(kvcs_relay: KvcsRelay, 
             for label, p in pubs.items():
                 p.publish_manifest()
                 p.end()
-                problems += await check_subscriptions(f"{label}, live", live[label], p)
-                problems += await check_subscriptions(f"{label}, late", late[label], p)
+                await check_subscriptions(f, f"{label}, live", live[label], p, APART)
+                await check_subscriptions(f, f"{label}, late", late[label], p, APART)
                 for t in p.data_tracks:
                     try:
                         result = await fetch(late_client, p.ns, t.name, group_order=GroupOrder.ASCENDING, auth=token)
                     except RequestRejected as exc:
-                        problems.append(f"[{label}, FETCH {t}] refused or reset: {exc}")
+                        f.add("KVCS-RELAY-CACHE", f"[{label}, FETCH {t}]: seen {rejection(exc)}, expected FETCH_OK "
+                                                  "and its objects")
                         continue
-                    problems += content_problems(f"{label}, FETCH", t.name, result.objects, p)
-            return problems
+                    content(f, "KVCS-RELAY-CACHE", f"{label}, FETCH", t.name, result.objects, p)
 
-    run_check(scenario, "KVCS-RELAY-CACHE", "two publications of one prefix")
+    run_findings("two publications of one prefix", scenario)

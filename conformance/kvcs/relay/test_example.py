@@ -16,20 +16,20 @@ import pytest
 
 from kvconform.fixtures.kvcs.relay import (
     KvcsRelay,
-    content_problems,
+    content,
     describe,
     kvcs_publication,
     scope_id,
     subscribe_publication,
     until_received,
 )
-from kvconform.fixtures.moqt import CLIENT_TIMEOUT, record, run_check, session
+from kvconform.fixtures.moqt import CLIENT_TIMEOUT, expect_none, record, run_findings, session, waiting
 from kvconform.kvcs.content import example_spec
 from kvconform.kvcs.namespace import KvcsNamespace
 from kvconform.moqt.structures import Location, TrackNamespace
 from kvconform.moqt.vi64 import Reader
 from kvconform.testvectors import load_vectors
-from kvconform.verdicts import not_applicable
+from kvconform.verdicts import Findings, not_applicable
 
 pytestmark = pytest.mark.usefixtures("kvcs_relay_sanity")
 
@@ -51,31 +51,32 @@ def test_the_texts_example_namespace_is_discovered_and_delivered(kvcs_relay: Kvc
         not_applicable(f"no scope of PICS kvcs.relay.scopes has the example's Scope ID {example.scope_id.hex()}")
     token = view.token("subscriber")
 
-    async def scenario() -> list[str]:
-        problems: list[str] = []
+    async def scenario(f: Findings) -> None:
         spec = example_spec(layers=2, blocks=2, seed=0x6D1C)  # fixed bytes: see the module docstring
         async with session(view, "watcher") as watcher_client, session(view, "consumer") as consumer:
             record("sent", "SUBSCRIBE_NAMESPACE", prefix=describe(example.content_prefix()))
             watcher = await watcher_client.subscribe_namespace(example.content_prefix(), auth=token)
             async with kvcs_publication(view, spec, rng, namespace=example,
                                         cache_duration_ms=EXAMPLE_CACHE_DURATION_MS) as pub:
-                notice = await watcher.next(CLIENT_TIMEOUT)
-                if notice != ("namespace", TrackNamespace((example.pub_id,))):
-                    problems.append(f"SUBSCRIBE_NAMESPACE of the example's content prefix got {notice[0].upper()} "
-                                    f"{describe(notice[1])}, expected NAMESPACE with the suffix (Publication ID "
-                                    f"{example.pub_id.hex()},)")
+                with waiting("NAMESPACE for the example's publication", "MOQT-NS-SUBSCRIBE-NAMESPACE"):
+                    notice = await watcher.next(CLIENT_TIMEOUT)
+                f.expect(notice == ("namespace", TrackNamespace((example.pub_id,))), "MOQT-NS-SUBSCRIBE-NAMESPACE",
+                         f"notice for the example's content prefix: seen {notice[0].upper()} {describe(notice[1])}, "
+                         f"expected NAMESPACE with the suffix (Publication ID {example.pub_id.hex()},)")
                 subs = await subscribe_publication(consumer, pub, token, manifest=False)
+                # The example's 108-octet namespace was taken as published: announced, routed, subscribed.
+                f.expect(True, "KVCS-EX-NAMESPACE", "")
                 pub.publish_manifest()
                 for g in range(spec.layers):
                     pub.publish_layer(g)
                 for name, sub in subs.items():
-                    await until_received(sub, Location(spec.layers - 1, pub.blocks - 1))
+                    await until_received(sub, Location(spec.layers - 1, pub.blocks - 1), "KVCS-LIVE-EXACTLY-ONCE")
                     where = f"{name.decode()}, L={sub.largest}"
-                    problems += [f"[{where}] {v}" for v in sub.violations]
-                    problems += content_problems(where, name, sub.objects, pub)
+                    expect_none(f, "KVCS-LIVE-EXACTLY-ONCE", [f"[{where}] {v}" for v in sub.violations])
+                    content(f, "KVCS-LIVE-EXACTLY-ONCE", where, name, sub.objects, pub)
                     missing = sorted(set(pub.published(name)) - set(sub.payloads()))
-                    if missing:
-                        problems.append(f"[{where}] published objects never delivered: {[str(m) for m in missing]}")
-        return problems
+                    f.expect(not missing, "KVCS-LIVE-EXACTLY-ONCE",
+                             f"[{where}] objects: seen {[str(m) for m in missing]} never delivered, expected every "
+                             "published one")
 
-    run_check(scenario, "KVCS-EX-NAMESPACE", "the text's example namespace")
+    run_findings("the text's example namespace", scenario, req="KVCS-EX-NAMESPACE")

@@ -14,6 +14,7 @@ from kvconform.conformance.kvcs.streams import REQUIREMENT, grant_problem
 from kvconform.fixtures.kvcs.relay import KvcsRelay, cache_spec
 from kvconform.fixtures.moqt import record, run, session
 from kvconform.targets.spec import Pics
+from kvconform.verdicts import check_no_problems
 
 
 @pytest.mark.req("KVCS-OPS-STREAMS")
@@ -37,4 +38,4 @@ def test_enough_unidirectional_streams_are_granted(kvcs_relay: KvcsRelay, pics: 
     problems = [p for who, granted in grants.items()
                 if (p := grant_problem(granted, who="the relay", peer=f"the harness's {who} session", pics=pics,
                                        role="relay", default_layers=default_layers)) is not None]
-    assert not problems, f"{REQUIREMENT}:\n  " + "\n  ".join(problems)
+    check_no_problems(problems, what="initial_max_streams_uni the relay granted", req=REQUIREMENT)

@@ -23,13 +23,17 @@ from kvconform.fixtures.moqt import (
     fetch,
     publisher,
     record,
-    run_check,
+    rejection,
+    run_findings,
     session,
+    sha,
     subscribe,
+    waiting,
 )
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.structures import KeyValuePair, Location, encode_kvps
+from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
 
@@ -44,37 +48,37 @@ def publish_shapes(pub: Publisher, rng: np.random.Generator) -> None:
         pub.end_of_group(g, len(sizes), subgroup=subgroup, priority=priority)
 
 
-def compare(label: str, objects: list[Any], published: dict[Location, Any]) -> list[str]:
-    problems = []
+def compare(f: Findings, req: str, label: str, objects: list[Any], published: dict[Location, Any]) -> None:
+    """Every field a cache stores, of each object served, against the published one (under ``req``)."""
     seen = set()
+    f.expect(True, req, "")
     for o in objects:
         if o.end_of_range is not None or o.status:
             continue
         seen.add(o.location)
         want = published.get(o.location)
         if want is None:
-            problems.append(f"[{label}] {o.location} served but never published")
+            f.add(req, f"[{label}] {o.location}: served, expected only published objects")
             continue
-        if o.payload != want.payload:
-            problems.append(f"[{label}] {o.location}: payload of {len(o.payload)} bytes differs from the "
-                            f"{len(want.payload)} published")
-        if o.subgroup_id != want.subgroup_id:
-            problems.append(f"[{label}] {o.location}: Subgroup ID {o.subgroup_id}, published {want.subgroup_id}")
-        if o.publisher_priority not in (None, want.publisher_priority):
-            problems.append(f"[{label}] {o.location}: priority {o.publisher_priority}, published "
-                            f"{want.publisher_priority}")
-        if (o.properties or b"") != want.properties:
-            problems.append(f"[{label}] {o.location}: Object Properties {o.properties!r}, published "
-                            f"{want.properties!r}")
+        f.expect(o.payload == want.payload, req,
+                 f"[{label}] {o.location} payload: seen {sha(o.payload)}, expected the published {sha(want.payload)}")
+        f.expect(o.subgroup_id == want.subgroup_id, req,
+                 f"[{label}] {o.location} Subgroup ID: seen {o.subgroup_id}, expected {want.subgroup_id}")
+        f.expect(o.publisher_priority in (None, want.publisher_priority), req,
+                 f"[{label}] {o.location} Publisher Priority: seen {o.publisher_priority}, expected "
+                 f"{want.publisher_priority}")
+        f.expect((o.properties or b"") == want.properties, req,
+                 f"[{label}] {o.location} Object Properties: seen {o.properties!r}, expected {want.properties!r}")
     missing = sorted(set(published) - seen)
-    if missing:
-        problems.append(f"[{label}] never served: {[str(m) for m in missing]}")
-    return problems
+    f.expect(not missing, req, f"[{label}] objects: {[str(m) for m in missing]} never served, expected every "
+                               "published one")
 
 
 @pytest.mark.req("MOQT-RELAY-CACHE-IDENTICAL")
 def test_cached_objects_are_byte_identical(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
-    async def scenario() -> list[str]:
+    req = "MOQT-RELAY-CACHE-IDENTICAL"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
         token = moqt_relay.token("subscriber")
         async with publisher(moqt_relay, ns, object_properties=True) as pub, \
@@ -89,20 +93,19 @@ def test_cached_objects_are_byte_identical(moqt_relay: RelayUnderTest, rng: np.r
             with contextlib.suppress(TimeoutError):
                 while not published.keys() <= first.seen:
                     await first.next_object(CLIENT_TIMEOUT)
-            problems = compare("first subscriber, live", list(first.objects), published)
+            compare(f, req, "first subscriber, live", list(first.objects), published)
             later = await subscribe(later_client, ns, auth=token)
-            state = await later.wait_fill(CLIENT_TIMEOUT)
-            if state != "fin":
-                problems.append(f"[later subscriber, fill] fill stream {state}")
-            problems += compare("later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
+            with waiting("the end of the later subscriber's fill stream"):
+                state = await later.wait_fill(CLIENT_TIMEOUT)
+            f.expect(state == "fin", req, f"[later subscriber, fill] fill stream: seen {state}, expected FIN")
+            compare(f, req, "later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
             try:
                 result = await fetch(later_client, ns, auth=token)
-                problems += compare("FETCH", result.objects, published)
+                compare(f, req, "FETCH", result.objects, published)
             except RequestRejected as exc:
-                problems.append(f"[FETCH] of the cached track refused or reset: {exc}")
-            return problems
+                f.add(req, f"[FETCH] of the cached track: seen {rejection(exc)}, expected FETCH_OK and the objects")
 
-    run_check(scenario, "MOQT-RELAY-CACHE-IDENTICAL", "cache identity")
+    run_findings("cache identity", scenario, req=req)
 
 
 @pytest.mark.req("MOQT-RELAY-MAX-CACHE-DURATION")
@@ -121,7 +124,9 @@ def test_expired_objects_are_not_served_from_cache(moqt_relay: RelayUnderTest, r
             return True
         return False
 
-    async def scenario() -> list[str]:
+    req = "MOQT-RELAY-MAX-CACHE-DURATION"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
         token = moqt_relay.token("subscriber")
         props = (KeyValuePair(PropertyType.MAX_CACHE_DURATION, 300),)
@@ -130,18 +135,21 @@ def test_expired_objects_are_not_served_from_cache(moqt_relay: RelayUnderTest, r
             live = await subscribe(client, ns, fill=False, auth=token)
             for o in range(3):
                 pub.publish(0, o, rng.bytes(64))
-            while Location(0, 2) not in live.seen:
-                await live.next_object(CLIENT_TIMEOUT)
+            with waiting("the three objects at the live subscriber"):
+                while Location(0, 2) not in live.seen:
+                    await live.next_object(CLIENT_TIMEOUT)
             await asyncio.sleep(0.6)  # let MAX_CACHE_DURATION pass: the condition under test, not a sync wait
             try:
                 result = await fetch(client, ns, location_filter=LocationFilter.absolute_start(0, 0), auth=token)
             except RequestRejected as exc:
                 record("received", "FETCH refused or reset", error=str(exc))
-                return []
+                f.expect(True, req, "")
+                return
             served = [str(o.location) for o in result.objects if o.end_of_range is None]
-            return [f"objects {served} served 0.6 s after arrival with MAX_CACHE_DURATION 300 ms"] if served else []
+            f.expect(not served, req, f"FETCH 0.6 s after the objects arrived, MAX_CACHE_DURATION 300 ms: seen "
+                                      f"{served} served, expected none (a refusal or unknown ranges)")
 
-    run_check(scenario, "MOQT-RELAY-MAX-CACHE-DURATION", "MAX_CACHE_DURATION")
+    run_findings("MAX_CACHE_DURATION", scenario, req=req)
 
 
 @pytest.mark.req("MOQT-DATA-MALFORMED-DUPLICATE")
@@ -152,25 +160,27 @@ def test_a_duplicate_object_with_another_payload_makes_the_track_malformed(moqt_
     payload (profile sections 9.3, 12)."""
     from kvconform.moqt.errors import PublishDoneCode
 
-    async def scenario() -> list[str]:
+    req = "MOQT-DATA-MALFORMED-DUPLICATE"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
         async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as client:
             sub = await subscribe(client, ns, fill=False, auth=moqt_relay.token("subscriber"))
             first, second = b"first " + rng.bytes(8), b"second " + rng.bytes(8)
             pub.publish(0, 0, first)
-            while Location(0, 0) not in sub.seen:
-                await sub.next_object(CLIENT_TIMEOUT)
+            with waiting("Object {0,0} at the subscriber"):
+                while Location(0, 0) not in sub.seen:
+                    await sub.next_object(CLIENT_TIMEOUT)
             session_ = pub.client.session
             for stream_id in list(pub.track.subscribers):  # the relay's upstream subscription(s)
                 sid = session_.open_subgroup(stream_id, 0, 0, 128, first_object=True)
                 session_.write_object(sid, 0, second, end_stream=True)
             record("sent", "duplicate Object {0,0} with another payload", len=len(second))
-            done = await sub.wait_done(CLIENT_TIMEOUT)
-            problems = []
-            if done.status_code != PublishDoneCode.MALFORMED_TRACK:
-                problems.append(f"PUBLISH_DONE status 0x{done.status_code:x}, expected MALFORMED_TRACK (0x12)")
-            if any(o.payload == second for o in sub.objects):
-                problems.append("the conflicting second payload was forwarded")
-            return problems
+            with waiting("PUBLISH_DONE MALFORMED_TRACK after the conflicting duplicate", req):
+                done = await sub.wait_done(CLIENT_TIMEOUT)
+            f.expect(done.status_code == PublishDoneCode.MALFORMED_TRACK, req,
+                     f"PUBLISH_DONE status: seen 0x{done.status_code:x}, expected MALFORMED_TRACK (0x12)")
+            f.expect(not any(o.payload == second for o in sub.objects), req,
+                     "the conflicting second payload: seen forwarded, expected never forwarded")
 
-    run_check(scenario, "MOQT-DATA-MALFORMED-DUPLICATE", "malformed duplicate (waiting for PUBLISH_DONE)")
+    run_findings("malformed duplicate", scenario, req=req)

@@ -14,15 +14,28 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvconform.fixtures.moqt import Publisher, RelayUnderTest, fetch, publisher, record, run_check, session
+from kvconform.fixtures.moqt import (
+    Publisher,
+    RelayUnderTest,
+    expect_none,
+    fetch,
+    other_order,
+    publisher,
+    refusal_problem,
+    rejection,
+    run_findings,
+    session,
+)
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.structures import Location
-from kvconform.verdicts import check_one_of
+from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
+
+INVALID_RANGE: set[int] = {RequestErrorCode.INVALID_RANGE}
 
 
 @dataclass(frozen=True)
@@ -74,9 +87,8 @@ def expected(pub: Publisher, case: Case) -> list[tuple[Location, bytes]]:
     return objs
 
 
-async def fetch_cases(relay: RelayUnderTest, rng: np.random.Generator, descending: bool) -> list[str]:
+async def fetch_cases(f: Findings, relay: RelayUnderTest, rng: np.random.Generator, descending: bool) -> None:
     ns = relay.namespace(rng)
-    problems: list[str] = []
     async with publisher(relay, ns) as pub, session(relay, "subscriber") as sub:
         per = published_track(pub, rng)
         for case in cases(per, rng):
@@ -86,92 +98,102 @@ async def fetch_cases(relay: RelayUnderTest, rng: np.random.Generator, descendin
                 result = await fetch(sub, ns, location_filter=case.flt, group_order=case.order,
                                      auth=relay.token("subscriber"))
             except RequestRejected as exc:
-                problems.append(f"[{case.label}] FETCH refused: {exc}")
+                f.add("MOQT-FETCH-RANGE", f"[{case.label}] FETCH of a range the publisher holds: seen "
+                                          f"{rejection(exc)}, expected FETCH_OK and its objects")
                 continue
             got = [(o.location, o.payload) for o in result.objects if o.end_of_range is None]
             want = expected(pub, case)
-            if got != want:
-                problems.append(f"[{case.label}] FETCH delivered {[str(loc) for loc, _ in got]}"
-                                f"{' (payloads differ)' if [g[0] for g in got] == [w[0] for w in want] else ''}, "
-                                f"expected {[str(loc) for loc, _ in want]}")
+            got_locs, want_locs = [loc for loc, _ in got], [loc for loc, _ in want]
+            shown = f"seen {[str(x) for x in got_locs]}, expected {[str(x) for x in want_locs]}"
+            order = "Descending" if descending else "Ascending"
+            # Groups written in the other order decode as other groups: the range's objects, meant the other way.
+            meant = other_order(got_locs, case.order)
+            reordered = got_locs != want_locs and sorted(meant) == sorted(want_locs)
+            f.expect(not reordered, "MOQT-FETCH-ORDER",
+                     f"[{case.label}] group order of the fetch stream: seen the range's groups written in the other "
+                     f"order ({[str(x) for x in meant]} as meant, decoded {order} as {[str(x) for x in got_locs]}), "
+                     f"expected {order} {[str(x) for x in want_locs]}")
+            f.expect(reordered or sorted(got_locs) == sorted(want_locs), "MOQT-FETCH-RANGE",
+                     f"[{case.label}] objects of the range: {shown}")
+            f.expect(reordered or sorted(got_locs) != sorted(want_locs) or got_locs == want_locs, "MOQT-FETCH-ORDER",
+                     f"[{case.label}] order of the objects ({order} groups, objects ascending): {shown}")
+            published = dict(want)
+            differ = [] if reordered else [str(loc) for loc, payload in got if loc in published
+                                           and payload != published[loc]]
+            f.expect(not differ, "MOQT-RELAY-CACHE-IDENTICAL",
+                     f"[{case.label}] payloads of {differ}: seen other bytes than the published ones, expected them")
             records = [str(o.location) for o in result.objects if o.end_of_range is not None]
-            if records:
-                problems.append(f"[{case.label}] End of Range records {records} for a range the publisher holds")
-            problems += _fetch_ok_problems(case, result, want, max(pub.published()))
-    return problems
+            f.expect(not records, "MOQT-FETCH-RANGE",
+                     f"[{case.label}] End of Range records: seen {records} for a range the publisher holds, "
+                     "expected its objects")
+            fetch_ok(f, case, result, want, max(pub.published()))
 
 
-def _fetch_ok_problems(case: Case, result: Any, want: list[tuple[Location, bytes]], final: Location) -> list[str]:
+def fetch_ok(f: Findings, case: Case, result: Any, want: list[tuple[Location, bytes]], final: Location) -> None:
     """FETCH_OK End Location is inclusive: the last object covered or the requested end (profile section
     13 #9); End Of Track is 1 only when End Location is the track's final object."""
     ok = result.request.response
-    problems: list[str] = []
     if not want:
-        return problems
+        return
     last = max(loc for loc, _ in want)
     acceptable = {last} | ({case.end} if case.end is not None else set())
-    try:
-        check_one_of(ok.end_location, acceptable, what=f"[{case.label}] FETCH_OK End Location",
-                      req="MOQT-FETCH-OK")
-    except AssertionError as exc:
-        problems.append(str(exc))
-    if ok.end_of_track and ok.end_location < final:
-        problems.append(f"[{case.label}] FETCH_OK End Of Track = 1 with End Location {ok.end_location}, before the "
-                        f"track's final object {final}")
-    return problems
+    f.expect(ok.end_location in acceptable, "MOQT-FETCH-OK",
+             f"[{case.label}] FETCH_OK End Location: seen {ok.end_location}, expected one of "
+             f"{sorted(str(x) for x in acceptable)}")
+    f.expect(not (ok.end_of_track and ok.end_location < final), "MOQT-FETCH-OK",
+             f"[{case.label}] FETCH_OK End Of Track: seen 1 with End Location {ok.end_location}, expected 0 before "
+             f"the track's final object {final}")
 
 
-@pytest.mark.req("MOQT-FETCH-ORDER", "MOQT-FETCH-RANGE", "MOQT-FETCH-OK")
+@pytest.mark.req("MOQT-FETCH-ORDER", "MOQT-FETCH-RANGE", "MOQT-FETCH-OK", "MOQT-RELAY-CACHE-IDENTICAL")
 def test_fetch_ranges_arrive_in_ascending_group_order(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
-    run_check(lambda: fetch_cases(moqt_relay, rng, descending=False), "MOQT-FETCH-ORDER", "FETCH ranges")
+    run_findings("FETCH ranges", lambda f: fetch_cases(f, moqt_relay, rng, descending=False),
+                 req="MOQT-FETCH-RANGE")
 
 
-@pytest.mark.req("MOQT-FETCH-ORDER")
+@pytest.mark.req("MOQT-FETCH-ORDER", "MOQT-FETCH-RANGE", "MOQT-FETCH-OK", "MOQT-RELAY-CACHE-IDENTICAL")
 def test_fetch_descending_group_order(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
-    run_check(lambda: fetch_cases(moqt_relay, rng, descending=True), "MOQT-FETCH-ORDER", "FETCH descending")
+    run_findings("FETCH descending", lambda f: fetch_cases(f, moqt_relay, rng, descending=True),
+                 req="MOQT-FETCH-RANGE")
 
 
 @pytest.mark.req("MOQT-FETCH-EMPTY")
 def test_fetch_of_a_range_without_objects(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """The Locations after a group's End of Group exist in no object, yet lie below the Largest Object:
     FETCH_OK, then a fetch stream with only FETCH_HEADER, ended with FIN."""
-    async def scenario() -> list[str]:
+    req = "MOQT-FETCH-EMPTY"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
         async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as sub:
             per = published_track(pub, rng)
             g = int(rng.integers(0, len(per) - 1))
             flt = LocationFilter.absolute_range(g, per[g] + 1, 0, per[g] + 4)
+            what = (f"FETCH of {{{g},{per[g] + 1}}}..{{{g},{per[g] + 4}}} (after End of Group {{{g},{per[g]}}}, below "
+                    "the Largest Object)")
             try:
                 result = await fetch(sub, ns, location_filter=flt, auth=moqt_relay.token("subscriber"))
             except RequestRejected as exc:
-                return [f"FETCH of {{{g},{per[g] + 1}}}..{{{g},{per[g] + 4}}} (after End of Group {{{g},{per[g]}}}, "
-                        f"below Largest Object) refused or its stream reset: {exc}"]
-            objs = [o for o in result.objects if o.end_of_range is None]
-            return [f"FETCH of an empty range delivered {[str(o.location) for o in objs]}"] if objs else []
+                f.add(req, f"{what}: seen {rejection(exc)}, expected FETCH_OK and an empty fetch stream ended with FIN")
+                return
+            objs = [str(o.location) for o in result.objects if o.end_of_range is None]
+            f.expect(not objs, req, f"{what}: seen objects {objs}, expected none")
 
-    run_check(scenario, "MOQT-FETCH-EMPTY", "FETCH of an empty range")
+    run_findings("FETCH of an empty range", scenario, req=req)
 
 
 @pytest.mark.req("MOQT-FETCH-INVALID-RANGE")
 def test_fetch_past_the_largest_object_is_invalid_range(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
-    async def scenario() -> list[str]:
+    req = "MOQT-FETCH-INVALID-RANGE"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
-        problems: list[str] = []
         async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as sub:
             per = published_track(pub, rng)
             for start in (Location(len(per) + 1, 0), Location(len(per) + 7, 3)):
-                try:
-                    result = await fetch(sub, ns, location_filter=LocationFilter.absolute_start(start.group,
-                                                                                                start.object),
-                                         auth=moqt_relay.token("subscriber"))
-                except RequestRejected as exc:
-                    record("received", "REQUEST_ERROR", code=exc.code, start=str(start))
-                    if exc.code != RequestErrorCode.INVALID_RANGE:
-                        problems.append(f"FETCH from {start} (Largest Object {pub.track.largest}): {exc}, expected "
-                                        "REQUEST_ERROR INVALID_RANGE (0x11)")
-                    continue
-                problems.append(f"FETCH from {start} past the Largest Object {pub.track.largest} was answered "
-                                f"FETCH_OK with {len(result.objects)} objects, expected REQUEST_ERROR INVALID_RANGE")
-        return problems
+                flt = LocationFilter.absolute_start(start.group, start.object)
+                expect_none(f, req, [await refusal_problem(
+                    f"FETCH from {start} (Largest Object {pub.track.largest})",
+                    fetch(sub, ns, location_filter=flt, auth=moqt_relay.token("subscriber")), INVALID_RANGE)])
 
-    run_check(scenario, "MOQT-FETCH-INVALID-RANGE", "FETCH past Largest")
+    run_findings("FETCH past Largest", scenario, req=req)

@@ -17,17 +17,24 @@ from kvconform.fixtures.moqt import (
     CLOSE_WAIT,
     TRACK_NAME,
     RelayUnderTest,
+    expect_none,
     record,
-    run,
-    run_check,
+    refusal_problem,
+    rejection,
+    run_findings,
     session,
     subscribe,
+    waiting,
 )
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.structures import TrackNamespace
+from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
+
+PREFIX_OVERLAP: set[int] = {RequestErrorCode.PREFIX_OVERLAP}
+DOES_NOT_EXIST: set[int] = {RequestErrorCode.DOES_NOT_EXIST}
 
 
 async def _publish(client: Any, relay: RelayUnderTest, ns: TrackNamespace) -> Any:
@@ -35,22 +42,27 @@ async def _publish(client: Any, relay: RelayUnderTest, ns: TrackNamespace) -> An
     return await client.publish_namespace(ns, auth=relay.token("publisher"))
 
 
-async def _collect(watcher: Any, wanted: list[tuple[str, TrackNamespace]], problems: list[str]) -> None:
-    """Read notices until every wanted one arrived (bounded by the caller); note anything else."""
+async def _collect(f: Findings, req: str, watcher: Any, wanted: list[tuple[str, TrackNamespace]]) -> None:
+    """Read notices until every wanted one arrived (bounded by the caller); anything else is a problem of
+    ``req``."""
     pending = list(wanted)
-    while pending:
-        notice = await watcher.next(CLIENT_TIMEOUT)
-        record("received", "NAMESPACE" if notice[0] == "namespace" else "NAMESPACE_DONE", suffix=str(notice[1]))
-        if notice in pending:
-            pending.remove(notice)
-        else:
-            problems.append(f"unexpected {notice[0].upper()} for suffix {notice[1]}")
+    f.expect(True, req, "")
+    with waiting(f"{', '.join(f'{k.upper()} {s}' for k, s in pending)} at the namespace subscriber",
+                 "MOQT-NS-SUBSCRIBE-NAMESPACE"):
+        while pending:
+            notice = await watcher.next(CLIENT_TIMEOUT)
+            record("received", "NAMESPACE" if notice[0] == "namespace" else "NAMESPACE_DONE", suffix=str(notice[1]))
+            if notice in pending:
+                pending.remove(notice)
+            else:
+                f.add(req, f"notice to the namespace subscriber: seen {notice[0].upper()} for suffix {notice[1]}, "
+                           f"expected only {', '.join(f'{k.upper()} {s}' for k, s in wanted)}")
 
 
 @pytest.mark.req("MOQT-NS-SUBSCRIBE-NAMESPACE", "MOQT-NS-PREFIX-MATCH", "MOQT-NS-NO-FORWARD-PUBLISH-NAMESPACE")
 def test_namespace_prefix_subscription_sees_every_matching_publication(moqt_relay: RelayUnderTest,
                                                                        rng: np.random.Generator) -> None:
-    async def scenario() -> list[str]:
+    async def scenario(f: Findings) -> None:
         base = moqt_relay.access.prefix
         compat = rng.bytes(8)
         prefix = base + TrackNamespace((compat,))
@@ -59,59 +71,58 @@ def test_namespace_prefix_subscription_sees_every_matching_publication(moqt_rela
         later = [prefix + TrackNamespace((a1, b"pub-2")), prefix + TrackNamespace((a2, b"pub-3"))]
         near_miss = [base + TrackNamespace((compat + b"x", a1, b"pub-4")),  # field extends the prefix's bytes
                      base + TrackNamespace((rng.bytes(8), a1, b"pub-5"))]
-        problems: list[str] = []
+        ns_req, match_req = "MOQT-NS-SUBSCRIBE-NAMESPACE", "MOQT-NS-PREFIX-MATCH"
         async with session(moqt_relay, "publisher A") as pub_a, session(moqt_relay, "publisher B") as pub_b, \
                 session(moqt_relay, "watcher") as watcher_client:
             await _publish(pub_a, moqt_relay, existing)
             record("sent", "SUBSCRIBE_NAMESPACE", prefix=str(prefix))
             watcher = await watcher_client.subscribe_namespace(prefix, auth=moqt_relay.token("subscriber"))
-            await _collect(watcher, [("namespace", existing.suffix_after(prefix))], problems)
+            await _collect(f, ns_req, watcher, [("namespace", existing.suffix_after(prefix))])
             for ns in near_miss:  # processed before the matching ones below: a wrong NAMESPACE would come first
                 await _publish(pub_b, moqt_relay, ns)
             handles = [await _publish(pub_b, moqt_relay, ns) for ns in later]
-            await _collect(watcher, [("namespace", ns.suffix_after(prefix)) for ns in later], problems)
+            # What arrives before the later publications' notices is a near miss the relay matched by bytes.
+            await _collect(f, match_req, watcher, [("namespace", ns.suffix_after(prefix)) for ns in later])
             handles[0].cancel()  # withdraw one publication
-            await _collect(watcher, [("done", later[0].suffix_after(prefix))], problems)
+            await _collect(f, ns_req, watcher, [("done", later[0].suffix_after(prefix))])
             await pub_a.close(timeout=CLOSE_WAIT)  # a publisher's session ending withdraws what it published
-            await _collect(watcher, [("done", existing.suffix_after(prefix))], problems)
+            await _collect(f, ns_req, watcher, [("done", existing.suffix_after(prefix))])
             while not watcher.queue.empty():
                 kind, suffix = watcher.queue.get_nowait()
-                problems.append(f"unexpected {kind.upper()} for suffix {suffix}")
-            if watcher_client.peer_namespaces:  # [d22] NAMESPACE only, never a forwarded PUBLISH_NAMESPACE
-                problems.append(f"the relay sent PUBLISH_NAMESPACE to the namespace subscriber: "
-                                f"{[str(n) for n in watcher_client.peer_namespaces.values()]}")
-        return problems
+                f.add(ns_req, f"notice to the namespace subscriber: seen {kind.upper()} for suffix {suffix}, "
+                              "expected none more")
+            forwarded = [str(n) for n in watcher_client.peer_namespaces.values()]
+            f.expect(not forwarded, "MOQT-NS-NO-FORWARD-PUBLISH-NAMESPACE",  # [d22] NAMESPACE only
+                     f"to the namespace subscriber: seen PUBLISH_NAMESPACE {forwarded}, expected NAMESPACE only")
+            f.expect(True, match_req, "")
 
-    run_check(scenario, "MOQT-NS-SUBSCRIBE-NAMESPACE", "namespace discovery")
+    run_findings("namespace discovery", scenario)
 
 
 @pytest.mark.req("MOQT-NS-PREFIX-OVERLAP")
 def test_overlapping_namespace_prefixes_in_one_session(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """Equal, longer and shorter prefixes of an active SUBSCRIBE_NAMESPACE are PREFIX_OVERLAP; a sibling is fine."""
-    async def scenario() -> list[str]:
+    req = "MOQT-NS-PREFIX-OVERLAP"
+
+    async def scenario(f: Findings) -> None:
         base = moqt_relay.access.prefix
         prefix = base + TrackNamespace((rng.bytes(8),))
         token = moqt_relay.token("subscriber")
-        problems: list[str] = []
         async with session(moqt_relay, "watcher") as client:
             await client.subscribe_namespace(prefix, auth=token)
             for label, other in (("equal", prefix), ("longer", prefix + TrackNamespace((b"anchor",))),
                                  ("shorter", base)):
-                try:
-                    await client.subscribe_namespace(other, auth=token)
-                    problems.append(f"{label} prefix {other} accepted while {prefix} is active")
-                except RequestRejected as exc:
-                    record("received", "REQUEST_ERROR", prefix=str(other), code=exc.code)
-                    if exc.code != RequestErrorCode.PREFIX_OVERLAP:
-                        problems.append(f"{label} prefix: {exc}, expected PREFIX_OVERLAP (0x30)")
+                expect_none(f, req, [await refusal_problem(
+                    f"{label} prefix {other} while {prefix} is active", client.subscribe_namespace(other, auth=token),
+                    PREFIX_OVERLAP)])
             sibling = base + TrackNamespace((rng.bytes(8),))
             try:
-                await client.subscribe_namespace(sibling, auth=token)
+                with waiting(f"REQUEST_OK to SUBSCRIBE_NAMESPACE of the sibling prefix {sibling}", req):
+                    await client.subscribe_namespace(sibling, auth=token)
             except RequestRejected as exc:
-                problems.append(f"sibling prefix {sibling} refused: {exc}")
-        return problems
+                f.add(req, f"sibling prefix {sibling}: seen {rejection(exc)}, expected REQUEST_OK")
 
-    run_check(scenario, "MOQT-NS-PREFIX-OVERLAP", "prefix overlap")
+    run_findings("prefix overlap", scenario, req=req)
 
 
 @pytest.mark.req("MOQT-RELAY-SUBSCRIBE-ROUTING", "MOQT-NS-PREFIX-MATCH")
@@ -119,37 +130,36 @@ def test_subscribe_reaches_the_publisher_of_a_namespace_prefix(moqt_relay: Relay
                                                                rng: np.random.Generator) -> None:
     """The publisher announces a 4-field namespace and serves a track in a 5-field namespace below it: a
     SUBSCRIBE to that track reaches it; a track under a near-miss namespace has no publisher (DOES_NOT_EXIST)."""
-    async def scenario() -> list[str]:
+    routing = "MOQT-RELAY-SUBSCRIBE-ROUTING"
+
+    async def scenario(f: Findings) -> None:
         base = moqt_relay.access.prefix
         compat, anchor = rng.bytes(16), rng.bytes(16)
         announced = base + TrackNamespace((compat, anchor))
         track_ns = announced + TrackNamespace((rng.bytes(16),))
         near_miss = base + TrackNamespace((compat, anchor + b"x", rng.bytes(16)))
-        problems: list[str] = []
         async with session(moqt_relay, "publisher") as pub_client, session(moqt_relay, "subscriber") as sub_client:
             track = pub_client.track(track_ns, TRACK_NAME)
             pub_client.track(near_miss, TRACK_NAME).publish_object(0, 0, b"never routed here")
             await _publish(pub_client, moqt_relay, announced)
-            sub = await subscribe(sub_client, track_ns, fill=False, auth=moqt_relay.token("subscriber"))
+            try:
+                with waiting("SUBSCRIBE_OK to a track below the announced namespace", routing):
+                    sub = await subscribe(sub_client, track_ns, fill=False, auth=moqt_relay.token("subscriber"))
+            except RequestRejected as exc:
+                f.add(routing, f"SUBSCRIBE to {track_ns}, below the announced {announced}: seen {rejection(exc)}, "
+                               "expected SUBSCRIBE_OK (routed to its publisher)")
+                return
             track.publish_object(0, 0, b"first")
             track.publish_object(0, 1, b"second")
             got: list[bytes] = []
-            while len(got) < 2:
-                obj = await sub.next_object(CLIENT_TIMEOUT)
-                got.append(obj.payload)
-            if sorted(got) != [b"first", b"second"]:
-                problems.append(f"subscriber received {got!r}, published [b'first', b'second']")
-            try:
-                await subscribe(sub_client, near_miss, fill=False, auth=moqt_relay.token("subscriber"))
-                problems.append(f"SUBSCRIBE to {near_miss}, which no PUBLISH_NAMESPACE is a field-wise prefix of, "
-                                "was accepted")
-            except RequestRejected as exc:
-                if exc.code != RequestErrorCode.DOES_NOT_EXIST:
-                    problems.append(f"SUBSCRIBE with no matching publisher: {exc}, expected DOES_NOT_EXIST (0x10)")
-        return problems
+            with waiting("the two objects of the routed track", routing):
+                while len(got) < 2:
+                    obj = await sub.next_object(CLIENT_TIMEOUT)
+                    got.append(obj.payload)
+            f.expect(sorted(got) == [b"first", b"second"], routing,
+                     f"objects of the routed track: seen {got!r}, expected [b'first', b'second']")
+            expect_none(f, "MOQT-NS-PREFIX-MATCH", [await refusal_problem(
+                f"SUBSCRIBE to {near_miss}, which no PUBLISH_NAMESPACE is a field-wise prefix of",
+                subscribe(sub_client, near_miss, fill=False, auth=moqt_relay.token("subscriber")), DOES_NOT_EXIST)])
 
-    try:
-        problems = run(scenario, what="SUBSCRIBE routing")
-    except RequestRejected as exc:
-        problems = [f"SUBSCRIBE to a track below the announced namespace failed: {exc}"]
-    assert not problems, "MOQT-RELAY-SUBSCRIBE-ROUTING:\n  " + "\n  ".join(problems)
+    run_findings("SUBSCRIBE routing", scenario, req=routing)

@@ -21,14 +21,17 @@ from kvconform.fixtures.moqt import (
     fetch,
     publisher,
     record,
-    run_check,
+    rejection,
+    run_findings,
     session,
     subscribe,
+    waiting,
 )
 from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Subscribe
 from kvconform.moqt.session import RequestReceived
 from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
+from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
 
@@ -50,24 +53,27 @@ def test_subscribe_ok_only_after_the_upstream_subscription_is_established(moqt_r
             return True  # handled: no answer yet
         return False
 
-    async def scenario() -> list[str]:
+    req = "MOQT-RELAY-ESTABLISHED-BEFORE-OK"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
-        problems: list[str] = []
         async with publisher(moqt_relay, ns, on_request=hold) as pub, session(moqt_relay, "subscriber") as client:
             pub.publish(0, 0, b"before")
             sub = await subscribe(client, ns, fill=False, auth=moqt_relay.token("subscriber"), wait=False)
-            await asyncio.wait_for(arrived.wait(), CLIENT_TIMEOUT)  # the relay's upstream SUBSCRIBE arrived
+            with waiting("the relay's upstream SUBSCRIBE at the publisher"):
+                await asyncio.wait_for(arrived.wait(), CLIENT_TIMEOUT)
             try:
                 await asyncio.wait_for(asyncio.shield(sub.answer), HOLD)
-                problems.append(f"the relay answered the SUBSCRIBE ({type(sub.answer.result()).__name__}) while its "
-                                "upstream SUBSCRIBE was still unanswered")
+                f.add(req, f"answer to the SUBSCRIBE while the upstream SUBSCRIBE is unanswered: seen "
+                           f"{type(sub.answer.result()).__name__}, expected none until the publisher answers")
             except TimeoutError:
                 record("note", "no answer while the upstream SUBSCRIBE is held", seconds=HOLD)
+                f.expect(True, req, "")
             pub.track.serve_subscribe(held[0].request)
-            await sub.wait_ok(CLIENT_TIMEOUT)
-        return problems
+            with waiting("SUBSCRIBE_OK once the publisher answered the upstream SUBSCRIBE", req):
+                await sub.wait_ok(CLIENT_TIMEOUT)
 
-    run_check(scenario, "MOQT-RELAY-ESTABLISHED-BEFORE-OK", "SUBSCRIBE_OK after upstream")
+    run_findings("SUBSCRIBE_OK after upstream", scenario, req=req)
 
 
 @pytest.mark.req("MOQT-CTRL-REQUEST-ID-SEQUENCE", "MOQT-PARAM-HOP-BY-HOP", "MOQT-SETUP-MAX-FILTER-RANGES")
@@ -83,11 +89,10 @@ def test_the_relays_own_requests(moqt_relay: RelayUnderTest, rng: np.random.Gene
         seen.append((event.request.request_id, type(event.message).__name__, tuple(params or ())))
         return False  # the publisher answers as usual
 
-    async def scenario() -> list[str]:
+    async def scenario(f: Findings) -> None:
         base = moqt_relay.namespace(rng)
         ns_b = TrackNamespace((*base.fields[:-1], rng.bytes(16)))
         token = moqt_relay.token("subscriber")
-        problems: list[str] = []
         async with publisher(moqt_relay, base, on_request=observe, max_filter_ranges=None) as pub, \
                 session(moqt_relay, "subscriber") as client:
             pub.client.track(ns_b, TRACK_NAME).publish_object(0, 0, b"b")
@@ -102,23 +107,24 @@ def test_the_relays_own_requests(moqt_relay: RelayUnderTest, rng: np.random.Gene
             await fetch(client, other, auth=token)
         record("note", "requests the relay sent to the publisher", requests=[(r, k) for r, k, _ in seen])
         rids = [rid for rid, _, _ in seen]
-        if not rids:
-            return ["the relay sent no request to the publisher"]
-        if rids[0] != 1 or any(b - a != 2 for a, b in itertools.pairwise(rids)):
-            problems.append(f"Request IDs of the relay's requests in arrival order: {rids}; a server's are 1, 3, "
-                            "5, ... (MOQT-CTRL-REQUEST-ID-SEQUENCE)")
+        f.expect(bool(rids) and rids[0] == 1 and all(b - a == 2 for a, b in itertools.pairwise(rids)),
+                 "MOQT-CTRL-REQUEST-ID-SEQUENCE",
+                 f"Request IDs of the relay's requests to the publisher, in arrival order: seen {rids}, expected 1, 3, "
+                 "5, ... (the relay is the server)")
         tokens = {t.value for t in token if isinstance(t, AuthToken)}
+        f.expect(True, "MOQT-PARAM-HOP-BY-HOP", "")
+        f.expect(True, "MOQT-SETUP-MAX-FILTER-RANGES", "")
         for rid, kind, params in seen:
             for p in params:
                 if p.type == ParamType.AUTHORIZATION_TOKEN and getattr(p.value, "value", None) in tokens:
-                    problems.append(f"{kind} (Request ID {rid}) carries the subscriber's AUTHORIZATION_TOKEN "
-                                    "(MOQT-PARAM-HOP-BY-HOP)")
+                    f.add("MOQT-PARAM-HOP-BY-HOP", f"{kind} (Request ID {rid}) parameters: seen the subscriber's "
+                                                   "AUTHORIZATION_TOKEN, expected none of the downstream parameters")
                 if 0x25 <= p.type <= 0x29:
-                    problems.append(f"{kind} (Request ID {rid}) carries Range Filter 0x{p.type:x} although the "
-                                    "publisher's SETUP allows none (MOQT-SETUP-MAX-FILTER-RANGES)")
-        return problems
+                    f.add("MOQT-SETUP-MAX-FILTER-RANGES", f"{kind} (Request ID {rid}) parameters: seen Range Filter "
+                                                          f"0x{p.type:x}, expected none (the publisher's SETUP has no "
+                                                          "MAX_FILTER_RANGES: 0)")
 
-    run_check(scenario, "MOQT relay upstream requests", "the relay's upstream requests")
+    run_findings("the relay's upstream requests", scenario)
 
 
 @pytest.mark.req("MOQT-ERR-UNKNOWN-CODE")
@@ -126,7 +132,7 @@ def test_unknown_error_code_from_upstream_keeps_the_session(moqt_relay: RelayUnd
                                                            rng: np.random.Generator) -> None:
     """The publisher refuses the relay's SUBSCRIBE with REQUEST_ERROR code 0x7ABC, in no registry: the
     relay treats it as INTERNAL_ERROR, refuses downstream, and keeps the publisher's session."""
-    from kvconform.moqt.client import RequestRejected
+    from kvconform.moqt.client import RequestRejected, SessionEnded
 
     def refuse_oddly(client: Any, event: RequestReceived) -> bool:
         if isinstance(event.message, Subscribe) and event.message.TYPE == Subscribe.TYPE:
@@ -134,24 +140,29 @@ def test_unknown_error_code_from_upstream_keeps_the_session(moqt_relay: RelayUnd
             return True
         return False
 
-    async def scenario() -> list[str]:
+    req = "MOQT-ERR-UNKNOWN-CODE"
+
+    async def scenario(f: Findings) -> None:
         ns = moqt_relay.namespace(rng)
-        problems: list[str] = []
         async with publisher(moqt_relay, ns, on_request=refuse_oddly) as pub, \
                 session(moqt_relay, "subscriber") as client:
             pub.publish(0, 0, b"x")
             try:
                 await subscribe(client, ns, fill=False, auth=moqt_relay.token("subscriber"))
-                problems.append("SUBSCRIBE accepted although the only publisher refused the relay's SUBSCRIBE")
+                f.add(req, "SUBSCRIBE whose only publisher refused the relay's SUBSCRIBE: seen accepted, expected a "
+                           "REQUEST_ERROR")
             except RequestRejected as exc:
                 record("received", "REQUEST_ERROR", code=exc.code)
+                f.expect(exc.error is not None, req, f"SUBSCRIBE whose only publisher refused the relay's SUBSCRIBE: "
+                                                     f"seen {rejection(exc)}, expected a REQUEST_ERROR")
             more = TrackNamespace((*ns.fields[:-1], rng.bytes(16)))
             try:  # the publisher's session is still served
-                await pub.client.publish_namespace(more, auth=moqt_relay.token("publisher"))
-            except Exception as exc:  # a closed session or a refusal both mean the relay dropped it
-                problems.append(f"after the unknown code the publisher's session is no longer served: {exc!r}")
-            if pub.client.session.closed is not None:
-                problems.append(f"the relay closed the publisher's session: {pub.client.session.closed}")
-        return problems
+                with waiting("REQUEST_OK to the publisher's next PUBLISH_NAMESPACE", req):
+                    await pub.client.publish_namespace(more, auth=moqt_relay.token("publisher"))
+            except (RequestRejected, SessionEnded) as exc:  # a closed session or a refusal: the relay dropped it
+                f.add(req, f"the publisher's session after the unknown code: seen {exc}, expected still served")
+            closed = pub.client.session.closed
+            f.expect(closed is None, req, f"the publisher's session after the unknown code: seen closed ({closed}), "
+                                          "expected open")
 
-    run_check(scenario, "MOQT-ERR-UNKNOWN-CODE", "unknown REQUEST_ERROR code")
+    run_findings("unknown REQUEST_ERROR code", scenario, req=req)

@@ -15,25 +15,22 @@ from collections.abc import Sequence
 from kvconform.moqt.cache import CachedObject
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
 from kvconform.moqt.filters import RangeFilter
-from kvconform.moqt.messages import Fetch, PublishNamespace, Subscribe, SubscribeNamespace
 from kvconform.moqt.policy import Decision, Grant, Policy, Right, is_prefix
 from kvconform.moqt.quic import granting_streams_uni
 from kvconform.moqt.relay import Downstream, Peer, Relay, Track
 from kvconform.moqt.session import Request, SessionUsageError
-from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, Parameters, ParamType, TrackNamespace
+from kvconform.moqt.structures import KeyValuePair, Location, Parameters, TrackNamespace
 from tests.mutants import Mutant
+from tests.mutants.moqt import (
+    _GrantedFetch,
+    _GrantedPublishNamespace,
+    _GrantedSubscribe,
+    _GrantedSubscribeNamespace,
+    _StoredFetch,
+)
 
 SUITE = "kvcs-relay"
 KVO1_FLAGS = slice(6, 8)  # the Flags field of the KVO1 header
-
-
-def _with_granted_token(policy: Policy, right: Right, namespace: TrackNamespace, params: Parameters) -> Parameters:
-    """``params`` carrying, instead of the requester's tokens, a token the policy grants ``right`` on
-    ``namespace`` (so the request passes authorization whoever sent it)."""
-    for key, grant in policy.tokens.items():
-        if grant.expires is None and any(is_prefix(p, namespace.fields) for p in grant.prefixes(right)):
-            return params.with_param(ParamType.AUTHORIZATION_TOKEN, AuthToken.use_value(key.value, key.type))
-    return params
 
 
 # ---- authorization ------------------------------------------------------------------------------------
@@ -68,38 +65,26 @@ class DiscoveryLeakRelay(Relay):
         return decision
 
 
-class SubscribeAnyScopeRelay(Relay):
+class SubscribeAnyScopeRelay(_GrantedSubscribe):
     """KVCS-SEC-AUTHZ-SUBSCRIBE: serves a SUBSCRIBE as if it carried a token of the track's scope."""
 
-    def handle_subscribe(self, peer: Peer, req: Request, msg: Subscribe) -> None:
-        params = _with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
-        super().handle_subscribe(peer, req, dataclasses.replace(msg, parameters=params))
 
 
-class FetchAnyScopeRelay(Relay):
+class FetchAnyScopeRelay(_GrantedFetch):
     """KVCS-SEC-AUTHZ-FETCH: serves a FETCH as if it carried a token of the track's scope."""
 
-    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
-        params = _with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
-        await super().handle_fetch(peer, req, dataclasses.replace(msg, parameters=params))
 
 
-class DiscoverAnyScopeRelay(Relay):
+class DiscoverAnyScopeRelay(_GrantedSubscribeNamespace):
     """KVCS-SEC-AUTHZ-SUBSCRIBE-NAMESPACE: accepts a SUBSCRIBE_NAMESPACE as if it carried a token of the
     prefix's scope."""
 
-    def handle_subscribe_namespace(self, peer: Peer, req: Request, msg: SubscribeNamespace) -> None:
-        params = _with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace_prefix, msg.parameters)
-        super().handle_subscribe_namespace(peer, req, dataclasses.replace(msg, parameters=params))
 
 
-class PublishAnyScopeRelay(Relay):
+class PublishAnyScopeRelay(_GrantedPublishNamespace):
     """KVCS-SEC-AUTHZ-PUBLISH-NAMESPACE: accepts a PUBLISH_NAMESPACE as if it carried a publisher token of
     the namespace's scope (anyone can publish poisoned caches under any scope)."""
 
-    def handle_publish_namespace(self, peer: Peer, req: Request, msg: PublishNamespace) -> None:
-        params = _with_granted_token(self.policy, Right.PUBLISH, msg.track_namespace, msg.parameters)
-        super().handle_publish_namespace(peer, req, dataclasses.replace(msg, parameters=params))
 
 
 class FullNamespaceNoticeRelay(Relay):
@@ -175,7 +160,7 @@ class NoGapFetchRelay(Relay):
         return int(EndOfRangeKind.UNKNOWN)
 
 
-class DescendingLayersRelay(Relay):
+class DescendingLayersRelay(_StoredFetch):
     """KVCS-FETCH-ASCENDING: delivers the layers of a FETCH in descending order although Ascending was
     requested (a consumer cannot pipeline from the first layer)."""
 
