@@ -170,13 +170,16 @@ def build_coverage(
     results = [_relative_evidence(r, report_dir) for r in results]
     ran_suites = {r.suite for r in results if r.suite}
     protocols = {s.split("-", 1)[0] for s in ran_suites}
-    protocols |= {catalog.get(i).protocol for r in results for i in r.reqs if i in catalog}
+    protocols |= {catalog.get(i).protocol for r in results for i in (*r.reqs, r.blamed) if i and i in catalog}
     if all_protocols:
         protocols |= set(catalog.protocols)
 
     by_req: dict[str, list[TestResult]] = {}
     for r in results:
-        for rid in r.reqs:
+        # A failure blames the requirement the target broke, which a driver may name outside the check's own
+        # citations (e.g. a relay that answers SETUP with garbage during an authorization check): it is listed there.
+        extra = (r.blamed,) if r.verdict == Verdict.FAIL and r.blamed and r.blamed not in r.reqs else ()
+        for rid in (*r.reqs, *extra):
             by_req.setdefault(rid, []).append(r)
 
     doc_protocols: dict[str, Any] = {}

@@ -138,3 +138,11 @@ def test_provisional_dependencies_are_carried_and_counted(catalog: Catalog) -> N
     assert "2 on demo-prov-1" in page
     plain = build_coverage(catalog, results[:1], {"exit_code": 0})
     assert plain["summary"]["provisional"] == {} and "provisional profiles" not in render_html(plain)
+
+
+def test_a_failure_blamed_outside_the_checks_citations_is_listed_under_that_requirement(catalog: Catalog) -> None:
+    failed = _result("t::auth", "fail", ("DEMO-A",), message="DEMO-B: SETUP answered with garbage")
+    results = [TestResult.from_dict({**failed.as_dict(), "blamed": "DEMO-B", "reached": []})]
+    doc = build_coverage(catalog, results, {})
+    by_id = {r["id"]: r for role in doc["protocols"]["demo"]["roles"].values() for r in role["requirements"]}
+    assert by_id["DEMO-B"]["verdict"] == "fail" and by_id["DEMO-A"]["verdict"] != "fail"
