@@ -64,10 +64,11 @@ from kvconform.rdma import (
 from kvconform.rdma import (
     Completion as WorkCompletion,
 )
-from kvconform.verdicts import HarnessBug, check, violation
+from kvconform.verdicts import HarnessBug, check, current_check, violation
 
 Gen = Generator[Command, Any, Any]
-__all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "header_only"]
+__all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "header_only",
+           "precise"]
 
 RECV_SIZE = 4096 + 512  # largest message the harness expects: a HELLO_ACK or a COMPLETION
 RECV_DEPTH = 16
@@ -146,6 +147,13 @@ class Session:
 
     def handle(self, i: int) -> int:
         return self.ack.handle_base + i
+
+
+def precise(named: str, fallback: str) -> str:
+    """``named`` (the requirement the codec names for a field it refuses) when the running check cites it, so the
+    failure blames the rule the field breaks; else ``fallback`` (what the check was waiting for)."""
+    context = current_check()
+    return named if context is not None and named in context.cited else fallback
 
 
 def add_mask(slots: int) -> int:
@@ -245,7 +253,8 @@ class HarnessInitiator:
             msg = decode(raw)
         except KbtpDecodeError as exc:
             evidence.record("received", "kbtp", {"initiator": self.name, "undecodable": str(exc)}, raw=raw)
-            self._violation(f"{self.name}: {what}: the target sent a message that does not decode: {exc}", req=req)
+            self._violation(f"{self.name}: {what}: the target sent a message that does not decode: {exc}",
+                            req=precise(exc.requirement, req))
         if not isinstance(msg, Completion | HelloAck):
             self._violation(f"{self.name}: {what}: the target sent {type(msg).__name__}", req=req,
                       expected="COMPLETION or HELLO_ACK")

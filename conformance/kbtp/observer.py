@@ -36,6 +36,7 @@ class Received:
     addr_le: bool
     message: Message | None
     error: str = ""
+    error_requirement: str = ""  # the requirement the codec names for why it does not decode
 
 
 @dataclass
@@ -61,10 +62,11 @@ class ObservingTarget(ReferenceTarget):
     def on_message(self, s: Any, raw: bytes) -> Any:
         try:
             msg: Message | None = decode(raw, addr_le=s.addr_le)
-            err = ""
+            err, err_req = "", ""
         except KbtpDecodeError as exc:
-            msg, err = None, str(exc)
-        self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err))  # type: ignore[attr-defined]
+            msg, err, err_req = None, str(exc), exc.requirement
+        self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err,  # type: ignore[attr-defined]
+                                      err_req))
         evidence.record("received", "kbtp", {"at": "harness target", "message": type(msg).__name__ if msg else err},
                         raw=raw)
         yield from super().on_message(s, raw)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import Gen
+from kvconform.conformance.kbtp.client import Gen, precise
 from kvconform.conformance.kbtp.observer import InitiatorBed
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import FLAGS_OF_OPCODE, Features, Opcode, RequestFlags, Status
@@ -38,21 +38,26 @@ def _ack(bed: InitiatorBed, req: str) -> HelloAck:
                  "KBTP-HELLO-LAYOUT")
 def test_hello(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     """The first message, sent as a Send, is a well-formed HELLO: Version 1, zero Request ID, Block Handle,
-    Generation and Status, and Completion Credits > 0."""
+    Generation and Status, and Completion Credits > 0 (judged from its octets first, so a HELLO the harness
+    target refused is blamed on the field that made it refuse)."""
     bed = kbtp_initiator.bed(seed, label="hello")
-    bed.run_one(_hello(bed))
+    granted = bed.run_one(bed.op(bed.endpoint.hello()))
     messages = bed.messages()
     check(bool(messages), "no message of the initiator arrived as a Send", req="KBTP-RDMAP-SEND")
     first = messages[0]
-    check(first.message is not None, f"the first message does not decode: {first.error}", req="KBTP-HDR-LAYOUT",
-          seen=first.raw[:24])
+    raw = first.raw
+    check(len(raw) >= 24 and raw[1] == Opcode.HELLO, "the first message is not a HELLO", req="KBTP-HELLO-FIRST",
+          seen=raw[:2])
+    expect.equal("HELLO Version", raw[0], 1, req="KBTP-HDR-VERSION", offset=0)
+    for name, off, width in (("Request ID", 4, 8), ("Block Handle", 12, 8), ("Generation", 20, 2), ("Status", 22, 2)):
+        expect.equal(f"HELLO {name}", int.from_bytes(raw[off:off + width], "big"), 0, req="KBTP-HELLO-HEADER-ZERO",
+                     offset=off)
     msg = first.message
-    check(isinstance(msg, Hello), f"the first message is {type(msg).__name__}, not HELLO", req="KBTP-HELLO-FIRST")
-    expect.equal("HELLO Version", msg.version, 1, req="KBTP-HDR-VERSION", offset=0)
-    for name, off in (("request_id", 4), ("handle", 12), ("generation", 20), ("status", 22)):
-        expect.equal(f"HELLO {name}", getattr(msg, name), 0, req="KBTP-HELLO-HEADER-ZERO", offset=off)
-    check(msg.completion_credits > 0, "HELLO Completion Credits is 0", req="KBTP-HELLO-LAYOUT",
-          seen=msg.completion_credits)
+    check(isinstance(msg, Hello), f"the first message does not decode: {first.error}", req=precise(
+          first.error_requirement, "KBTP-HDR-LAYOUT"), seen=raw[:48])
+    check(msg.completion_credits > 0, "HELLO Completion Credits is 0", req="KBTP-HELLO-LAYOUT",  # type: ignore[union-attr]
+          seen=msg.completion_credits)  # type: ignore[union-attr]
+    check(granted is not None, "the harness target refused the initiator's HELLO", req="KBTP-HELLO-FIRST")
     bed.settle(req="KBTP-HELLO-FIRST")
 
 
@@ -84,14 +89,16 @@ class RequestRun:
     gens: dict[int, int]
     statuses: list[tuple[str, int]]
 
-    def requests(self, req: str) -> list[Any]:
-        """The decoded requests after HELLO (a request that does not decode violates ``req``)."""
-        ack = _ack(self.bed, req)
+    def requests(self, req: str, precise: frozenset[str] = frozenset()) -> list[Any]:
+        """The decoded requests after HELLO. One that does not decode violates ``req``, or the requirement the
+        codec names for it when that is one of ``precise`` (ids the calling check cites)."""
+        ack = _ack(self.bed, "KBTP-HELLO-FIRST")
         addr_le = bool(ack.features & Features.ADDR_LE)
         out = []
         for rec in self.bed.messages()[1:]:
             check(rec.message is not None, f"a request does not decode under ADDR_LE={addr_le}: {rec.error} "
-                  f"(octets {rec.raw[:40].hex(' ')})", req=req)
+                  f"(octets {rec.raw[:40].hex(' ')})", req=rec.error_requirement if rec.error_requirement in precise
+                  else req)
             out.append(rec.message)
         return out
 
@@ -146,7 +153,7 @@ def test_request_bodies(request_run: RequestRun) -> None:
     """Every request the initiator sent decodes under the session's byte order; inline data has a descriptor
     with zero STag and Tagged Offset and the inline length, other data a descriptor naming a buffer (an STag,
     a non-zero Length); only flags the text defines are set."""
-    for m in request_run.requests("KBTP-BODY-LAYOUT"):
+    for m in request_run.requests("KBTP-BODY-LAYOUT", frozenset({"KBTP-DESC-INLINE", "KBTP-FLAGS"})):
         if isinstance(m, AllocStore | Store) and m.inline is not None:
             expect.equal(f"{type(m).__name__} inline Data Descriptor (STag, Tagged Offset, Length)",
                          (m.data.stag, m.data.tagged_offset, m.data.length), (0, 0, len(m.inline)),
@@ -174,10 +181,15 @@ def test_requests_in_own_range(request_run: RequestRun) -> None:
 
 @pytest.mark.req("KBTP-HDR-VERSION", "KBTP-HDR-STATUS-ZERO", "KBTP-HELLO-FIRST")
 def test_request_headers(request_run: RequestRun) -> None:
-    """Every request has Version 1 and Status 0."""
-    for m in request_run.requests("KBTP-HELLO-FIRST"):
-        expect.equal(f"{type(m).__name__} Version", m.version, 1, req="KBTP-HDR-VERSION", offset=0)
-        expect.equal(f"{type(m).__name__} Status", m.status, 0, req="KBTP-HDR-STATUS-ZERO", offset=22)
+    """Every request has Version 1 and Status 0 (read from the octets: a request the codec refuses for them
+    is judged here too)."""
+    _ack(request_run.bed, "KBTP-HELLO-FIRST")
+    for rec in request_run.bed.messages()[1:]:
+        check(len(rec.raw) >= 24, f"a message of {len(rec.raw)} octets has no common header", req="KBTP-HDR-VERSION")
+        opcode = rec.raw[1]
+        expect.equal(f"Version of a message with Opcode {opcode:#04x}", rec.raw[0], 1, req="KBTP-HDR-VERSION", offset=0)
+        expect.equal(f"Status of a request with Opcode {opcode:#04x}", int.from_bytes(rec.raw[22:24], "big"), 0,
+                     req="KBTP-HDR-STATUS-ZERO", offset=22)
     request_run.bed.settle(req="KBTP-HELLO-FIRST")
 
 

@@ -99,6 +99,8 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
         expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="Y's FREE of its first block (Tail ticket 4)")
         x_done = yield from wait_until(lambda: "x" in got, name="Y-after-X", timeout=1.0)
         check(x_done, "X's allocation of ticket 0 did not complete after Y's free", req="KBTP-FREE-NO-OVERWRITE")
+        check(got["x"] != got["y0"], "X's allocation of ticket 0 got the block Y freed: the free of Tail ticket 4 "
+              "wrote slot 0 before X had consumed it", req="KBTP-FREE-NO-OVERWRITE", seen=got["x"])
         # Ticket 4's block is the one the deferred free writes into slot 0 once X consumed it.
         r = yield from y.alloc_store(y.handle(3), b"Y4" * 8, req="KBTP-FREE-DEFER")
         expect.status_is(r, Status.OK, req="KBTP-FREE-DEFER", what="Y's ALLOC_STORE of ticket 4")
