@@ -28,7 +28,6 @@ from kvconform.fixtures import evidence
 from kvconform.kbtp.constants import (
     EMPTY_BLOCK_OFFSET,
     RING_SLOT_SIZE,  # re-exported for the checks
-
     TABLE_ENTRY_SIZE,
     EntryFlags,
     Features,

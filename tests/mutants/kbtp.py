@@ -996,7 +996,8 @@ MUTANTS: dict[str, Mutant] = {
     "FreeKeepsQuota": Mutant("kbtp-target", "KBTP-QUOTA-RELEASE", ("test_free_releases_quota",)),
     "RefusesCrossLoad": Mutant("kbtp-target", "KBTP-LOAD-ANY", ("test_load_of_another_initiators_handle",),
                                ("kbtp.target.cross_initiator_load=true",)),
-    "StoresToOthersHandles": Mutant("kbtp-target", "KBTP-VAL-HANDLE", ("test_store_and_free_of_another_initiators_handle",)),
+    "StoresToOthersHandles": Mutant("kbtp-target", "KBTP-VAL-HANDLE",
+                                    ("test_store_and_free_of_another_initiators_handle",)),
     # kbtp-target: operations
     "InlineDataShifted": Mutant("kbtp-target", "KBTP-EX-ALLOC-STORE", ("test_example_alloc_store",)),
     "CompletionWithFlags": Mutant("kbtp-target", "KBTP-EX-COMPLETION", ("test_example_completion",)),
@@ -1068,7 +1069,8 @@ MUTANTS: dict[str, Mutant] = {
     "UnmaskedFetchAddOnRdmap": Mutant("kbtp-initiator", "KBTP-DALLOC-FETCHADD", ("test_direct_alloc_fetchadd",)),
     "NoSlotConfirmation": Mutant("kbtp-initiator", "KBTP-DALLOC-SLOT-READ", ("test_direct_alloc_slot_reads",)),
     "BindBeforeWrite": Mutant("kbtp-initiator", "KBTP-DALLOC-WRITE-THEN-BIND", ("test_direct_alloc_write_then_bind",)),
-    "WritesRingSlot": Mutant("kbtp-initiator", "KBTP-DALLOC-NO-SLOT-WRITE", ("test_direct_alloc_leaves_the_ring_alone",)),
+    "WritesRingSlot": Mutant("kbtp-initiator", "KBTP-DALLOC-NO-SLOT-WRITE",
+                             ("test_direct_alloc_leaves_the_ring_alone",)),
     "SkipsFreeOfDirectBlocks": Mutant("kbtp-initiator", "KBTP-DALLOC-FREE", ("test_direct_alloc_frees",)),
 }
 

@@ -107,7 +107,12 @@ def test_direct_load_detects_free(kbtp_initiator: InitiatorUnderTest, session_se
 def _direct_load_race(kbtp_initiator: InitiatorUnderTest, seed: int, i: int) -> int:
     """One interleaving: harness party H binds, re-binds and frees a handle while the initiator under test
     direct-loads it; returns how many direct loads it accepted (each checked against H's data)."""
-    bed = kbtp_initiator.bed(seed, label=f"direct-load-race-{i}", scheduler=PctScheduler(seed, depth=4, horizon=600))
+    # The harness's own target: with room for its second party H whatever the declared geometry.
+    t = kbtp_initiator.target_params
+    shared = max(t.shared_count, 2 * max(1, t.quota))
+    bed = kbtp_initiator.bed(seed, label=f"direct-load-race-{i}", scheduler=PctScheduler(seed, depth=4, horizon=600),
+                             max_initiators=max(2, t.max_initiators), shared_blocks=shared, ring_slots=None,
+                             blocks=max(t.blocks, shared + 2 * max(1, t.quota)))
     ep = bed.endpoint
     owner = bed.harness_client("H")
     stored: dict[int, bytes] = {}

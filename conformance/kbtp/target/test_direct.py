@@ -103,7 +103,7 @@ def test_direct_load_block(kbtp_target: TargetUnderTest, seed: int) -> None:
     data = b"direct-block" * 10
 
     def scenario() -> Gen:
-        ack = yield from _open(bed, a, DL)
+        yield from _open(bed, a, DL)
         dl = a.dl
         h = a.handle(5)
         r = yield from a.alloc_store(h, data)
@@ -136,7 +136,7 @@ def test_direct_load_stags_are_read_only(which: str, kbtp_target: TargetUnderTes
     data = b"protected" * 4
 
     def scenario() -> Gen:
-        ack = yield from _open(bed, a, DL)
+        yield from _open(bed, a, DL)
         h = a.handle(1)
         r = yield from a.alloc_store(h, data)
         expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="ALLOC_STORE")

@@ -569,7 +569,8 @@ def test_descriptor_out_of_range(where: str, kbtp_target: TargetUnderTest, seed:
                               what=f"COMPLETION of the ALLOC_STORE from a {where} source")
         outcome = "connection ended" if isinstance(r, Ended) else expect.status_name(r.status)
         check(outcome != "OK", f"ALLOC_STORE from an unreadable source ({where}) completed OK",
-              req="KBTP-VAL-NO-EFFECT", seen=outcome, expected="a refusal (any non-OK Status) or the end of the connection")
+              req="KBTP-VAL-NO-EFFECT", seen=outcome,
+              expected="a refusal (any non-OK Status) or the end of the connection")
         # The RDMA error may have ended the connection: the same initiator reconnects (its session is retained).
         user = (yield from bed.reconnect(a)) if a.broken else a
         lr, _ = yield from user.load(h, 64, flags=UNSEALED_OK)
