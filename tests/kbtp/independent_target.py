@@ -429,3 +429,17 @@ class DropsDeferredFrees(IndependentTarget):
     is lost, and the allocation of its ticket waits for ever."""
 
     ring_class = _ForgettingRing
+
+
+class _CrashingOnLoad(_Running):
+    def _load(self, r: Request, stage: Any) -> Steps:
+        raise RuntimeError("the LOAD path of this target is broken")
+        yield from ()
+
+
+class CrashesOnLoad(IndependentTarget):
+    """The actor serving a connection raises on every LOAD (a crash while driven): checks waiting for a LOAD's
+    completion fail on what says it completes (KBTP-LOAD-COMPLETE), not on a default requirement."""
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
+        return _CrashingOnLoad(fabric, node, params, self.ring_class)

@@ -118,3 +118,13 @@ def test_defaulted_features_claim_nothing(tmp_path: Path) -> None:
     declared = run_suite("kbtp-target", target, tmp_path / "declared", testbed=None, timeout=600,
                          pics=(NO_FEATURES,), checks=("test_ack_features_match_pics",))
     assert _blamed(declared) == {"KBTP-ACK-FEATURES": ["test_ack_features_match_pics"]}, _blamed(declared)
+
+
+@pytest.mark.slow
+def test_a_crash_fails_what_the_harness_waited_for(tmp_path: Path) -> None:
+    """The target's actor raises while a check waits for a LOAD's completion: a fail blamed on the requirement
+    that says the LOAD completes, with the crash in the message."""
+    run = _run("CrashesOnLoad", tmp_path, checks=("test_load_writes_data_length", "test_generation_sequence"))
+    assert _blamed(run) == {"KBTP-LOAD-COMPLETE": ["test_load_writes_data_length", "test_generation_sequence"]}, \
+        _blamed(run)
+    assert all("raised RuntimeError" in t["message"] for t in run.coverage["tests"]), run.coverage["tests"]
