@@ -102,7 +102,7 @@ class Bed:
     def open(self, ini: HarnessInitiator, requested: Features = NO_FEATURES) -> Gen:
         """HELLO for a session the check needs: the HelloAck. A refusal is inconclusive, not a failure: the
         text lets a target refuse a session (the sum of quotas, its capacity), and this check cannot run
-        without it (test_hello_ack_descriptor judges a target that refuses a lone fresh initiator)."""
+        without it (test_hello_ack judges a target that refuses a lone fresh initiator)."""
         ack = yield from ini.hello(requested)
         if ack.status != Status.OK:
             inconclusive(f"{ini.name}: HELLO (requesting {Features(requested)!r}) was refused with Status "
