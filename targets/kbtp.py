@@ -41,6 +41,9 @@ __all__ = [
 ]
 
 
+NO_FEATURES = Features(0)
+
+
 def features_of(names: object) -> Features:
     """PICS feature names -> Features bits."""
     out = Features(0)
@@ -54,7 +57,7 @@ class TargetParams:
     """What a target serves, from PICS ``kbtp.target`` (testbeds/schema/pics-kbtp.schema.json)."""
 
     binding: str = "rdmap-7306"
-    features: Features = Features.DIRECT_LOAD | Features.DIRECT_ALLOC | Features.ADDR_LE
+    features: Features = NO_FEATURES  # undeclared: only mandatory behaviour (no optional feature)
     block_size: int = 4096
     blocks: int = 22
     shared_blocks: int | None = 6
@@ -97,13 +100,40 @@ class TargetParams:
     def with_(self, **changes: Any) -> TargetParams:
         return replace(self, **changes)
 
+    @property
+    def shared_count(self) -> int:
+        """Blocks of the shared ring (the whole pool unless ``pool.shared_blocks`` says otherwise)."""
+        return self.blocks if self.shared_blocks is None else self.shared_blocks
+
+    @property
+    def partition_count(self) -> int:
+        """Blocks left for DIRECT_ALLOC partitions (none unless DIRECT_ALLOC is declared and the binding has
+        the atomics and connection-bound windows it needs)."""
+        p = self.profile
+        if not self.features & Features.DIRECT_ALLOC or not (p.atomics and p.mw_type2):
+            return 0
+        return self.blocks - self.shared_count
+
+    def capacity(self) -> tuple[int, int]:
+        """Initiators the declared geometry serves at once: (on the shared ring, on DIRECT_ALLOC partitions),
+        since the sum of quotas never exceeds the blocks their rings hold (KBTP-QUOTA-SUM)."""
+        if self.quota == 0:
+            return self.max_initiators, 0
+        shared = min(self.max_initiators, self.shared_count // self.quota)
+        return shared, min(self.max_initiators - shared, self.partition_count // self.quota)
+
+    def describe_capacity(self) -> str:
+        shared, partitions = self.capacity()
+        return (f"quota {self.quota}, shared ring of {self.shared_count} blocks, {self.partition_count} blocks for "
+                f"partitions, max_initiators {self.max_initiators}: {shared} shared + {partitions} partitioned")
+
 
 @dataclass(frozen=True)
 class InitiatorParams:
     """What an initiator may use, from PICS ``kbtp.initiator``."""
 
     binding: str = "rdmap-7306"
-    features: Features = Features.DIRECT_LOAD | Features.DIRECT_ALLOC | Features.ADDR_LE
+    features: Features = NO_FEATURES  # undeclared: only mandatory behaviour (no optional feature)
     requests_invalidate: bool = True
 
     @property

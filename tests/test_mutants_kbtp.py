@@ -55,9 +55,11 @@ def test_every_testable_kbtp_requirement_is_cited() -> None:
     cited: set[str] = set()
     for path in (ROOT / "conformance" / "kbtp").glob("*/test_*.py"):
         text = path.read_text()
-        # ids in req markers, and in the requirement tuples of Case(...) tables
+        # ids in req markers, and in the requirement tuples of Case(...) / Malformed(...) tables
         markers = re.findall(r"pytest\.mark\.req\(([^)]*)\)", text)
-        for ids_text in markers + re.findall(r'Case\("[^"]+", \(([^)]*)\)', text):
+        tables = re.findall(r'(?:Case|Malformed)\("[^"]+", \(?([^)]*?)\)?,', text)
+        tables += re.findall(r'^R_[A-Z_]+ = ("KBTP-[A-Z0-9-]+")', text, re.M)  # per-case ids named once
+        for ids_text in markers + tables:
             cited.update(re.findall(r'"(KBTP-[A-Z0-9-]+)"', ids_text))
     assert cited <= ids, f"checks cite ids the catalog lacks: {sorted(cited - ids)}"
     testable = {r.id for r in catalog.requirements("kbtp") if r.testable}

@@ -13,21 +13,24 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from kvconform.conformance.kbtp.client import Gen, HarnessError, HarnessInitiator
+from kvconform.conformance.kbtp.client import Gen, HarnessInitiator
 from kvconform.fixtures import evidence
-from kvconform.kbtp.constants import Features
+from kvconform.kbtp.constants import Features, Status
+from kvconform.kbtp.messages import HelloAck
 from kvconform.rdma import ActorFailed, Node
-from kvconform.targets.kbtp import DriverError, KbtpTarget, TargetEndpoint, TargetParams, TargetUnavailable
-from kvconform.verdicts import inconclusive
+from kvconform.targets.kbtp import NO_FEATURES, DriverError, KbtpTarget, TargetEndpoint, TargetParams, TargetUnavailable
+from kvconform.verdicts import HarnessBug, Violation, inconclusive, violation
 
 MAX_STEPS = 400_000  # every run is bounded: a target that never answers ends the run, not the suite
 TAIL = 40  # schedule labels quoted in a failure message (the full schedule is in the evidence)
 
 
-class RaceFailure(AssertionError):
-    """An invariant broke under one interleaving; the message carries what replays it."""
+def with_hint(exc: Violation, hint: str) -> Violation:
+    """The same violation, its message extended by what replays the run."""
+    exc.args = (f"{exc}\n[{hint}]",)
+    return exc
 
 
 def make_fabric(params: TargetParams, seed: int, scheduler: Any = None, trace: bool = False) -> Any:
@@ -81,45 +84,69 @@ class Bed:
 
     def reconnect(self, old: HarnessInitiator, requested: int = 0, attempts: int = 20) -> Gen:
         """A new connection with ``old``'s Initiator ID once the target has let go of the old session
-        (it may still count it active for a moment after the connection failed). Returns the new client."""
+        (it may still count it active for a moment after the connection failed). Returns the new client;
+        inconclusive when the target keeps refusing (the check cannot go on without the session)."""
         from kvconform.rdma import sleep
 
-        ack = None
+        status = None
         for n in range(attempts):
             again = self.initiator(f"{old.name}.{n + 1}", initiator_id=old.initiator_id)
-            ack = yield from again.hello(Features(requested))
-            if ack.status == 0:
+            ack = yield from again.hello(Features(requested), allow_end=True)
+            if isinstance(ack, HelloAck) and ack.status == Status.OK:
                 return again
+            status = ack.status if isinstance(ack, HelloAck) else ack
             yield from sleep(0.001)
-        raise HarnessError(f"{old.name}: reconnecting with the same Initiator ID was refused {attempts} times "
-                           f"(last HELLO_ACK Status {ack.status if ack else None}) after the old connection ended "
-                           "(KBTP-RETENTION)")
+        inconclusive(f"{old.name}: reconnecting with the same Initiator ID was refused {attempts} times (last: "
+                     f"{status}) after the old connection ended; the check needs the session to go on")
+
+    def open(self, ini: HarnessInitiator, requested: Features = NO_FEATURES) -> Gen:
+        """HELLO for a session the check needs: the HelloAck. A refusal is inconclusive, not a failure: the
+        text lets a target refuse a session (the sum of quotas, its capacity), and this check cannot run
+        without it (test_hello_ack judges a target that refuses a lone fresh initiator)."""
+        ack = yield from ini.hello(requested)
+        if ack.status != Status.OK:
+            inconclusive(f"{ini.name}: HELLO (requesting {Features(requested)!r}) was refused with Status "
+                         f"{ack.status} though the declared geometry has room for the check's sessions "
+                         f"({self.params.describe_capacity()}); the check needs it")
+        return ack
 
     # ---- running ---------------------------------------------------------------------------------
 
     def run(self, **actors: Gen) -> dict[str, Any]:
         """Spawn the named actors, run the fabric to quiescence (bounded), return their results.
 
-        A HarnessError inside an actor (a requirement broken) is re-raised as an AssertionError naming the
-        seed and the schedule; any other actor failure is a DriverError (the target or harness crashed).
+        A violation inside an actor is re-raised with the seed and the schedule that replay it. The target
+        crashing, or running on without settling, while a harness initiator waits is a violation of what
+        that initiator waited for; any other failure of a harness actor is a bug of the harness.
         """
         handles = {name: self.fabric.spawn(name, gen) for name, gen in actors.items()}
         try:
             result = self.fabric.run(max_steps=MAX_STEPS)
         except ActorFailed as exc:
-            if exc.actor in handles and isinstance(exc.cause, AssertionError):
-                raise RaceFailure(f"{exc.cause} [{self.replay_hint(exc.actor)}]") from exc.cause
-            # An actor of the implementation raised: it crashed while driven, which is a finding too.
-            raise DriverError(f"the implementation's actor {exc.actor!r} raised {exc.cause!r} "
-                              f"[{self.replay_hint(exc.actor)}]") from exc
+            cause = exc.cause
+            if isinstance(cause, Violation):
+                raise with_hint(cause, self.replay_hint(exc.actor)) from None
+            if exc.actor in handles:
+                raise cause from None  # a harness actor's own error: the policy makes it a harness error
+            self.blame_waiting(f"the implementation's actor {exc.actor!r} raised {cause!r}", exc.actor)
         if result.reason == "max_steps":
-            raise RaceFailure(f"the run did not settle within {MAX_STEPS} steps; still blocked: "
-                              f"{list(result.blocked)} (KBTP-QUOTA-ALLOC-BOUNDED) [{self.replay_hint()}]")
+            self.blame_waiting(f"the run did not settle within {MAX_STEPS} steps (still running: "
+                               f"{list(result.blocked)})")
         stuck = [n for n in handles if not handles[n].done]
         if stuck:
-            raise RaceFailure(f"harness actors never finished (deadlock): "
-                              f"{ {n: handles[n].waiting for n in stuck} } [{self.replay_hint()}]")
+            raise HarnessBug(f"harness actors blocked without a bound: {[handles[n].waiting for n in stuck]} "
+                             f"[{self.replay_hint()}]")
         return {name: h.result for name, h in handles.items()}
+
+    def blame_waiting(self, what: str, actor: str | None = None) -> NoReturn:
+        """The target failed (crashed, spun) while harness initiators waited: a violation of what the first
+        of them waited for; a DriverError (the check's first requirement) when none was waiting."""
+        hint = self.replay_hint(actor)
+        for ini in self.initiators:
+            if ini.waiting is not None:
+                req, awaited = ini.waiting
+                violation(f"{what} while {ini.name} waited for the {awaited}", req=req, detail=hint)
+        raise DriverError(f"{what} [{hint}]")
 
     def run_one(self, gen: Gen) -> Any:
         self._runs += 1

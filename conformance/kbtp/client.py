@@ -6,6 +6,12 @@ range), and every completion is decoded and recorded as evidence. It also perfor
 operations (table and pool reads, FetchAdd on the Head, partition writes, BIND) step by step, so a check
 can stop between any two of them (a withheld BIND, a delayed slot read).
 
+Every wait names the requirement that says the awaited thing must happen (``req``): a completion that
+never comes fails that requirement, never a default one. The defaults per operation are the R_* constants
+below (the text's "It completes the request" of each operation); a check that waits for something else (a
+refusal with a status, the answer to a malformed request) passes its own. While an initiator waits, it
+says for what (``waiting``), so a target that crashes or spins meanwhile is blamed on the same requirement.
+
 All operations are fabric actors: ``result = yield from client.call(...)`` inside an actor.
 """
 
@@ -16,23 +22,24 @@ import secrets
 import struct
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, cast
 
 from kvconform.fixtures import evidence
 from kvconform.kbtp.constants import (
     EMPTY_BLOCK_OFFSET,
-    RING_SLOT_SIZE,
+    RING_SLOT_SIZE,  # re-exported for the checks
     TABLE_ENTRY_SIZE,
     EntryFlags,
     Features,
     RequestFlags,
-    Status,
 )
 from kvconform.kbtp.messages import (
     AllocStore,
     Bind,
     Completion,
     DataDescriptor,
+    DirectAlloc,
+    DirectLoad,
     Free,
     Goodbye,
     Hello,
@@ -56,20 +63,26 @@ from kvconform.rdma import (
 from kvconform.rdma import (
     Completion as WorkCompletion,
 )
+from kvconform.verdicts import HarnessBug, check, current_check, violation
 
 Gen = Generator[Command, Any, Any]
+__all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "header_only",
+           "precise"]
 
 RECV_SIZE = 4096 + 512  # largest message the harness expects: a HELLO_ACK or a COMPLETION
 RECV_DEPTH = 16
 WAIT_S = 30.0  # fabric seconds a harness actor waits for a completion before calling it lost
-ADD_MASK_BITS = (63, 31)
+SLOT_READS = 1000  # re-reads of a ring slot before its block is called lost
 
-R_LOST = "KBTP-COMP-SEND"
+# What says each awaited thing must happen (conformance/requirements/kbtp.yaml).
+R_HELLO = "KBTP-HELLO-FIRST"  # the target answers HELLO with HELLO_ACK
+R_ALLOC = "KBTP-QUOTA-ALLOC-BOUNDED"  # an allocation within quota waits at most for an in-progress free
+R_LOAD = "KBTP-LOAD-COMPLETE"  # Block Load 3: it completes the request
+R_STORE = "KBTP-STORE-DATA"  # Block Mapped Store 4: it completes the request
+R_FREE = "KBTP-FREE-RETURN"  # Block Free 4: it completes the request
+R_BIND = "KBTP-BIND-VERIFY"  # BIND: ... writes the table entry, and completes
+R_ATOMICS = "KBTP-RDMAP-ATOMICS"  # the Head takes FetchAdd
 ALL_FEATURES = Features(0xF)
-
-
-class HarnessError(AssertionError):
-    """What the target did broke a requirement; the message names the field and the requirement id."""
 
 
 @dataclass
@@ -87,6 +100,32 @@ class Reply:
     @property
     def generation(self) -> int:
         return self.message.generation
+
+    @property
+    def completion(self) -> Completion:
+        """The COMPLETION (HarnessBug when this is a HELLO_ACK: a check read the wrong reply)."""
+        if not isinstance(self.message, Completion):
+            raise HarnessBug(f"expected a COMPLETION here, the reply is {type(self.message).__name__}")
+        return self.message
+
+    @property
+    def block_offset(self) -> int:
+        return self.completion.block_offset
+
+    @property
+    def data_length(self) -> int:
+        return self.completion.data_length
+
+    @property
+    def request_id(self) -> int:
+        return self.message.request_id
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Instead of a reply, the connection ended (the target terminated it, or an RDMA error broke it)."""
+
+    reason: str
 
 
 @dataclass
@@ -109,6 +148,13 @@ class Session:
         return self.ack.handle_base + i
 
 
+def precise(named: str, fallback: str) -> str:
+    """``named`` (the requirement the codec names for a field it refuses) when the running check cites it, so the
+    failure blames the rule the field breaks; else ``fallback`` (what the check was waiting for)."""
+    context = current_check()
+    return named if context is not None and named in context.cited else fallback
+
+
 def add_mask(slots: int) -> int:
     """Add Mask = bit 63 | bit 31 | bit (n+3) for N = 2^n slots (KBTP Free-Block Ring)."""
     n = slots.bit_length() - 1
@@ -125,15 +171,30 @@ class HarnessInitiator:
     name: str
     initiator_id: bytes = field(default_factory=lambda: secrets.token_bytes(16))
     session: Session | None = None
-    _recv: Region | None = None
-    _free_slots: list[int] = field(default_factory=list)
-    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     replies: list[Reply] = field(default_factory=list)
+    waiting: tuple[str, str] | None = None  # (requirement, what) while it waits for the target
+    # A client of the harness's own target (the kbtp-initiator suite's second party): what goes wrong on it
+    # is a bug of the harness, never a verdict.
+    harness_side: bool = False
+    _recv: Region = field(init=False)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self._recv = self.node.register(self.node.alloc(RECV_SIZE * RECV_DEPTH), Access.LOCAL_WRITE)
         for i in range(RECV_DEPTH):
             self.conn.post_recv(self._recv.sge(i * RECV_SIZE, RECV_SIZE), wr_id=i)
+
+    def _check(self, condition: object, what: str, *, req: str, **kw: Any) -> None:
+        if self.harness_side:
+            if not condition:
+                raise HarnessBug(f"the harness's own target failed: {what} ({req})")
+            return
+        check(condition, what, req=req, **kw)
+
+    def _violation(self, what: str, *, req: str, **kw: Any) -> NoReturn:
+        if self.harness_side:
+            raise HarnessBug(f"the harness's own target failed: {what} ({req})")
+        violation(what, req=req, **kw)
 
     # ---- memory the target reads and writes --------------------------------------------------------
 
@@ -155,76 +216,97 @@ class HarnessInitiator:
     def addr_le(self) -> bool:
         return self.session.addr_le if self.session else False
 
+    @property
+    def ack(self) -> HelloAck:
+        """The HELLO_ACK of this client's session (HarnessBug before one was granted)."""
+        return self._session().ack
+
+    def handle(self, i: int) -> int:
+        """Handle ``i`` of this client's range."""
+        return self._session().handle(i)
+
     # ---- messages ---------------------------------------------------------------------------------
 
     def send(self, raw: bytes, *, tag: str | None = None) -> None:
         evidence.record("sent", "kbtp", {"initiator": self.name, "octets": len(raw)}, raw=raw)
         self.conn.post_send(raw, tag=tag)
 
-    def receive(self, timeout: float = WAIT_S, lost: str = R_LOST) -> Gen:
-        """The next message from the target; HarnessError (citing ``lost``) when none arrives or the
-        connection broke."""
-        wc: WorkCompletion | None = yield from wait_completion_for(
-            self.conn.cq, timeout, lambda c: c.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM))
-        if wc is None:
-            raise HarnessError(f"{self.name}: no message from the target within {timeout} s of fabric time "
-                               f"(connection {self.conn.state}) ({lost})")
-        if not wc.ok:
-            raise HarnessError(f"{self.name}: receive failed with {wc.status.name} "
-                               f"(terminate {wc.terminate}) ({lost})")
-        assert self._recv is not None
+    def _next_receive(self, req: str, what: str, timeout: float, records: bool) -> Gen:
+        """The next receive completion (a message, or with ``records`` an RDMA Write with Immediate), or an
+        error completion; a violation of ``req`` when nothing comes within ``timeout``."""
+        self.waiting = (req, what)
+        try:
+            wc: WorkCompletion | None = yield from wait_completion_for(
+                self.conn.cq, timeout,
+                lambda c: c.op is Op.RECV or (records and c.op is Op.RECV_RDMA_WITH_IMM) or not c.ok)
+        finally:
+            self.waiting = None
+        self._check(wc is not None, f"{self.name}: {what}: nothing arrived within {timeout} s of fabric time "
+              f"(connection {self.conn.state.name})", req=req)
+        return cast(WorkCompletion, wc)
+
+    def _message(self, wc: WorkCompletion, req: str, what: str) -> Reply:
         raw = self._recv.read(wc.wr_id * RECV_SIZE, wc.byte_len)
         self.conn.post_recv(self._recv.sge(wc.wr_id * RECV_SIZE, RECV_SIZE), wr_id=wc.wr_id)
         try:
             msg = decode(raw)
         except KbtpDecodeError as exc:
-            raise HarnessError(f"{self.name}: the target sent a message the codec refuses: {exc}") from exc
+            evidence.record("received", "kbtp", {"initiator": self.name, "undecodable": str(exc)}, raw=raw)
+            self._violation(f"{self.name}: {what}: the target sent a message that does not decode: {exc}",
+                            req=precise(exc.requirement, req))
         if not isinstance(msg, Completion | HelloAck):
-            raise HarnessError(f"{self.name}: the target sent {type(msg).__name__}, expected COMPLETION "
-                               "(KBTP-OPCODES)")
+            self._violation(f"{self.name}: {what}: the target sent {type(msg).__name__}", req=req,
+                      expected="COMPLETION or HELLO_ACK")
         evidence.record("received", "kbtp", {"initiator": self.name, "message": msg.__class__.__name__,
-                                         "status": int(msg.status), "request_id": msg.request_id}, raw=raw)
+                                             "status": int(msg.status), "request_id": msg.request_id}, raw=raw)
         reply = Reply(msg, raw, wc.invalidated_stag)
         self.replies.append(reply)
         return reply
 
-    def receive_any(self, timeout: float = WAIT_S) -> Gen:
+    def receive(self, *, req: str, what: str, timeout: float = WAIT_S, allow_end: bool = False) -> Gen:
+        """The next message from the target (a Reply). The connection failing instead is a violation of
+        ``req`` too, unless ``allow_end`` (the text lets the target end it here): then an ``Ended``."""
+        wc = yield from self._next_receive(req, what, timeout, records=False)
+        if not wc.ok:
+            ended = Ended(f"{wc.status.name} (terminate {wc.terminate})")
+            evidence.record("note", "kbtp-connection-ended", {"initiator": self.name, "while": what,
+                                                              "reason": ended.reason})
+            if allow_end:
+                return ended
+            self._violation(f"{self.name}: {what}: the connection failed instead: {ended.reason}", req=req)
+        return self._message(wc, req, what)
+
+    def receive_any(self, *, req: str, what: str, timeout: float = WAIT_S) -> Gen:
         """The next completion: a Reply (a message) or the work completion of an RDMA Write with Immediate
         (a completion record arrived); the receive buffer is re-posted either way."""
-        wc: WorkCompletion | None = yield from wait_completion_for(
-            self.conn.cq, timeout, lambda c: c.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM) or not c.ok)
-        if wc is None or not wc.ok:
-            raise HarnessError(f"{self.name}: no completion within {timeout} s ({wc.status.name if wc else 'timeout'}) "
-                               f"({R_LOST})")
+        wc = yield from self._next_receive(req, what, timeout, records=True)
+        self._check(wc.ok, f"{self.name}: {what}: the connection failed instead: {wc.status.name} "
+              f"(terminate {wc.terminate})", req=req)
         if wc.op is Op.RECV_RDMA_WITH_IMM:
-            assert self._recv is not None
             self.conn.post_recv(self._recv.sge(wc.wr_id * RECV_SIZE, RECV_SIZE), wr_id=wc.wr_id)
             evidence.record("received", "kbtp-record", {"initiator": self.name, "imm": wc.imm})
             return wc
-        assert self._recv is not None
-        raw = self._recv.read(wc.wr_id * RECV_SIZE, wc.byte_len)
-        self.conn.post_recv(self._recv.sge(wc.wr_id * RECV_SIZE, RECV_SIZE), wr_id=wc.wr_id)
-        msg = decode(raw)
-        reply = Reply(msg, raw, wc.invalidated_stag)  # type: ignore[arg-type]
-        self.replies.append(reply)
-        return reply
+        return self._message(wc, req, what)
 
-    def call(self, raw: bytes, timeout: float = WAIT_S, lost: str = R_LOST) -> Gen:
-        """Send one request and return its completion (a Reply)."""
+    def call(self, raw: bytes, *, req: str, what: str, timeout: float = WAIT_S, allow_end: bool = False) -> Gen:
+        """Send one request and return its completion (a Reply; an ``Ended`` only with ``allow_end``)."""
         self.send(raw)
-        reply = yield from self.receive(timeout, lost)
+        reply = yield from self.receive(req=req, what=what, timeout=timeout, allow_end=allow_end)
         return reply
 
-    def hello(self, requested: Features = ALL_FEATURES, credits: int = RECV_DEPTH) -> Gen:
-        """HELLO / HELLO_ACK; returns the Session (HarnessError when the target refuses)."""
+    def hello(self, requested: Features = ALL_FEATURES, credits: int = RECV_DEPTH, *, req: str = R_HELLO,
+              allow_end: bool = False) -> Gen:
+        """HELLO / HELLO_ACK; returns the HelloAck (any Status: a refusal is the caller's to judge), or an
+        ``Ended`` with ``allow_end``."""
         raw = Hello(requested_features=requested, completion_credits=credits,
                     initiator_id=self.initiator_id).encode()
-        reply = yield from self.call(raw)
+        reply = yield from self.call(raw, req=req, what="HELLO_ACK for HELLO", allow_end=allow_end)
+        if isinstance(reply, Ended):
+            return reply
         ack = reply.message
         if not isinstance(ack, HelloAck):
-            raise HarnessError(f"{self.name}: HELLO answered by {type(ack).__name__}, expected HELLO_ACK "
-                               "(KBTP-HELLO-FIRST)")
-        if ack.status == Status.OK:
+            self._violation(f"{self.name}: HELLO answered by {type(ack).__name__}", req=req, expected="HELLO_ACK")
+        if ack.status == 0:
             feats = Features(ack.features)
             self.session = Session(ack, feats, bool(feats & Features.ADDR_LE))
         return ack
@@ -235,7 +317,7 @@ class HarnessInitiator:
         return bytes(msg.encode_raw(addr_le=self.addr_le))
 
     def alloc_store(self, handle: int, data: bytes, *, flags: int = RequestFlags.SEAL, generation: int = 0,
-                    source: Region | None = None) -> Gen:
+                    source: Region | None = None, req: str = R_ALLOC, allow_end: bool = False) -> Gen:
         """ALLOC_STORE of ``data``: inline when it fits Max Inline and no source is given, else by RDMA Read."""
         rid = self.next_id()
         max_inline = self.session.ack.max_inline if self.session else 0
@@ -245,11 +327,12 @@ class HarnessInitiator:
             src = source or self.buffer(len(data), data=data)
             msg = AllocStore(request_id=rid, handle=handle, generation=generation, flags=flags,
                              data=self.descriptor(src, len(data)))
-        # An allocation that never completes waits for more than an in-progress free.
-        reply = yield from self.call(self.enc(msg), lost="KBTP-QUOTA-ALLOC-BOUNDED")
+        reply = yield from self.call(self.enc(msg), req=req, allow_end=allow_end,
+                                     what=f"COMPLETION of ALLOC_STORE {rid} (handle {handle:#x}, {len(data)} octets)")
         return reply
 
-    def store(self, handle: int, data: bytes, *, flags: int = RequestFlags.SEAL, generation: int = 0) -> Gen:
+    def store(self, handle: int, data: bytes, *, flags: int = RequestFlags.SEAL, generation: int = 0,
+              req: str = R_STORE) -> Gen:
         rid = self.next_id()
         max_inline = self.session.ack.max_inline if self.session else 0
         if len(data) <= max_inline:
@@ -258,27 +341,33 @@ class HarnessInitiator:
             src = self.buffer(len(data), data=data)
             msg = Store(request_id=rid, handle=handle, generation=generation, flags=flags,
                         data=self.descriptor(src, len(data)))
-        reply = yield from self.call(self.enc(msg))
+        reply = yield from self.call(self.enc(msg), req=req,
+                                     what=f"COMPLETION of STORE {rid} (handle {handle:#x})")
         return reply
 
     def load(self, handle: int, length: int, *, flags: int = 0, generation: int = 0,
-             dest: Region | None = None) -> Gen:
-        """LOAD into a fresh buffer of ``length``; returns (Reply, bytes in the buffer)."""
+             dest: Region | None = None, req: str = R_LOAD) -> Gen:
+        """LOAD into a fresh buffer of ``length``; returns (Reply, the Data Length octets in the buffer)."""
         dst = dest or self.buffer(length)
-        msg = Load(request_id=self.next_id(), handle=handle, generation=generation, flags=flags,
+        rid = self.next_id()
+        msg = Load(request_id=rid, handle=handle, generation=generation, flags=flags,
                    data=self.descriptor(dst, length))
-        reply = yield from self.call(self.enc(msg))
+        reply = yield from self.call(self.enc(msg), req=req, what=f"COMPLETION of LOAD {rid} (handle {handle:#x})")
         got = dst.read(0, min(length, reply.message.data_length) if isinstance(reply.message, Completion) else 0)
         return reply, got
 
-    def free(self, handle: int, *, generation: int = 0) -> Gen:
-        reply = yield from self.call(self.enc(Free(request_id=self.next_id(), handle=handle, generation=generation)))
+    def free(self, handle: int, *, generation: int = 0, req: str = R_FREE) -> Gen:
+        rid = self.next_id()
+        reply = yield from self.call(self.enc(Free(request_id=rid, handle=handle, generation=generation)), req=req,
+                                     what=f"COMPLETION of FREE {rid} (handle {handle:#x})")
         return reply
 
-    def bind(self, handle: int, ticket: int, data_length: int, block_offset: int) -> Gen:
-        msg = Bind(request_id=self.next_id(), handle=handle, ticket=ticket, data_length=data_length,
-                   block_offset=block_offset)
-        reply = yield from self.call(self.enc(msg))
+    def bind(self, handle: int, ticket: int, data_length: int, block_offset: int, *, req: str = R_BIND,
+             allow_end: bool = False) -> Gen:
+        rid = self.next_id()
+        msg = Bind(request_id=rid, handle=handle, ticket=ticket, data_length=data_length, block_offset=block_offset)
+        reply = yield from self.call(self.enc(msg), req=req, allow_end=allow_end,
+                                     what=f"COMPLETION of BIND {rid} (handle {handle:#x}, ticket {ticket})")
         return reply
 
     def goodbye(self, release: bool = False) -> None:
@@ -286,102 +375,124 @@ class HarnessInitiator:
 
     # ---- one-sided RDMA operations (direct modes) ----------------------------------------------------
 
-    def rdma_read(self, stag: int, to: int, length: int, *, tag: str | None = None) -> Gen:
-        """RDMA Read of ``length`` octets; returns (work completion, bytes)."""
+    def rdma_read(self, stag: int, to: int, length: int, *, req: str, tag: str | None = None) -> Gen:
+        """RDMA Read of ``length`` octets; returns (work completion, bytes). ``req``: what says the target's
+        memory answers it (an RDMA error completes it; only a read that never completes violates ``req``)."""
         dst = self.buffer(length, Access.LOCAL_WRITE)
         self.conn.post_read(dst.sge(0, length), stag, to, tag=tag)
-        wc = yield from self._wait_op(Op.RDMA_READ)
+        wc = yield from self._wait_op(Op.RDMA_READ, req)
         return wc, dst.read(0, length) if wc.ok else b""
 
-    def rdma_write(self, stag: int, to: int, data: bytes, *, tag: str | None = None) -> Gen:
+    def rdma_write(self, stag: int, to: int, data: bytes, *, req: str, tag: str | None = None) -> Gen:
         src = self.buffer(len(data), Access.LOCAL_WRITE, data)
         self.conn.post_write(src.sge(0, len(data)), stag, to, tag=tag)
-        wc = yield from self._wait_op(Op.RDMA_WRITE)
+        wc = yield from self._wait_op(Op.RDMA_WRITE, req)
         return wc
 
-    def fetch_add(self, stag: int, to: int, add: int, mask: int, *, tag: str | None = None) -> Gen:
+    def fetch_add(self, stag: int, to: int, add: int, mask: int, *, req: str = R_ATOMICS,
+                  tag: str | None = None) -> Gen:
         """FetchAdd; returns (work completion, the original value in host order)."""
         dst = self.buffer(8, Access.LOCAL_WRITE)
         self.conn.post_fetch_add(dst.sge(0, 8), stag, to, add, mask, tag=tag)
-        wc = yield from self._wait_op(Op.FETCH_ADD)
+        wc = yield from self._wait_op(Op.FETCH_ADD, req)
         return wc, dst.read_u64(0) if wc.ok else None
 
-    def _wait_op(self, op: Op) -> Gen:
-        wc = yield from wait_completion_for(self.conn.cq, WAIT_S, lambda c: c.op is op or not c.ok)
-        if wc is None:
-            raise HarnessError(f"{self.name}: {op.name} did not complete within {WAIT_S} s of fabric time")
+    def _wait_op(self, op: Op, req: str) -> Gen:
+        what = f"completion of the {op.name}"
+        self.waiting = (req, what)
+        try:
+            wc = yield from wait_completion_for(self.conn.cq, WAIT_S, lambda c: c.op is op or not c.ok)
+        finally:
+            self.waiting = None
+        if wc is None:  # (a completed one, even with an error, observes nothing of ``req``: not reached)
+            self._violation(f"{self.name}: {what}: none within {WAIT_S} s of fabric time", req=req)
         return wc
 
-    def read_entry(self, handle: int) -> Gen:
-        """Direct read of a table entry; returns (flags, generation, data length, block offset) or None."""
-        s = self._direct_session()
-        dl = s.ack.direct_load
-        assert dl is not None
+    def read_entry(self, handle: int, *, req: str) -> Gen:
+        """Direct read of a table entry; (flags, generation, data length, block offset), or None when the
+        RDMA Read failed."""
+        s = self._session()
+        dl = self._direct_load()
         to = dl.table.tagged_offset + TABLE_ENTRY_SIZE * (handle - dl.table_base_handle)
-        wc, raw = yield from self.rdma_read(dl.table.stag, to, TABLE_ENTRY_SIZE, tag=f"entry-{handle:#x}")
+        wc, raw = yield from self.rdma_read(dl.table.stag, to, TABLE_ENTRY_SIZE, req=req, tag=f"entry-{handle:#x}")
         if not wc.ok:
             return None
         flags, gen, length = struct.unpack_from(">HHI", raw)
         (offset,) = struct.unpack_from("<Q" if s.addr_le else ">Q", raw, 8)
         return EntryFlags(flags), gen, length, offset
 
-    def read_slot(self, ring_stag: int, ring_to: int, slot_offset: int) -> Gen:
-        """Direct read of a ring slot; returns (sequence, block offset) or None on an RDMA error."""
-        s = self._direct_session()
-        wc, raw = yield from self.rdma_read(ring_stag, ring_to + slot_offset, RING_SLOT_SIZE, tag=f"slot-{slot_offset}")
+    def read_slot(self, ring_stag: int, ring_to: int, slot_offset: int, *, req: str) -> Gen:
+        """Direct read of a ring slot; (sequence, block offset), or None on an RDMA error."""
+        s = self._session()
+        wc, raw = yield from self.rdma_read(ring_stag, ring_to + slot_offset, RING_SLOT_SIZE, req=req,
+                                            tag=f"slot-{slot_offset}")
         if not wc.ok:
             return None
         (seq,) = struct.unpack_from(">I", raw)
         (offset,) = struct.unpack_from("<Q" if s.addr_le else ">Q", raw, 8)
         return seq, offset
 
-    def take_ticket(self) -> Gen:
+    def take_ticket(self, *, req: str = R_ATOMICS) -> Gen:
         """FetchAdd on this initiator's DIRECT_ALLOC Head; returns (ticket, slot offset)."""
-        s = self._direct_session()
-        da = s.ack.direct_alloc
-        assert da is not None
+        da = self._direct_alloc()
         masked = self.conn.profile.masked_atomics
         # Masked (RFC 7306): Ticket and Slot Offset advance together; unmasked (IB): Ticket only, and the
         # slot is 16 * (ticket mod N) (KBTP "InfiniBand and RoCEv2").
         add, mask = (0x0000_0001_0000_0010, add_mask(da.ring.count)) if masked else (0x0000_0001_0000_0000, 0)
-        wc, old = yield from self.fetch_add(da.head.stag, da.head.tagged_offset, add, mask, tag="head")
-        if not wc.ok:
-            raise HarnessError(f"{self.name}: FetchAdd on the Head failed: {wc.status.name} {wc.terminate} "
-                               "(KBTP-RDMAP-ATOMICS)")
+        wc, old = yield from self.fetch_add(da.head.stag, da.head.tagged_offset, add, mask, req=req, tag="head")
+        self._check(wc.ok, f"{self.name}: FetchAdd on the Head failed: {wc.status.name} {wc.terminate}", req=req)
         ticket = old >> 32
         if masked:
             return ticket, old & ((da.ring.count * RING_SLOT_SIZE) - 1)
         return ticket, RING_SLOT_SIZE * (ticket % da.ring.count)
 
-    def await_slot(self, ticket: int, slot_offset: int, max_reads: int = 1000) -> Gen:
-        """Re-read the ticket's slot until Sequence == ticket and Block Offset is not all ones, then confirm."""
-        s = self._direct_session()
-        da = s.ack.direct_alloc
-        assert da is not None
+    def await_slot(self, ticket: int, slot_offset: int, *, req: str, max_reads: int = SLOT_READS) -> Gen:
+        """Re-read the ticket's slot until Sequence == ticket and Block Offset is not all ones, then confirm;
+        the block. A slot that never fills (or cannot be read) violates ``req``."""
+        da = self._direct_alloc()
+        what = f"slot {slot_offset} to show ticket {ticket} with a block"
         for _ in range(max_reads):
-            got = yield from self.read_slot(da.ring.stag, da.ring.tagged_offset, slot_offset)
-            if got is None:
-                return None
+            got = yield from self.read_slot(da.ring.stag, da.ring.tagged_offset, slot_offset, req=req)
+            self._check(got is not None, f"{self.name}: {what}: the RDMA Read of the slot failed", req=req)
             seq, offset = got
             if seq == ticket & 0xFFFF_FFFF and offset != EMPTY_BLOCK_OFFSET:
-                again = yield from self.read_slot(da.ring.stag, da.ring.tagged_offset, slot_offset)
+                again = yield from self.read_slot(da.ring.stag, da.ring.tagged_offset, slot_offset, req=req)
                 if again == got:
                     return offset
-        raise HarnessError(f"{self.name}: slot {slot_offset} never showed ticket {ticket} within {max_reads} "
-                           "reads (KBTP-QUOTA-ALLOC-BOUNDED)")
+        self._violation(f"{self.name}: {what}: still not there after {max_reads} reads", req=req)
 
-    def write_block(self, block_offset: int, data: bytes) -> Gen:
+    def write_block(self, block_offset: int, data: bytes, *, req: str) -> Gen:
         """RDMA Write into the partition at ``block_offset`` (a Tagged Offset within the Pool STag)."""
-        s = self._direct_session()
-        da = s.ack.direct_alloc
-        assert da is not None
-        wc = yield from self.rdma_write(da.partition.stag, block_offset, data, tag="block")
+        da = self._direct_alloc()
+        wc = yield from self.rdma_write(da.partition.stag, block_offset, data, req=req, tag="block")
         return wc
 
-    def _direct_session(self) -> Session:
+    def _session(self) -> Session:
         if self.session is None:
-            raise HarnessError(f"{self.name}: no session (HELLO not done)")
+            raise HarnessBug(f"{self.name}: no session (HELLO not done, or refused)")
         return self.session
+
+    @property
+    def dl(self) -> DirectLoad:
+        """The DIRECT_LOAD descriptors of this session (HarnessBug when not granted)."""
+        return self._direct_load()
+
+    @property
+    def da(self) -> DirectAlloc:
+        """The DIRECT_ALLOC descriptors of this session (HarnessBug when not granted)."""
+        return self._direct_alloc()
+
+    def _direct_load(self) -> DirectLoad:
+        dl = self._session().ack.direct_load
+        if dl is None:
+            raise HarnessBug(f"{self.name}: DIRECT_LOAD was not granted; the check should have asked")
+        return dl
+
+    def _direct_alloc(self) -> DirectAlloc:
+        da = self._session().ack.direct_alloc
+        if da is None:
+            raise HarnessBug(f"{self.name}: DIRECT_ALLOC was not granted; the check should have asked")
+        return da
 
     @property
     def broken(self) -> bool:
@@ -392,5 +503,3 @@ def header_only(opcode: int, *, version: int = 1, flags: int = 0, request_id: in
                 generation: int = 0, status: int = 0) -> bytes:
     """A bare 24-octet common header (for unknown opcodes and truncations)."""
     return struct.pack(">BBHQQHH", version, opcode, flags, request_id, handle, generation, status)
-
-

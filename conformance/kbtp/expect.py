@@ -1,13 +1,17 @@
-"""Assertions the KBTP checks share: each names the field, the value seen, the value expected and the
-requirement id, and records the observation as evidence."""
+"""KBTP phrasing of the assertion API (kvconform.verdicts): a completion's Status by name, a field at its
+offset. Each is one assertion naming its requirement; a failure is a ``Violation`` of exactly that id."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from kvconform.conformance.kbtp.client import HarnessError, Reply
+from kvconform.conformance.kbtp.client import Ended, Reply
 from kvconform.fixtures import evidence
 from kvconform.kbtp.constants import Status
+from kvconform.kbtp.messages import Completion, HelloAck
+from kvconform.verdicts import check, check_equal
+
+STATUS_OFFSET = 22  # of the common header
 
 
 def status_name(value: int) -> str:
@@ -17,31 +21,28 @@ def status_name(value: int) -> str:
         return f"unknown status {value}"
 
 
-def status_is(reply: Reply, expected: Status | Collection[Status], *, req: str, what: str) -> None:
-    """The completion's Status is ``expected`` (or one of them)."""
+def status_is(reply: Reply | Ended | HelloAck | Completion, expected: Status | Collection[Status], *, req: str,
+              what: str) -> None:
+    """The completion's Status is ``expected``, or one of them where the text allows several outcomes (a
+    request that fails two checks whose order the text leaves open). A connection that ended instead of the
+    completion fails ``req`` too."""
     allowed = {expected} if isinstance(expected, Status) else set(expected)
+    names = " or ".join(sorted(s.name for s in allowed))
+    if isinstance(reply, Ended):
+        check(False, f"{what}: the connection ended ({reply.reason}) instead of a completion", req=req,
+              expected=f"Status {names}")
+        return
     evidence.record("note", "kbtp-check", {"what": what, "status": status_name(reply.status),
                                            "expected": sorted(s.name for s in allowed), "requirement": req})
-    if reply.status not in {int(s) for s in allowed}:
-        names = " or ".join(sorted(s.name for s in allowed))
-        raise HarnessError(f"{req}: {what}: Status at offset 22 is {status_name(reply.status)} "
-                           f"({reply.status}), expected {names}")
+    check(reply.status in {int(s) for s in allowed}, f"{what}: Status at offset {STATUS_OFFSET}", req=req,
+          seen=f"{status_name(reply.status)} ({reply.status})", expected=names)
 
 
 def equal(field: str, seen: object, expected: object, *, req: str, offset: int | None = None) -> None:
-    if seen != expected:
-        at = f" at offset {offset}" if offset is not None else ""
-        raise HarnessError(f"{req}: {field}{at} is {_fmt(seen)}, expected {_fmt(expected)}")
+    """``field`` (at ``offset`` when given) is ``expected``."""
+    check_equal(f"{field} at offset {offset}" if offset is not None else field, seen, expected, req=req)
 
 
 def holds(condition: bool, text: str, *, req: str) -> None:
-    if not condition:
-        raise HarnessError(f"{req}: {text}")
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value} ({value:#x})"
-    if isinstance(value, bytes):
-        return value[:48].hex(" ") + (" ..." if len(value) > 48 else "")
-    return repr(value)
+    """``condition`` holds; ``text`` says what was seen when it does not."""
+    check(condition, text, req=req)

@@ -8,13 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvconform.conformance.kbtp.bed import MAX_STEPS, RaceFailure, make_fabric
-from kvconform.conformance.kbtp.client import HarnessError, HarnessInitiator
+from kvconform.conformance.kbtp.bed import MAX_STEPS, make_fabric, with_hint
+from kvconform.conformance.kbtp.client import HarnessInitiator
 from kvconform.fixtures import evidence
 from kvconform.kbtp.messages import HelloAck, KbtpDecodeError, Message, decode
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import ActorFailed, ActorGen
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
+from kvconform.verdicts import HarnessBug, Violation, check
+
+
+class _InitiatorFailed(Exception):
+    """The initiator under test raised inside one of its operations (see ``InitiatorBed.op``)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(repr(cause))
+        self.cause = cause
 
 
 @dataclass
@@ -27,6 +36,7 @@ class Received:
     addr_le: bool
     message: Message | None
     error: str = ""
+    error_requirement: str = ""  # the requirement the codec names for why it does not decode
 
 
 @dataclass
@@ -52,10 +62,11 @@ class ObservingTarget(ReferenceTarget):
     def on_message(self, s: Any, raw: bytes) -> Any:
         try:
             msg: Message | None = decode(raw, addr_le=s.addr_le)
-            err = ""
+            err, err_req = "", ""
         except KbtpDecodeError as exc:
-            msg, err = None, str(exc)
-        self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err))  # type: ignore[attr-defined]
+            msg, err, err_req = None, str(exc), exc.requirement
+        self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err,  # type: ignore[attr-defined]
+                                      err_req))
         evidence.record("received", "kbtp", {"at": "harness target", "message": type(msg).__name__ if msg else err},
                         raw=raw)
         yield from super().on_message(s, raw)
@@ -79,13 +90,14 @@ class InitiatorBed:
     fabric: Any = field(init=False)
     target: ObservingTarget = field(init=False)
     endpoint: InitiatorEndpoint = field(init=False)
+    failure: str | None = None  # how the initiator under test failed, when it did
     _runs: int = 0
 
     def __post_init__(self) -> None:
         self.fabric = make_fabric(self.target_params, self.seed, self.scheduler, trace=True)
         tnode = self.tnode = self.fabric.node("target")
         self.target = ObservingTarget(self.fabric, tnode, target_config(self.target_params))
-        inode = self.fabric.node("I")
+        inode = self.initiator_node = self.fabric.node("I")
         t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
         self.target_conn = t_conn.name
         self.target.accept(t_conn)
@@ -97,20 +109,48 @@ class InitiatorBed:
         node = self.fabric.node(name)
         t_conn, i_conn = self.fabric.connect(self.tnode, node, name=f"{name}-conn")
         self.target.accept(t_conn)
-        return HarnessInitiator(self.fabric, node, i_conn, name)
+        return HarnessInitiator(self.fabric, node, i_conn, name, harness_side=True)
+
+    def op(self, gen: ActorGen) -> ActorGen:
+        """Run one operation of the initiator under test; an exception it raises (it crashed, or gave up when
+        its connection failed) stops the scenario, kept in ``failure`` for the check to judge after it has
+        looked at what the initiator sent (which usually names the rule it broke)."""
+        try:
+            result = yield from gen
+        except Exception as exc:  # the implementation's failure, not the harness's
+            raise _InitiatorFailed(exc) from exc
+        return result
 
     def run(self, **actors: ActorGen) -> dict[str, Any]:
+        """Spawn the actors and run to quiescence (bounded); their results (those that finished).
+
+        A violation in an actor is re-raised with the seed and schedule; the initiator under test failing
+        (through ``op``) stops the run and is kept in ``failure``; any other actor error is the harness's."""
         handles = {name: self.fabric.spawn(name, gen) for name, gen in actors.items()}
         try:
             result = self.fabric.run(max_steps=MAX_STEPS)
         except ActorFailed as exc:
-            if exc.actor in handles and isinstance(exc.cause, HarnessError):
-                raise RaceFailure(f"{exc.cause} [{self.hint()}]") from exc.cause
-            raise AssertionError(f"actor {exc.actor!r} raised {exc.cause!r} [{self.hint()}]") from exc
+            cause = exc.cause
+            if isinstance(cause, Violation):
+                raise with_hint(cause, self.hint()) from None
+            if isinstance(cause, _InitiatorFailed):
+                self.failure = f"the initiator raised {cause.cause!r} [{self.hint()}]"
+                evidence.note(self.failure)
+                return {name: h.result for name, h in handles.items() if h.done}
+            if exc.actor in handles:
+                raise cause from None  # the harness's own actor: a harness error
+            self.failure = f"the harness target's actor {exc.actor!r} raised {cause!r} [{self.hint()}]"
+            raise HarnessBug(self.failure) from cause
         if result.reason == "max_steps" or any(not h.done for h in handles.values()):
-            raise RaceFailure(f"the run did not finish ({result.reason}, blocked {list(result.blocked)}) "
-                              f"[{self.hint()}]")
-        return {name: h.result for name, h in handles.items()}
+            self.failure = (f"the run did not finish ({result.reason}, blocked {list(result.blocked)}): the "
+                            f"initiator never completed its operations [{self.hint()}]")
+            evidence.note(self.failure)
+        return {name: h.result for name, h in handles.items() if h.done}
+
+    def settle(self, *, req: str) -> None:
+        """After the check's own judgements: the initiator under test must have completed its operations
+        (``req``: the requirement that says it does what the check asked of it)."""
+        check(self.failure is None, f"the initiator did not complete the scenario: {self.failure}", req=req)
 
     def run_one(self, gen: ActorGen) -> Any:
         self._runs += 1

@@ -850,8 +850,11 @@ class ReferenceTarget:
             wait_s = None
             if p.seen:
                 wait_s = max(0.0, (min(p.seen.values()) + timeout - self.now_ms()) / 1000.0)
-            yield from wait_until(lambda h=p.next_unseen: p.ring.head_ticket() != h or not record.active,  # type: ignore[misc]
-                                  name=f"tickets.{record.slot}", timeout=wait_s)
+            # Wake on a new ticket, or when the session starts or stops (not merely while it is stopped: an
+            # initiator gone with a ticket outstanding must not make this loop spin without time passing).
+            active = record.active
+            yield from wait_until(lambda h=p.next_unseen, a=active: p.ring.head_ticket() != h  # type: ignore[misc]
+                                  or record.active != a, name=f"tickets.{record.slot}", timeout=wait_s)
 
     def abandon(self, record: InitiatorRecord, ticket: int) -> None:
         """A ticket not bound in time: fence the initiator first, then reclaim the ticket's block."""

@@ -689,3 +689,19 @@ def test_reconnect_before_the_retention_actor_first_runs() -> None:
     assert h.fabric.scheduler.remaining == []  # type: ignore[attr-defined]
     assert second.status == Status.OK and loaded.data == b"kept"
     assert h.target.counters.sessions_expired == 0
+
+
+def test_a_gone_initiator_with_an_outstanding_ticket_does_not_make_the_watcher_spin() -> None:
+    """Regression: an initiator takes a DIRECT_ALLOC ticket and its connection ends before the Ticket Timeout;
+    the ticket watcher must wait for the timeout (fabric time passes), not re-check without end."""
+    h = build(1, config=SMALL)
+    x = h.initiators[0]
+
+    def scenario() -> Any:
+        ack = yield from x.hello()
+        assert ack.direct_alloc is not None
+        yield from x.take_ticket()
+        x.conn.disconnect()
+
+    run1(h, scenario())  # raised HarnessError (the step budget used up) before the fix
+    assert h.fabric.steps < 1000, h.fabric.steps

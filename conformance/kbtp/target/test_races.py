@@ -3,10 +3,13 @@
 
 The text's four-block deferred-free scenario is replayed step by step with a schedule script; then
 seeded interleavings of many initiators allocating, loading and freeing check that no block is lost or
-handed out twice and that allocations never stall; then DIRECT_LOAD readers race FREE and re-allocation.
+handed out twice and that allocations never stall; then DIRECT_LOAD readers race stores and frees.
 Every failure names the fabric seed and the schedule; ``kvconform run kbtp-target --seed S`` replays it
 (the per-check seeds derive from the session seed), and the schedule file in the evidence replays it
-with a ScriptScheduler even after the code changed.
+with a ScriptScheduler even after the code changed. The scripted checks hold the reference target at its
+named race points; a target without them cannot be forced into the interleaving and is inconclusive.
+
+The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kbtp-interleavings).
 """
 
 from __future__ import annotations
@@ -18,134 +21,193 @@ from typing import Any
 import pytest
 
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.bed import Bed, RaceFailure
-from kvconform.conformance.kbtp.client import Gen, HarnessInitiator
+from kvconform.conformance.kbtp.bed import Bed
+from kvconform.conformance.kbtp.client import RING_SLOT_SIZE, Gen, HarnessInitiator
 from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
-from kvconform.kbtp.constants import EntryFlags, Features, RequestFlags, Status
+from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, EntryFlags, Features, RequestFlags, Status
 from kvconform.rdma import Access, pause, wait_until
 from kvconform.rdma.scheduler import PctScheduler, RandomScheduler, ScheduleError, ScriptScheduler
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import check, inconclusive, not_applicable
 
 SEAL = int(RequestFlags.SEAL)
+DL, DA = Features.DIRECT_LOAD, Features.DIRECT_ALLOC
+
+
+def _ran_after(bed: Bed, delivered: str, actor: str) -> bool:
+    """Whether a step of ``actor`` (a label prefix) ran after the last delivery of a ``delivered...`` Send."""
+    sched = bed.schedule()
+    last = max((i for i, lab in enumerate(sched) if lab.startswith(delivered) and lab.endswith(":deliver")),
+               default=None)
+    return last is not None and any(lab.startswith(actor) for lab in sched[last + 1:])
+
+
+def _scripted(bed: Bed, script: ScriptScheduler, **actors: Gen) -> dict[str, Any]:
+    """Run a scripted scenario; inconclusive when the target cannot be held where the script says."""
+    try:
+        out = bed.run(**actors)
+    except ScheduleError as exc:
+        inconclusive(f"the target does not expose the race points this interleaving needs ({exc}); the seeded "
+                     "interleavings still exercise the race")
+    if script.remaining:
+        inconclusive(f"the schedule script was not followed to its end (left: {script.remaining})")
+    return out
 
 
 # ---- the text's scenario -----------------------------------------------------------------------------
 
 
-@pytest.mark.req("KBTP-EX-DEFER", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE", "KBTP-RING-NO-LOSS",
-                 "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-RING-ALLOC-WAIT", "KBTP-ALLOC-RING", "KBTP-FREE-TABLE-FIRST")
+@pytest.mark.req("KBTP-EX-DEFER", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE", "KBTP-ALLOC-RING", "KBTP-RING-NO-LOSS",
+                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
 def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N = F = 4, blocks handed out in ring order: X's allocation takes ticket 0 and is held before it
     reads slot 0; Y takes tickets 1-3 and frees its first block, whose Tail ticket 4 lands on the
     unconsumed slot 0 and must wait; X then gets slot 0's block, and Y's next allocation (ticket 4) gets
     exactly the block Y freed. No block is lost or handed out twice."""
+    if kbtp_target.params.max_initiators < 2:
+        not_applicable("PICS kbtp.target.max_initiators is 1: the example needs initiators X and Y at once")
     x_id, y_id = secrets.token_bytes(16), secrets.token_bytes(16)
-    # Hold X's slot read until Y's free has run its Tail FetchAdd (the race points of the reference
-    # target; a target without them cannot be forced into the example and is inconclusive).
+    # Hold X's slot read until Y's free has run its Tail FetchAdd (the race points of the reference target).
     script = ScriptScheduler(["target@Y-conn.target:tail.shared", "target@X-conn.target:read-slot.shared.0"])
     bed = kbtp_target.bed(seed, scheduler=script, label="deferred-free-example", blocks=4, shared_blocks=4,
                           ring_slots=4, quota=1, quotas=((x_id, 1), (y_id, 3)),
-                          features=kbtp_target.params.features & ~Features.DIRECT_ALLOC)
+                          features=kbtp_target.params.features & ~DA)
     x, y = bed.initiator("X", x_id), bed.initiator("Y", y_id)
 
     def hellos() -> Gen:
-        yield from x.hello(Features(0))
-        yield from y.hello(Features(0))
+        yield from bed.open(x)
+        yield from bed.open(y)
 
     bed.run_one(hellos())
-    assert x.session and y.session
     got: dict[str, int] = {}
 
     def run_x() -> Gen:
-        r = yield from x.alloc_store(x.session.handle(0), b"X" * 16)  # type: ignore[union-attr]
-        expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="X's ALLOC_STORE (ticket 0)")
-        got["x"] = r.message.block_offset
+        # The free of Tail ticket 4 must not overwrite slot 0 before this allocation consumed it.
+        r = yield from x.alloc_store(x.handle(0), b"X" * 16, req="KBTP-FREE-NO-OVERWRITE")
+        expect.status_is(r, Status.OK, req="KBTP-FREE-NO-OVERWRITE", what="X's ALLOC_STORE (ticket 0)")
+        got["x"] = r.block_offset
 
     def run_y() -> Gen:
         # Start once X's request reached the target and its actor ran (X holds ticket 0).
-        yield from wait_until(lambda: _ran_after(bed, "X-conn.X/send", "target@X-conn.target"), name="Y-start",
-                              timeout=1.0)
+        started = yield from wait_until(lambda: _ran_after(bed, "X-conn.X/send", "target@X-conn.target"),
+                                        name="Y-start", timeout=1.0)
+        if not started:
+            inconclusive("X's ALLOC_STORE never reached the target's actor: the example cannot be set up")
         for i in range(3):
-            r = yield from y.alloc_store(y.session.handle(i), bytes([0x30 + i]) * 16)  # type: ignore[union-attr]
+            r = yield from y.alloc_store(y.handle(i), bytes([0x30 + i]) * 16, req="KBTP-ALLOC-RING")
             expect.status_is(r, Status.OK, req="KBTP-ALLOC-RING", what=f"Y's ALLOC_STORE {i + 1} (ticket {i + 1})")
-            got[f"y{i}"] = r.message.block_offset
-        f = yield from y.free(y.session.handle(0))  # type: ignore[union-attr]
-        expect.status_is(f, Status.OK, req="KBTP-FREE-DEFER", what="Y's FREE of its first block (Tail ticket 4)")
-        yield from wait_until(lambda: "x" in got, name="Y-after-X", timeout=1.0)
-        r = yield from y.alloc_store(y.session.handle(3), b"Y4" * 8)  # type: ignore[union-attr]
-        expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="Y's ALLOC_STORE of ticket 4")
-        got["y3"] = r.message.block_offset
+            got[f"y{i}"] = r.block_offset
+        f = yield from y.free(y.handle(0))
+        expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="Y's FREE of its first block (Tail ticket 4)")
+        x_done = yield from wait_until(lambda: "x" in got, name="Y-after-X", timeout=1.0)
+        check(x_done, "X's allocation of ticket 0 did not complete after Y's free", req="KBTP-FREE-NO-OVERWRITE")
+        check(got["x"] != got["y0"], "X's allocation of ticket 0 got the block Y freed: the free of Tail ticket 4 "
+              "wrote slot 0 before X had consumed it", req="KBTP-FREE-NO-OVERWRITE", seen=got["x"])
+        # Ticket 4's block is the one the deferred free writes into slot 0 once X consumed it.
+        r = yield from y.alloc_store(y.handle(3), b"Y4" * 8, req="KBTP-FREE-DEFER")
+        expect.status_is(r, Status.OK, req="KBTP-FREE-DEFER", what="Y's ALLOC_STORE of ticket 4")
+        got["y3"] = r.block_offset
         for h, data in ((1, bytes([0x31]) * 16), (2, bytes([0x32]) * 16), (3, b"Y4" * 8)):
-            _, d = yield from y.load(y.session.handle(h), 16)  # type: ignore[union-attr]
+            _, d = yield from y.load(y.handle(h), 16)
             expect.equal(f"Y's handle {h} data at the end", d, data, req="KBTP-RING-NO-LOSS")
-        _, d = yield from x.load(x.session.handle(0), 16)  # type: ignore[union-attr]
+        _, d = yield from x.load(x.handle(0), 16)
         expect.equal("X's data at the end", d, b"X" * 16, req="KBTP-RING-NO-LOSS")
 
-    try:
-        bed.run(X=run_x(), Y=run_y())
-    except ScheduleError as exc:
-        inconclusive(f"the target does not expose the race points the example needs ({exc}); the seeded "
-                     "interleavings below still exercise the race")
+    _scripted(bed, script, X=run_x(), Y=run_y())
     evidence.record("note", "kbtp-deferred-free", {k: hex(v) for k, v in got.items()})
-    if script.remaining:
-        inconclusive(f"the schedule script was not followed to its end (left: {script.remaining}): the target "
-                     "did not defer on slot 0 the way the example needs")
     four = [got["x"], got["y0"], got["y1"], got["y2"]]
-    expect.equal("distinct blocks of tickets 0-3", len(set(four)), 4, req="KBTP-RING-NO-LOSS")
+    expect.equal("distinct blocks of tickets 0-3 (X's and Y's three)", len(set(four)), 4, req="KBTP-EX-DEFER")
     expect.equal("block of ticket 4 (the block Y freed, written into slot 0 after X consumed it)", got["y3"],
                  got["y0"], req="KBTP-FREE-DEFER")
 
 
-@pytest.mark.req("KBTP-FREE-TABLE-FIRST", "KBTP-FREE-RETURN", "KBTP-FREE-ENTRY")
+@pytest.mark.req("KBTP-FREE-TABLE-FIRST", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN")
 def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A FREE held just before its Tail FetchAdd (the reference's ``tail.<ring>`` race point): a direct
     read of the entry at that moment already shows it unbound with a new Generation."""
-    kbtp_target.require(Features.DIRECT_LOAD)
+    kbtp_target.require(DL)
+    plan = kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
     script = ScriptScheduler(["R:entry-read", "target@W-conn.target:tail.*"])
-    bed = kbtp_target.bed(seed, scheduler=script, label="free-entry-first",
-                          features=kbtp_target.params.features & ~Features.DIRECT_ALLOC)
+    bed = kbtp_target.bed(seed, scheduler=script, label="free-entry-first")
     w, r = bed.initiator("W"), bed.initiator("R")
     seen: dict[str, Any] = {}
 
     def writer() -> Gen:
-        yield from w.hello(Features(0))
-        assert w.session is not None
-        a = yield from w.alloc_store(w.session.handle(0), b"free me" * 4)
-        expect.status_is(a, Status.OK, req="KBTP-FREE-RETURN", what="ALLOC_STORE")
+        yield from bed.open(w, plan[0])
+        a = yield from w.alloc_store(w.handle(0), b"free me" * 4)
+        expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="ALLOC_STORE")
         seen["gen"] = a.generation
-        f = yield from w.free(w.session.handle(0))
-        expect.status_is(f, Status.OK, req="KBTP-FREE-ENTRY", what="FREE")
+        f = yield from w.free(w.handle(0))
+        expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
 
     def reader() -> Gen:
-        yield from r.hello(Features.DIRECT_LOAD)
-        yield from wait_until(lambda: "gen" in seen and _ran_after(bed, "W-conn.W/send", "target@W-conn.target"),
-                              name="R-wait-free", timeout=1.0)
-        assert w.session is not None
-        seen["entry"] = yield from r.read_entry(w.session.handle(0))
+        ack = yield from bed.open(r, Features(plan[1] | DL))
+        if not ack.features & DL:
+            inconclusive("the reader was not granted DIRECT_LOAD, which PICS declares")
+        ready = yield from wait_until(
+            lambda: "gen" in seen and _ran_after(bed, "W-conn.W/send", "target@W-conn.target"),
+            name="R-wait-free", timeout=1.0)
+        if not ready:
+            inconclusive("the writer's FREE never reached the target's actor")
+        seen["entry"] = yield from r.read_entry(w.handle(0), req="KBTP-FREE-TABLE-FIRST")
         yield from pause("entry-read")
 
-    try:
-        bed.run(W=writer(), R=reader())
-    except ScheduleError as exc:
-        inconclusive(f"the target does not expose the tail race point ({exc})")
-    if script.remaining:
-        inconclusive(f"the schedule script was not followed to its end (left: {script.remaining})")
+    _scripted(bed, script, W=writer(), R=reader())
     entry = seen.get("entry")
     if entry is None:
         inconclusive("the RDMA Read of the entry failed, so the order could not be observed")
     flags, gen = entry[0], entry[1]
-    expect.holds(not flags & EntryFlags.VALID and gen != seen["gen"],
-                 f"when the FREE reached its Tail FetchAdd the entry still read Flags {flags!r}, Generation {gen} "
-                 f"(bound with {seen['gen']}) [{bed.replay_hint()}]", req="KBTP-FREE-TABLE-FIRST")
+    check(not flags & EntryFlags.VALID and gen != seen["gen"],
+          f"when the FREE reached its Tail FetchAdd the entry still read Flags {flags!r}, Generation {gen} "
+          f"(bound with {seen['gen']}) [{bed.replay_hint()}]", req="KBTP-FREE-TABLE-FIRST")
 
 
-def _ran_after(bed: Bed, delivered: str, actor: str) -> bool:
-    """Whether ``actor`` ran a step after the last delivery of a ``delivered...`` Send."""
-    sched = bed.schedule()
-    last = max((i for i, lab in enumerate(sched) if lab.startswith(delivered) and lab.endswith(":deliver")),
-               default=None)
-    return last is not None and any(lab == actor for lab in sched[last + 1:])
+@pytest.mark.req("KBTP-FREE-SLOT-ORDER", "KBTP-HELLO-FIRST", "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT",
+                 "KBTP-BIND-VERIFY", "KBTP-FREE-RETURN")
+def test_free_writes_block_before_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
+    """A FREE held between its two slot writes (the reference's ``slot-seq.<ring>.<ticket>`` race point):
+    a read of the Tail slot at that moment never shows the new Sequence with the old Block Offset."""
+    kbtp_target.require(DA)
+    script = ScriptScheduler(["R:slot-read", "R:slot-seen", "target@A-conn.target:slot-seq.*"])
+    bed = kbtp_target.bed(seed, scheduler=script, label="slot-order")
+    a = bed.initiator("A")
+    seen: dict[str, Any] = {}
+
+    def owner() -> Gen:
+        ack = yield from bed.open(a, DA)
+        if not ack.features & DA:
+            inconclusive("DIRECT_ALLOC, which PICS declares, was not granted")
+        da = ack.direct_alloc
+        ticket, slot = yield from a.take_ticket()
+        block = yield from a.await_slot(ticket, slot, req="KBTP-RING-ALLOC-WAIT")
+        yield from a.write_block(block, b"S" * 16, req="KBTP-BIND-VERIFY")
+        r = yield from a.bind(a.handle(0), ticket, 16, block)
+        expect.status_is(r, Status.OK, req="KBTP-BIND-VERIFY", what="BIND")
+        u = ack.allocation_quota  # the Tail ticket of the first free
+        seen.update(block=block, u=u, slot=RING_SLOT_SIZE * (u % da.ring.count))
+        f = yield from a.free(a.handle(0))
+        expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
+
+    def reader() -> Gen:
+        ready = yield from wait_until(lambda: "u" in seen and _ran_after(bed, "A-conn.A/send",
+                                                                         "target@A-conn.target:tail."),
+                                      name="R-wait", timeout=1.0)
+        if not ready:
+            inconclusive("the FREE never reached its Tail FetchAdd")
+        yield from pause("slot-read")
+        da = a.ack.direct_alloc
+        seen["read"] = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, seen["slot"],
+                                              req="KBTP-FREE-SLOT-ORDER")
+        yield from pause("slot-seen")
+
+    _scripted(bed, script, A=owner(), R=reader())
+    slot = seen.get("read")
+    if slot is None:
+        inconclusive("the RDMA Read of the slot failed, so the order could not be observed")
+    seq, offset = slot
+    check(not (seq == seen["u"] and offset == EMPTY_BLOCK_OFFSET),
+          f"between the FREE's two slot writes the slot read Sequence {seq} (the new one) with Block Offset all ones "
+          f"[{bed.replay_hint()}]", req="KBTP-FREE-SLOT-ORDER", seen=slot, expected=(seen["u"], seen["block"]))
 
 
 # ---- seeded interleavings of many initiators ------------------------------------------------------------
@@ -160,8 +222,7 @@ class Ledger:
 
     def take(self, who: str, block: int) -> None:
         owner = self.held.get(block)
-        expect.holds(owner is None, f"block {block:#x} handed to {who} while {owner} still holds it",
-                     req="KBTP-RING-NO-LOSS")
+        check(owner is None, f"block {block:#x} handed to {who} while {owner} still holds it", req="KBTP-RING-NO-LOSS")
         self.held[block] = who
         self.allocations += 1
 
@@ -171,17 +232,16 @@ class Ledger:
 
 def _churn(ini: HarnessInitiator, ledger: Ledger, cycles: int, quota: int, tag: int) -> Gen:
     """Allocate the whole quota, verify, free it; ``cycles`` times; then allocate the quota once more."""
-    assert ini.session is not None
     for c in range(cycles + 1):
         blocks = []
         for j in range(quota):
-            h = ini.session.handle(j)
+            h = ini.handle(j)
             data = bytes([tag, c, j]) * 5
             r = yield from ini.alloc_store(h, data)
             expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED",
                              what=f"{ini.name} ALLOC_STORE (cycle {c}, unit {j}) within its quota")
-            ledger.take(ini.name, r.message.block_offset)
-            blocks.append((h, r.message.block_offset, data))
+            ledger.take(ini.name, r.block_offset)
+            blocks.append((h, r.block_offset, data))
             yield from pause(f"{ini.name}-after-alloc")
         for h, _, data in blocks:
             _, got = yield from ini.load(h, len(data))
@@ -194,20 +254,20 @@ def _churn(ini: HarnessInitiator, ledger: Ledger, cycles: int, quota: int, tag: 
             expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what=f"{ini.name} FREE (cycle {c})")
 
 
-@pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE",
-                 "KBTP-FREE-SLOT-ORDER", "KBTP-RING-ALLOC-WAIT")
+@pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN", "KBTP-HELLO-FIRST",
+                 "KBTP-LOAD-COMPLETE")
 def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """Initiators that together hold every block of the shared ring allocate, check and free under
     seeded random and PCT schedules: every allocation within quota succeeds without stalling, no block
     is held by two initiators at once, stored data stays intact, and at the end the whole ring is
     allocated again (nothing lost)."""
     p = kbtp_target.params
-    shared = p.shared_blocks if p.shared_blocks is not None else p.blocks
+    shared = p.shared_count
     if p.quota <= 0 or shared < p.quota:
         inconclusive(f"the declared geometry (shared ring {shared}, quota {p.quota}) leaves no room for the race")
     n_ini = max(1, min(p.max_initiators, shared // p.quota))
     runs = kbtp_target.interleavings
-    features = p.features & ~Features.DIRECT_ALLOC
+    features = p.features & ~DA
     for i in range(runs):
         seed = session_seed * 100_000 + i
         scheduler = RandomScheduler(seed) if i % 2 == 0 else PctScheduler(seed, depth=3, horizon=400)
@@ -215,94 +275,163 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
         inis = [bed.initiator(f"I{k}") for k in range(n_ini)]
         ledger = Ledger()
 
-        def one(ini: HarnessInitiator, k: int, ledger: Ledger = ledger) -> Gen:
-            yield from ini.hello(Features(0))
+        def one(ini: HarnessInitiator, k: int, bed: Bed = bed, ledger: Ledger = ledger) -> Gen:
+            yield from bed.open(ini)
             yield from _churn(ini, ledger, cycles=2, quota=p.quota, tag=k)
 
-        try:
-            bed.run(**{ini.name: one(ini, k) for k, ini in enumerate(inis)})
-        except RaceFailure as exc:
-            raise RaceFailure(f"interleaving {i} of {runs}: {exc}\nreplay: kvconform run kbtp-target --seed "
-                              f"{session_seed} -k test_seeded_interleavings") from exc
-        expect.equal(f"interleaving {i}: blocks held at the end", len(ledger.held), n_ini * p.quota,
+        bed.run(**{ini.name: one(ini, k) for k, ini in enumerate(inis)})
+        expect.equal(f"interleaving {i} of {runs} (replay: kvconform run kbtp-target --seed {session_seed} -k "
+                     "test_seeded_interleavings): blocks held at the end", len(ledger.held), n_ini * p.quota,
                      req="KBTP-RING-NO-LOSS")
     evidence.note(f"{runs} interleavings of {n_ini} initiators x quota {p.quota} on a shared ring of {shared}")
 
 
-# ---- DIRECT_LOAD readers racing FREE -------------------------------------------------------------------
+# ---- DIRECT_LOAD readers racing stores and frees ----------------------------------------------------------
 
 
-@pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-FREE-TABLE-FIRST", "KBTP-FREE-RETURN", "KBTP-GEN-CHANGES",
-                 "KBTP-TABLE-BIND-ORDER", "KBTP-ALLOC-ENTRY-ORDER", "KBTP-SEAL-IMMUTABLE", "KBTP-FREE-ENTRY")
+@pytest.mark.req("KBTP-ALLOC-ENTRY-ORDER", "KBTP-TABLE-BIND-ORDER", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: int) -> None:
+    """A DIRECT_LOAD reader polls the entry of a handle while the writer binds it by an ALLOC_STORE whose
+    data the target RDMA-reads (so writing it takes many steps): whenever two entry reads around a block
+    read show the same Generation with VALID and SEALED, the block holds the whole data, and the entry the
+    Data Length and Block Offset of the completion (the entry is written after the data, its location before
+    its state)."""
+    kbtp_target.require(DL)
+    plan = kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
+    runs = max(2, kbtp_target.interleavings // 20)
+    bs = kbtp_target.params.block_size
+    data = bytes((i * 13 + 1) & 0xFF for i in range(bs))
+    checked = 0
+    for i in range(runs):
+        seed = session_seed * 100_000 + 70_000 + i
+        bed = kbtp_target.bed(seed, scheduler=RandomScheduler(seed), label=f"entry-after-data-{i}")
+        w, r = bed.initiator("W"), bed.initiator("R")
+        state: dict[str, Any] = {}
+        views: list[tuple[Any, bytes]] = []
+
+        def writer(w: HarnessInitiator = w, state: dict[str, Any] = state, bed: Bed = bed) -> Gen:
+            yield from bed.open(w, plan[0])
+            state["h"] = w.handle(0)
+            src = w.buffer(bs, Access.REMOTE_READ, data)
+            a = yield from w.alloc_store(state["h"], data, source=src)
+            expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="ALLOC_STORE by RDMA Read")
+            state["done"] = a
+
+        def reader(r: HarnessInitiator = r, state: dict[str, Any] = state, views: list[Any] = views,
+                   bed: Bed = bed) -> Gen:
+            ack = yield from bed.open(r, Features(plan[1] | DL))
+            if not ack.features & DL:
+                inconclusive("the reader was not granted DIRECT_LOAD, which PICS declares")
+            ready = yield from wait_until(lambda: "h" in state, name="R-wait", timeout=1.0)
+            if not ready:
+                inconclusive("the writer never started")
+            for _ in range(4000):
+                e1 = yield from r.read_entry(state["h"], req="KBTP-ALLOC-ENTRY-ORDER")
+                if e1 is not None and e1[0] & EntryFlags.VALID and e1[0] & EntryFlags.SEALED:
+                    wc, block = yield from r.rdma_read(ack.direct_load.pool.stag, e1[3], min(e1[2], bs),
+                                                       req="KBTP-ALLOC-ENTRY-ORDER")
+                    e2 = yield from r.read_entry(state["h"], req="KBTP-ALLOC-ENTRY-ORDER")
+                    if wc.ok and e2 == e1:
+                        views.append((e1, block))
+                        return
+                if "done" in state and e1 is not None and e1[0] & EntryFlags.VALID:
+                    continue  # bound: the next read is consistent
+                yield from pause("R-poll")
+
+        bed.run(W=writer(), R=reader())
+        done = state["done"]
+        for entry, block in views:
+            checked += 1
+            expect.equal(f"interleaving {i}: entry (Data Length, Block Offset) read with VALID|SEALED",
+                         (entry[2], entry[3]), (len(data), done.block_offset), req="KBTP-TABLE-BIND-ORDER")
+            check(block == data, f"interleaving {i}: the entry read VALID|SEALED (Generation {entry[1]}) twice "
+                  f"around a block read, but the block held {block[:8].hex()}... not the data "
+                  f"{data[:8].hex()}... [{bed.replay_hint()}]", req="KBTP-ALLOC-ENTRY-ORDER")
+    evidence.note(f"{checked} consistent direct loads of a fresh binding checked over {runs} interleavings")
+
+
+@pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-GEN-CHANGES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
+                 "KBTP-FREE-RETURN")
 def test_direct_load_races_free(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """A DIRECT_LOAD reader (entry, block, entry) races a writer that frees and re-allocates its handle
-    while another initiator churns the ring: whenever both entry reads show the same Generation with
-    VALID and SEALED, the block read between them holds exactly the data stored under that Generation."""
-    kbtp_target.require(Features.DIRECT_LOAD)
-    runs = max(10, kbtp_target.interleavings // 5)
+    while another initiator (when the declared geometry has room for it) churns the ring: whenever both
+    entry reads show the same Generation with VALID and SEALED, the block read between them holds exactly
+    the data stored under that Generation."""
+    kbtp_target.require(DL)
+    runs = max(2, kbtp_target.interleavings // 5)
     consistent = sum(_direct_load_race(kbtp_target, session_seed * 100_000 + 50_000 + i, i) for i in range(runs))
     evidence.note(f"{consistent} consistent direct loads checked over {runs} interleavings")
 
 
 def _direct_load_race(kbtp_target: TargetUnderTest, seed: int, i: int) -> int:
-    """One interleaving of writer W (alloc by RDMA Read / free, 4 times), reader R (direct loads) and churner
-    C; returns how many consistent direct loads it checked."""
+    """One interleaving of writer W (alloc by RDMA Read / free, 4 times), reader R (direct loads) and, room
+    permitting, churner C; returns how many consistent direct loads it checked."""
     p = kbtp_target.params
-    bed = kbtp_target.bed(seed, label=f"direct-load-race-{i}", features=p.features & ~Features.DIRECT_ALLOC)
-    w, r, c = bed.initiator("W"), bed.initiator("R"), bed.initiator("C")
+    shared, partitions = p.capacity()
+    plan = kbtp_target.sessions(min(3, shared + partitions), need="a writer and a DIRECT_LOAD reader")
+    if len(plan) < 2:
+        kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
+    bed = kbtp_target.bed(seed, label=f"direct-load-race-{i}")
+    w, r = bed.initiator("W"), bed.initiator("R")
+    c = bed.initiator("C") if len(plan) > 2 else None
     stored: dict[int, bytes] = {}  # Generation -> data stored under it (handle of W)
     seen: list[tuple[int, bytes]] = []  # (generation, block octets) of consistent direct loads
     done = {"w": False}
 
     def writer() -> Gen:
-        yield from w.hello(Features(0))
-        assert w.session is not None
-        h = w.session.handle(0)
+        yield from bed.open(w, plan[0])
+        h = w.handle(0)
         for k in range(4):
             data = bytes([0xA0 + k]) * (48 + 8 * k)
             # By RDMA Read, so the target's data write takes steps others can interleave with.
             src = w.buffer(len(data), Access.REMOTE_READ, data)
             a = yield from w.alloc_store(h, data, source=src)
-            expect.status_is(a, Status.OK, req="KBTP-FREE-RETURN", what=f"W ALLOC_STORE {k}")
+            expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"W ALLOC_STORE {k}")
             stored[a.generation] = data
-            yield from pause("W-bound")
+            for _ in range(20):  # stay bound a while, so direct loads of this binding can complete
+                yield from pause("W-bound")
             f = yield from w.free(h)
-            expect.status_is(f, Status.OK, req="KBTP-FREE-ENTRY", what=f"W FREE {k}")
+            expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what=f"W FREE {k}")
         done["w"] = True
 
-    def churn() -> Gen:
-        yield from c.hello(Features(0))
-        assert c.session is not None
+    def churn(c: HarnessInitiator) -> Gen:
+        ack = yield from bed.open(c, plan[2])
         for k in range(4):
-            hk = c.session.handle(k % max(1, p.quota))
+            hk = c.handle(k % max(1, ack.allocation_quota))
             a = yield from c.alloc_store(hk, bytes([0xC0 + k]) * 96)
             if a.status == Status.OK:
                 yield from c.free(hk)
 
     def reader() -> Gen:
-        ack = yield from r.hello(Features.DIRECT_LOAD)
-        yield from wait_until(lambda: w.session is not None, name="R-wait-W", timeout=1.0)
-        assert w.session is not None and ack.direct_load is not None
-        h = w.session.handle(0)
-        for _ in range(12):
-            e1 = yield from r.read_entry(h)
+        ack = yield from bed.open(r, Features(plan[1] | DL))
+        if not ack.features & DL:
+            inconclusive("the reader was not granted DIRECT_LOAD, which PICS declares")
+        ready = yield from wait_until(lambda: w.session is not None, name="R-wait-W", timeout=1.0)
+        if not ready:
+            inconclusive("the writer never got its session")
+        h = w.handle(0)
+        for _ in range(400):  # until the writer is done (bounded)
+            if done["w"]:
+                return
+            e1 = yield from r.read_entry(h, req="KBTP-DLOAD-VALIDITY")
             if e1 is None or not (e1[0] & EntryFlags.VALID and e1[0] & EntryFlags.SEALED):
-                if done["w"]:
-                    return
                 yield from pause("R-retry")
                 continue
-            wc, block = yield from r.rdma_read(ack.direct_load.pool.stag, e1[3], e1[2])
-            e2 = yield from r.read_entry(h)
+            wc, block = yield from r.rdma_read(ack.direct_load.pool.stag, e1[3], e1[2], req="KBTP-DLOAD-VALIDITY")
+            e2 = yield from r.read_entry(h, req="KBTP-DLOAD-VALIDITY")
             if wc.ok and e2 is not None and e2[1] == e1[1] and e2[0] & EntryFlags.VALID and \
                     e2[0] & EntryFlags.SEALED:
                 seen.append((e1[1], block))
 
-    bed.run(W=writer(), R=reader(), C=churn())
+    actors = {"W": writer(), "R": reader()}
+    if c is not None:
+        actors["C"] = churn(c)
+    bed.run(**actors)
     for gen, block in seen:
         want = stored.get(gen)
-        expect.holds(want is not None, f"interleaving {i}: a consistent direct load showed Generation {gen}, "
-                     f"under which nothing was stored [{bed.replay_hint()}]", req="KBTP-GEN-CHANGES")
-        expect.holds(block == want, f"interleaving {i}: a direct load with both entry reads at Generation {gen} "
-                     f"(VALID, SEALED) read {block[:8].hex()}..., stored was {want[:8].hex() if want else None}"
-                     f"... [{bed.replay_hint()}]", req="KBTP-DLOAD-VALIDITY")
+        check(want is not None, f"interleaving {i}: a consistent direct load showed Generation {gen}, under which "
+              f"nothing was stored [{bed.replay_hint()}]", req="KBTP-GEN-CHANGES")
+        check(block == want, f"interleaving {i}: a direct load with both entry reads at Generation {gen} "
+              f"(VALID, SEALED) read {block[:8].hex()}..., stored was {want[:8].hex() if want else None}"
+              f"... [{bed.replay_hint()}]", req="KBTP-DLOAD-VALIDITY")
     return len(seen)

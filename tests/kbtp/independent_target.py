@@ -1,0 +1,445 @@
+"""A KBTP target written from the text alone (spec/seeds/003_a48f4321884951de.txt), for the harness's own tests.
+
+It shares no code with the reference target (kvconform.kbtp.target) nor with the codec (kvconform.kbtp.messages):
+its parsing and encoding are the text's field lists, written again with ``struct``. It runs on the harness's
+emulated fabric through the semantic interface (kvconform.rdma) like any other ``python:`` target.
+
+A software target serving one shared free-block ring, no optional feature (HELLO_ACK Features 0). Where the
+text leaves a choice open it chooses differently from the reference, so a suite that reads the reference's
+choices as the rules fails it:
+- ALLOC_STORE checks the quota first, then the handle range, the entry, the Generation and the length; STORE
+  checks the entry (VALID, SEALED) before the handle's owner; LOAD the Generation before VALID;
+- a HELLO carrying the Initiator ID of an active session ends that connection (no HELLO_ACK);
+- a request whose Status is not zero is served all the same (the rule binds the initiator);
+- handle ranges start at 0x10000 and entries at Generation 1; the retention time is unbounded;
+- BIND (no DIRECT_ALLOC is offered) completes MALFORMED.
+
+For the harness's scripted race checks it follows the race-point convention the harness documents: the actor
+serving connection C is ``target@C``; an allocation pauses at ``read-slot.shared.<ticket>`` after its Head
+FetchAdd, a free at ``tail.shared`` before its Tail FetchAdd.
+
+``RING_BUG`` variants below break one ring rule each, for the blame tests.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvconform.rdma import Access, Command, Connection, ConnState, Fabric, Node, Op, pause, wait_completion, wait_until
+from kvconform.targets.kbtp import TargetParams
+
+Steps = Generator[Command, Any, Any]
+
+# The text's registries.
+HELLO, HELLO_ACK, LOAD, STORE, ALLOC_STORE, FREE, BIND, COMPLETION, GOODBYE = (
+    0x01, 0x02, 0x10, 0x11, 0x12, 0x13, 0x14, 0x20, 0x30)
+OK, INVALID_HANDLE, STALE_GENERATION, NOT_VALID, ALREADY_BOUND, NO_SPACE, SEALED, NOT_SEALED, TOO_LARGE, MALFORMED = (
+    range(10))
+INLINE, SEAL, RECORD, INVALIDATE, ALLOW_UNSEALED = 0x01, 0x02, 0x04, 0x08, 0x10
+F_VALID, F_SEALED = 0x0001, 0x0002
+RELEASE = 0x0001
+ONES = (1 << 64) - 1
+HEADER = struct.Struct(">BBHQQHH")  # Version, Opcode, Flags, Request ID, Block Handle, Generation, Status
+DESC = struct.Struct(">IQI")  # STag, Tagged Offset, Length (the Completion Descriptor's last field is reserved)
+HANDLE_BASE = 0x10000
+CREDITS = 8
+
+
+def masked_add(value: int, add: int, mask: int) -> int:
+    """FetchAdd with an Add Mask: each field, ending at a set mask bit (or bit 63), adds on its own and drops
+    its carry (the text's Free-Block Ring; RFC 7306)."""
+    out, start = 0, 0
+    for bit in range(64):
+        if mask >> bit & 1 or bit == 63:
+            width = bit - start + 1
+            field_mask = (1 << width) - 1
+            out |= (((value >> start) & field_mask) + ((add >> start) & field_mask) & field_mask) << start
+            start = bit + 1
+    return out
+
+
+@dataclass
+class Entry:
+    flags: int = 0
+    generation: int = 1
+    length: int = 0
+    block: int = 0
+
+
+@dataclass
+class Initiator:
+    iid: bytes
+    base: int
+    quota: int
+    conn: Connection | None = None
+    bound: set[int] = field(default_factory=set)
+    pending: int = 0
+
+    def owns(self, handle: int, count: int) -> bool:
+        return self.base <= handle < self.base + count
+
+    @property
+    def usage(self) -> int:
+        return len(self.bound) + self.pending
+
+
+class SharedRing:
+    """N slots {Sequence, Block Offset} and the Head and Tail counters, worked by the target's CPU."""
+
+    def __init__(self, blocks: list[int], slots: int, masked: bool) -> None:
+        self.n, self.masked = slots, masked
+        order = slots.bit_length() - 1
+        self.add = 0x0000_0001_0000_0010 if masked else 0x0000_0001_0000_0000
+        self.mask = (1 << 63) | (1 << 31) | (1 << (order + 3)) if masked else 0
+        f = len(blocks)
+        self.slots = [[s, blocks[s]] if s < f else [(s - slots) % (1 << 32), ONES] for s in range(slots)]
+        self.head = 0
+        self.tail = (f << 32) | (16 * (f % slots) if masked else 0)
+        self.deferred: dict[int, deque[tuple[int, int]]] = {}
+
+    def fetch_add(self, which: str) -> tuple[int, int]:
+        """(ticket, slot index) from one FetchAdd on ``which`` ("head" or "tail")."""
+        old = getattr(self, which)
+        setattr(self, which, masked_add(old, self.add, self.mask))
+        ticket = old >> 32
+        index = (old & 0xFFFF_FFFF) // 16 if self.masked else ticket % self.n
+        return ticket, index
+
+    def free_slot(self, ticket: int, index: int) -> int:
+        """The slot a free of Tail ``ticket`` writes (``index``, the one its FetchAdd returned)."""
+        return index
+
+    def holds(self, ticket: int, index: int) -> bool:
+        seq, block = self.slots[index]
+        return seq == ticket % (1 << 32) and block != ONES
+
+    def consume(self, index: int) -> int:
+        """Take the slot's block, mark it consumed, then write a free that waited on it."""
+        block = self.slots[index][1]
+        self.slots[index][1] = ONES
+        waiting = self.deferred.get(index)
+        if waiting:
+            u, freed = waiting.popleft()
+            self.flush(index, u, freed)
+        return block
+
+    def flush(self, index: int, ticket: int, block: int) -> None:
+        self.slots[index][1] = block  # the Block Offset first, then the Sequence
+        self.slots[index][0] = ticket % (1 << 32)
+
+    def give_back(self, ticket: int, index: int, block: int) -> None:
+        index = self.free_slot(ticket, index)
+        if self.slots[index][1] != ONES or self.deferred.get(index):
+            self.deferred.setdefault(index, deque()).append((ticket, block))
+        else:
+            self.flush(index, ticket, block)
+
+
+class IndependentTarget:
+    """kbtp-target driver (``python:tests.kbtp.independent_target:IndependentTarget``)."""
+
+    ring_class: type[SharedRing] = SharedRing
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
+        return _Running(fabric, node, params, self.ring_class)
+
+
+class _Running:
+    """One started target: its pool, table and ring, serving every attached connection."""
+
+    def __init__(self, fabric: Fabric, node: Node, p: TargetParams, ring_class: type[SharedRing]) -> None:
+        self.fabric, self.node, self.p = fabric, node, p
+        self.pool = node.register(node.alloc(p.blocks * p.block_size), Access.LOCAL_WRITE)
+        shared = p.shared_count
+        slots = p.ring_slots or max(2, 1 << max(0, (shared - 1).bit_length()))
+        blocks = [self.pool.to(i * p.block_size) for i in range(shared)]
+        self.ring = ring_class(blocks, slots, fabric.profile.masked_atomics)
+        self.entries = p.max_initiators * p.handle_count
+        self.table = {HANDLE_BASE + i: Entry() for i in range(self.entries)}
+        self.initiators: dict[bytes, Initiator] = {}
+        self.quotas = dict(p.quotas)
+        self.wr = 1 << 40
+
+    # ---- connections ------------------------------------------------------------------------------
+
+    def attach(self, conn: Connection) -> None:
+        size = 24 + 32 + self.p.max_inline + 64
+        recv = self.node.register(self.node.alloc(CREDITS * size), Access.LOCAL_WRITE)
+        stage = self.node.register(self.node.alloc(self.p.block_size), Access.LOCAL_WRITE)
+        for i in range(CREDITS):
+            conn.post_recv(recv.sge(i * size, size), wr_id=i)
+        self.fabric.spawn(f"target@{conn.name}", self._serve(conn, recv, stage, size), daemon=True)
+
+    def _serve(self, conn: Connection, recv: Any, stage: Any, size: int) -> Steps:
+        me: Initiator | None = None
+        while True:
+            wc = yield from wait_completion(conn.cq, lambda c: c.op is Op.RECV or not c.ok)
+            if not wc.ok or conn.state is not ConnState.CONNECTED:
+                break
+            raw = recv.read(wc.wr_id * size, wc.byte_len)
+            conn.post_recv(recv.sge(wc.wr_id * size, size), wr_id=wc.wr_id)
+            me, done = yield from self._message(conn, me, raw, stage)
+            if done:
+                break
+        if me is not None and me.conn is conn:
+            me.conn = None  # retained (for ever: a retention time of this target's choosing)
+
+    def _message(self, conn: Connection, me: Initiator | None, raw: bytes, stage: Any) -> Steps:
+        if len(raw) < 24:
+            self._complete(conn, 0, 0, MALFORMED)
+            return me, False
+        version, opcode, flags, rid, handle, gen, _status = HEADER.unpack_from(raw)
+        if version != 1:
+            self._complete(conn, rid, handle, MALFORMED)
+            return me, False
+        if opcode == HELLO:
+            return (yield from self._hello(conn, me, raw))
+        if me is None or opcode not in (LOAD, STORE, ALLOC_STORE, FREE, BIND, GOODBYE):
+            self._complete(conn, rid, handle, MALFORMED)
+            return me, False
+        if opcode == GOODBYE:
+            if flags & RELEASE:
+                for h in sorted(me.bound):
+                    yield from self._unbind(me, h)
+                del self.initiators[me.iid]
+            me.conn = None
+            conn.disconnect()
+            return None, True
+        if opcode == BIND:
+            self._complete(conn, rid, handle, MALFORMED)
+            return me, False
+        body = self._body(raw, opcode, flags)
+        if body is None:
+            self._complete(conn, rid, handle, MALFORMED)
+            return me, False
+        desc, inline = body
+        req = Request(conn, me, opcode, flags, rid, handle, gen, desc, inline)
+        status = self._validate(req)
+        if status != OK:
+            self._complete(conn, rid, handle, status, self.table.get(handle))
+            return me, False
+        ok = yield from {LOAD: self._load, STORE: self._store, ALLOC_STORE: self._alloc, FREE: self._free}[opcode](
+            req, stage)
+        return me, not ok
+
+    # ---- messages -------------------------------------------------------------------------------------
+
+    def _hello(self, conn: Connection, me: Initiator | None, raw: bytes) -> Steps:
+        if len(raw) != 24 + 20 or me is not None:
+            self._send(conn, HEADER.pack(1, HELLO_ACK, 0, 0, 0, 0, MALFORMED) + bytes(32))
+            return me, False
+        iid = raw[28:44]
+        known = self.initiators.get(iid)
+        if known is not None and known.conn is not None:
+            conn.disconnect()  # this target's way of rejecting an active Initiator ID
+            return None, True
+        if known is None:
+            quota = self.quotas.get(iid, self.p.quota)
+            used = {i.base for i in self.initiators.values()}
+            free = [HANDLE_BASE + k * self.p.handle_count for k in range(self.p.max_initiators)]
+            free = [b for b in free if b not in used]
+            total = sum(i.quota for i in self.initiators.values()) + quota
+            if not free or total > self.p.shared_count:
+                self._send(conn, HEADER.pack(1, HELLO_ACK, 0, 0, 0, 0, NO_SPACE) + bytes(32))
+                return None, False
+            known = self.initiators[iid] = Initiator(iid, free[0], quota)
+        known.conn = conn
+        body = struct.pack(">HHIIIQII", 0, CREDITS, self.p.block_size, self.p.max_inline, known.quota, known.base,
+                           self.p.handle_count, self.p.ticket_timeout_ms)
+        self._send(conn, HEADER.pack(1, HELLO_ACK, 0, 0, 0, 0, OK) + body)
+        yield from ()
+        return known, False
+
+    def _body(self, raw: bytes, opcode: int, flags: int) -> tuple[tuple[int, int, int] | None, bytes | None] | None:
+        """(Data Descriptor, inline data) after the header, or None when the body cannot be parsed."""
+        off, desc, inline = 24, None, None
+        if opcode != FREE:
+            if len(raw) < off + 16:
+                return None
+            desc = DESC.unpack_from(raw, off)
+            off += 16
+        if flags & RECORD:
+            if len(raw) < off + 16:
+                return None
+            off += 16  # a Completion Descriptor: RECORD_COMPLETION is not offered, so it is not used
+        if opcode in (STORE, ALLOC_STORE) and flags & INLINE:
+            assert desc is not None
+            if desc[0] or desc[1] or len(raw) != off + desc[2]:
+                return None
+            inline = raw[off:]
+        elif len(raw) != off or (flags & INLINE):
+            return None
+        return desc, inline
+
+    def _send(self, conn: Connection, data: bytes, invalidate: int | None = None) -> None:
+        conn.post_send(data, invalidate=invalidate, signaled=False)
+
+    def _complete(self, conn: Connection, rid: int, handle: int, status: int, entry: Entry | None = None,
+                  length: int = 0, block: int = 0, invalidate: int | None = None) -> None:
+        gen = entry.generation if entry is not None else 0
+        body = struct.pack(">IIQ", length, 0, block)  # Data Length, Reserved, Block Offset
+        self._send(conn, HEADER.pack(1, COMPLETION, 0, rid, handle, gen, status) + body, invalidate)
+
+    # ---- validation -----------------------------------------------------------------------------------
+
+    def _validate(self, r: Request) -> int:
+        e = self.table.get(r.handle)
+        mine = e is not None and r.me.owns(r.handle, self.p.handle_count)
+        stale = r.gen != 0 and e is not None and r.gen != e.generation
+        length = r.desc[2] if r.desc else 0
+        too_large = length > self.p.block_size or (r.inline is not None and len(r.inline) > self.p.max_inline)
+        if r.opcode == LOAD:
+            checks = [(e is None, INVALID_HANDLE), (stale, STALE_GENERATION),
+                      (e is not None and not e.flags & F_VALID, NOT_VALID),
+                      (e is not None and not e.flags & F_SEALED and not r.flags & ALLOW_UNSEALED, NOT_SEALED),
+                      (e is not None and e.length > length, TOO_LARGE)]
+        elif r.opcode == STORE:
+            checks = [(e is None, INVALID_HANDLE), (e is not None and not e.flags & F_VALID, NOT_VALID),
+                      (e is not None and bool(e.flags & F_SEALED), SEALED), (not mine, INVALID_HANDLE),
+                      (stale, STALE_GENERATION), (too_large, TOO_LARGE)]
+        elif r.opcode == ALLOC_STORE:
+            checks = [(r.me.usage >= r.me.quota, NO_SPACE), (not mine, INVALID_HANDLE),
+                      (e is not None and bool(e.flags & F_VALID), ALREADY_BOUND), (stale, STALE_GENERATION),
+                      (too_large, TOO_LARGE)]
+        else:  # FREE
+            checks = [(not mine, INVALID_HANDLE), (e is not None and not e.flags & F_VALID, NOT_VALID),
+                      (stale, STALE_GENERATION)]
+        return next((status for failed, status in checks if failed), OK)
+
+    # ---- operations -----------------------------------------------------------------------------------
+
+    def _load(self, r: Request, stage: Any) -> Steps:
+        e = self.table[r.handle]
+        assert r.desc is not None
+        if e.length:
+            stage.write(0, self.pool.read(self.pool_position(e.block), e.length))
+            r.conn.post_write(stage.sge(0, e.length), r.desc[0], r.desc[1], signaled=False)
+        self._complete(r.conn, r.rid, r.handle, OK, e, e.length, e.block, self._invalidate(r))
+        yield from ()
+        return True
+
+    def _data(self, r: Request, block: int) -> Steps:
+        """The request's data into ``block``: inline, or by RDMA Read; False when the read failed."""
+        assert r.desc is not None
+        if r.inline is not None:
+            self.pool.write(self.pool_position(block), r.inline)
+            return True
+        if r.desc[2] == 0:
+            return True
+        self.wr += 1
+        wr = self.wr
+        r.conn.post_read(self.pool.sge(self.pool_position(block), r.desc[2]), r.desc[0], r.desc[1], wr_id=wr)
+        wc = yield from wait_completion(r.conn.cq, lambda c: c.wr_id == wr)
+        return bool(wc.ok)
+
+    def _store(self, r: Request, stage: Any) -> Steps:
+        e = self.table[r.handle]
+        ok = yield from self._data(r, e.block)
+        if not ok:
+            return False
+        e.length = r.desc[2] if r.desc else 0
+        if r.flags & SEAL:
+            e.flags |= F_SEALED
+        self._complete(r.conn, r.rid, r.handle, OK, e, e.length, e.block, self._invalidate(r))
+        return True
+
+    def _alloc(self, r: Request, stage: Any) -> Steps:
+        r.me.pending += 1
+        ticket, index = self.ring.fetch_add("head")
+        yield from pause(f"read-slot.shared.{ticket}")
+        yield from wait_until(lambda: self.ring.holds(ticket, index), name=f"slot-wait.shared.{ticket}")
+        block = self.ring.consume(index)
+        ok = yield from self._data(r, block)
+        r.me.pending -= 1
+        if not ok:
+            yield from self._give_back(block)
+            return False
+        e = self.table[r.handle]
+        e.length, e.block = r.desc[2] if r.desc else 0, block  # the location before the state
+        e.flags, e.generation = F_VALID | (F_SEALED if r.flags & SEAL else 0), e.generation % 0xFFFF + 1
+        r.me.bound.add(r.handle)
+        self._complete(r.conn, r.rid, r.handle, OK, e, e.length, block, self._invalidate(r))
+        return True
+
+    def _free(self, r: Request, stage: Any) -> Steps:
+        yield from self._unbind(r.me, r.handle)
+        self._complete(r.conn, r.rid, r.handle, OK, self.table[r.handle])
+        return True
+
+    def _unbind(self, me: Initiator, handle: int) -> Steps:
+        e = self.table[handle]
+        e.flags, e.generation = 0, e.generation % 0xFFFF + 1  # the entry first, then the ring
+        me.bound.discard(handle)
+        yield from self._give_back(e.block)
+
+    def _give_back(self, block: int) -> Steps:
+        yield from pause("tail.shared")
+        ticket, index = self.ring.fetch_add("tail")
+        self.ring.give_back(ticket, index, block)
+
+    def _invalidate(self, r: Request) -> int | None:
+        return r.desc[0] if r.flags & INVALIDATE and r.desc is not None and r.desc[0] else None
+
+    def pool_position(self, block: int) -> int:
+        return block - self.pool.to(0)
+
+
+@dataclass
+class Request:
+    conn: Connection
+    me: Initiator
+    opcode: int
+    flags: int
+    rid: int
+    handle: int
+    gen: int
+    desc: tuple[int, int, int] | None
+    inline: bytes | None
+
+
+# ---- one ring bug each (the blame tests) --------------------------------------------------------------------
+
+
+class _SkippingRing(SharedRing):
+    def free_slot(self, ticket: int, index: int) -> int:
+        return (index + 1) % self.n  # one slot past the one the Tail's FetchAdd returned
+
+
+class SkipsASlot(IndependentTarget):
+    """A free writes the slot after the one its Tail ticket names (KBTP-RING-WRAP / KBTP-RING-NO-LOSS): once
+    the ring has gone round, an allocation waits for a block that never comes to its slot."""
+
+    ring_class = _SkippingRing
+
+
+class _ForgettingRing(SharedRing):
+    def consume(self, index: int) -> int:
+        block = self.slots[index][1]
+        self.slots[index][1] = ONES
+        self.deferred.pop(index, None)  # a free that waited on this slot is dropped: its block is lost
+        return block
+
+
+class DropsDeferredFrees(IndependentTarget):
+    """A free deferred on an unconsumed slot is dropped when the slot is consumed (KBTP-FREE-DEFER): its block
+    is lost, and the allocation of its ticket waits for ever."""
+
+    ring_class = _ForgettingRing
+
+
+class _CrashingOnLoad(_Running):
+    def _load(self, r: Request, stage: Any) -> Steps:
+        raise RuntimeError("the LOAD path of this target is broken")
+        yield from ()
+
+
+class CrashesOnLoad(IndependentTarget):
+    """The actor serving a connection raises on every LOAD (a crash while driven): checks waiting for a LOAD's
+    completion fail on what says it completes (KBTP-LOAD-COMPLETE), not on a default requirement."""
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
+        return _CrashingOnLoad(fabric, node, params, self.ring_class)
