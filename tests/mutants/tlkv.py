@@ -503,6 +503,9 @@ ReusesTailDecode = _decode(_ReusesTail, "TLKV-HASH-FULL-ONLY: answers an empty p
                                        "reuse of a partial tail, deduplicating a partial block.")
 LaxChunkHashDecode = _decode(_HashFromRecord, "TLKV-XFER-CHUNK-HASH: stores a chunk whose block_hash differs "
                                               "from its envelope record's.")
+NoSizeLimitDecode = _decode(PushStream, "TLKV-XFER-MAX-PAYLOAD: takes a chunk over 4 MiB that passes every other rule "
+                                       "(at a pool geometry whose one-block envelope is larger).",
+                            max_payload=1 << 40)
 MiscountingDecode = _decode(_Miscounts, "TLKV-XFER-RESPONSE: counts reused blocks in blocks_stored too.")
 
 
@@ -659,6 +662,11 @@ MUTANTS: dict[str, Mutant] = {
     "NoReuseDecode": Mutant("tlkv-decode", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_reuses_held_block",)),
     "ReusesTailDecode": Mutant("tlkv-decode", "TLKV-HASH-FULL-ONLY", ("test_partial_tail_is_never_deduplicated",)),
     "LaxChunkHashDecode": Mutant("tlkv-decode", "TLKV-XFER-CHUNK-HASH", ("test_chunk_hash_differs_from_record",)),
+    # Declared at a pool geometry whose one-block v1 envelope is 44 bytes over 4 MiB: only there is a valid
+    # envelope too big for a chunk, which a decode side without the size rule takes.
+    "NoSizeLimitDecode": Mutant("tlkv-decode", "TLKV-XFER-MAX-PAYLOAD", ("test_payload_over_4mib",),
+                                pics=("tlkv.decode.geometry={block_tokens: 16, n_layers: 32, n_kv_heads: 8, "
+                                      "head_dim: 256}", "tlkv.decode.versions=[1]")),
     "MiscountingDecode": Mutant("tlkv-decode", "TLKV-XFER-RESPONSE", ("test_response_counts",)),
     "ScrambledHasBlocksDecode": Mutant("tlkv-decode", "TLKV-XFER-HAS-ORDER", ("test_has_blocks_order",)),
     "V2AnywayDecode": Mutant("tlkv-decode", "TLKV-READ-V1-ONLY", ("test_v1_only_refuses_v2",),
@@ -676,9 +684,4 @@ MUTANTS: dict[str, Mutant] = {
 }
 
 # Checks no mutant is required to fail, and why.
-UNMUTATED_CHECKS: dict[str, str] = {
-    "test_payload_over_4mib": (
-        "a payload over 4 MiB is never a valid one-block envelope of a pool whose envelope fits in 4 MiB, so a decode "
-        "side without the size rule still refuses it by the reader rules; the check guards a clean refusal and "
-        "atomicity (DefaultMessageLimitDecode fails it when grpc's own refusal races the end of the stream)"),
-}
+UNMUTATED_CHECKS: dict[str, str] = {}

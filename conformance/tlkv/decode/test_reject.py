@@ -58,12 +58,20 @@ def _sized(statuses_: list[str], payload: bytes) -> list[str]:
     return sorted(set(statuses_) | set(statuses("over-limit"))) if len(payload) > MAX_CHUNK_PAYLOAD else statuses_
 
 
+def _version(dut: DecodeUnderTest) -> int:
+    """The version bad chunks are built in: one whose valid block fits in a chunk (v1 first), else the lowest
+    declared (then the bad chunk may be over 4 MiB too, and a refusal for its size is acceptable)."""
+    fitting = [v for v in sorted(dut.versions) if fits(dut, v)]
+    return fitting[0] if fitting else min(dut.versions)
+
+
 def _push_with_bad_last(client: KvTransferClient, dut: DecodeUnderTest, rng: np.random.Generator,
                         bad: Chunk | bytes | None = None, bad_payload: bytes = b"",
                         bad_hash: int | None = None) -> tuple[list[Block], PushOutcome]:
-    """Two good chunks of fresh full blocks, then the bad one (a chunk, raw bytes, or a payload to wrap)."""
-    v = valid_version(dut)
-    good = fresh_blocks(rng, dut, 2, tail=False)
+    """Two good chunks of fresh full blocks, then the bad one (a chunk, raw bytes, or a payload to wrap). At a
+    declared geometry where no block fits in a chunk there are no good chunks: the bad one goes alone."""
+    v = _version(dut)
+    good = fresh_blocks(rng, dut, 2, tail=False) if fits(dut, v) else []
     rid = request_id()
     chunks: list[Chunk | bytes] = [chunk_for(rid, i, b, v, dut) for i, b in enumerate(good)]
     if bad is None:
@@ -84,7 +92,7 @@ def test_reader_rule_in_chunk(m: Malformation, tlkv_decode: DecodeUnderTest, cli
     if not applicable(m, g):
         not_applicable(f"{m.id} needs block_tokens >= {m.min_block_tokens}; the declared pool has {g.block_tokens}")
     block = full_block(rng, g)
-    payload = m.build(g, valid_version(tlkv_decode), [block])
+    payload = m.build(g, _version(tlkv_decode), [block])
     # The chunk names the hash its envelope record carries, so only the one rule is broken.
     good, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad_payload=payload,
                                         bad_hash=record_hash(payload, block.block_hash))
@@ -95,13 +103,14 @@ def test_reader_rule_in_chunk(m: Malformation, tlkv_decode: DecodeUnderTest, cli
 
 @pytest.mark.req("TLKV-XFER-CRC", ATOMIC)
 def test_chunk_crc_mismatch(tlkv_decode: DecodeUnderTest, client: KvTransferClient, rng: np.random.Generator) -> None:
-    g, v = tlkv_decode.geometry, valid_version(tlkv_decode)
+    g, v = tlkv_decode.geometry, _version(tlkv_decode)
     block = full_block(rng, g)
     payload = encode_envelope(g, v, [block])
     bad = Chunk(request_id(), 2, block.block_hash, v, payload, crc32c(payload) ^ 0x80000000)
     good, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad=bad)
-    expect_refusal(outcome, statuses("chunk-crc"), what="a chunk whose crc32c does not match its payload",
-                   rule="TLKV-XFER-CRC", status_req="TLKV-XFER-CRC")
+    expect_refusal(outcome, _sized(statuses("chunk-crc"), payload),
+                   what="a chunk whose crc32c does not match its payload", rule="TLKV-XFER-CRC",
+                   status_req="TLKV-XFER-CRC")
     expect_nothing_stored(client, [*good, block], "stream ending in a chunk with a wrong crc32c")
 
 
@@ -109,11 +118,12 @@ def test_chunk_crc_mismatch(tlkv_decode: DecodeUnderTest, client: KvTransferClie
 @pytest.mark.req("TLKV-XFER-FORMAT", ATOMIC)
 def test_unread_kv_format(kv_format: int, tlkv_decode: DecodeUnderTest, client: KvTransferClient,
                           rng: np.random.Generator) -> None:
-    g, v = tlkv_decode.geometry, valid_version(tlkv_decode)
+    g, v = tlkv_decode.geometry, _version(tlkv_decode)
     block = full_block(rng, g)
-    bad = Chunk.for_payload(request_id(), 2, block.block_hash, kv_format, encode_envelope(g, v, [block]))
+    payload = encode_envelope(g, v, [block])
+    bad = Chunk.for_payload(request_id(), 2, block.block_hash, kv_format, payload)
     good, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad=bad)
-    expect_refusal(outcome, statuses("unread-kv-format"), what=f"a chunk with kv_format {kv_format}",
+    expect_refusal(outcome, _sized(statuses("unread-kv-format"), payload), what=f"a chunk with kv_format {kv_format}",
                    rule="TLKV-XFER-FORMAT", status_req="TLKV-XFER-FORMAT")
     expect_nothing_stored(client, [*good, block], f"stream ending in a kv_format {kv_format} chunk")
 
@@ -150,7 +160,7 @@ def test_kv_format_not_envelope_version(tlkv_decode: DecodeUnderTest, client: Kv
 
 @pytest.mark.req("TLKV-XFER-ONE-BLOCK", ATOMIC)
 def test_two_block_envelope(tlkv_decode: DecodeUnderTest, client: KvTransferClient, rng: np.random.Generator) -> None:
-    g, v = tlkv_decode.geometry, valid_version(tlkv_decode)
+    g, v = tlkv_decode.geometry, _version(tlkv_decode)
     pair = [full_block(rng, g), full_block(rng, g)]
     payload = encode_envelope(g, v, pair)
     bad = Chunk.for_payload(request_id(), 2, pair[0].block_hash, v, payload)
@@ -224,13 +234,15 @@ def test_payload_of_exactly_4mib_reaches_the_reader(tlkv_decode: DecodeUnderTest
 @pytest.mark.req("TLKV-XFER-CHUNK-HASH")
 def test_chunk_hash_differs_from_record(tlkv_decode: DecodeUnderTest, client: KvTransferClient,
                                         rng: np.random.Generator) -> None:
-    g, v = tlkv_decode.geometry, valid_version(tlkv_decode)
+    g, v = tlkv_decode.geometry, _version(tlkv_decode)
     block = full_block(rng, g)
     other = int(rng.integers(1, 1 << 63))
-    bad = Chunk.for_payload(request_id(), 2, other, v, encode_envelope(g, v, [block]))
+    payload = encode_envelope(g, v, [block])
+    bad = Chunk.for_payload(request_id(), 2, other, v, payload)
     _, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad=bad)
-    expect_refusal(outcome, statuses("refusal"), what="a chunk whose block_hash differs from its envelope record's",
-                   rule="TLKV-XFER-CHUNK-HASH", status_req="TLKV-XFER-CHUNK-HASH")
+    expect_refusal(outcome, _sized(statuses("refusal"), payload),
+                   what="a chunk whose block_hash differs from its envelope record's", rule="TLKV-XFER-CHUNK-HASH",
+                   status_req="TLKV-XFER-CHUNK-HASH")
 
 
 @pytest.mark.req("TLKV-XFER-PROTO", ATOMIC)
