@@ -1,9 +1,12 @@
 """tlkv-prefill: what a prefill side sends to a decode side (TLKV "Transfer (tl.kv.v1)").
 
 The harness is the decode side: the reference decode side on 127.0.0.1, instrumented to record every
-HasBlocks and KvChunk, pre-loaded with the scenario's held blocks.  Each scenario runs the prefill side
-once; the checks read the recording.  Scenarios hold nothing, a prefix, a block in the middle (held
-blocks need not be a prefix), every full block of a sequence without a tail, and use B = 1.
+HasBlocks and KvChunk (a stream it refuses is still read to its end, so one wrong chunk does not hide the
+rest), pre-loaded with the scenario's held blocks.  Each scenario runs the prefill side once; the checks read
+the recording, each judging one thing and blaming its rule: a block's chunk missing is blamed on the rule that
+block's chunk follows (an empty payload when held, its payload otherwise), not on every check.  Scenarios hold
+nothing, a prefix, a block in the middle (held blocks need not be a prefix), every full block of a sequence
+without a tail, and use B = 1.  A prefill side that fails before sending anything fails its scenario once.
 """
 
 from __future__ import annotations

@@ -62,13 +62,14 @@ def _rule_reqs(m: Malformation, version: int) -> list[str]:
     return reqs + ([V2_BOTH] if _header_version(m, version) == 2 and m.error != "version" else [])
 
 
-def _params(reqs: object) -> list[ParameterSet]:
+def _params(allocation: bool) -> list[ParameterSet]:
+    """One case per (malformation, version): marked for the rule check, or (`allocation`) the NOALLOC check."""
     out: list[ParameterSet] = []
     for m in MALFORMATIONS:
         for v in VERSIONS:
             if v == 2 and _sample(m, 2) == _sample(m, 1):
                 continue  # the same bytes whatever the version (the empty envelope)
-            marks = pytest.mark.req(*(_rule_reqs(m, v) if reqs is None else [NOALLOC]))
+            marks = pytest.mark.req(*([NOALLOC] if allocation else _rule_reqs(m, v)))
             out.append(pytest.param((m, v), marks=marks, id=f"{m.id}-v{v}"))
     return out
 
@@ -111,7 +112,7 @@ def _evidence(request: pytest.FixtureRequest) -> None:
                                                        "message": ri.outcome.message, "allocated": ri.allocated})
 
 
-@pytest.mark.parametrize("rule_import", _params(None), indirect=True)
+@pytest.mark.parametrize("rule_import", _params(allocation=False), indirect=True)
 def test_rule(rule_import: RuleImport, tlkv_reader: ReaderUnderTest) -> None:
     ri = rule_import
     judge_refusal(ri.outcome, acceptable("reader", ri.m), rule=ri.m.requirements[0], data=ri.data,
@@ -119,7 +120,7 @@ def test_rule(rule_import: RuleImport, tlkv_reader: ReaderUnderTest) -> None:
                                                       f"v{ri.version})")
 
 
-@pytest.mark.parametrize("rule_import", _params(NOALLOC), indirect=True)
+@pytest.mark.parametrize("rule_import", _params(allocation=True), indirect=True)
 def test_rule_allocates_nothing(rule_import: RuleImport) -> None:
     judge_nothing_allocated(rule_import.outcome, rule_import.allocated,
                             f"an envelope breaking {rule_import.m.requirements[0]} ({rule_import.m.id})")
