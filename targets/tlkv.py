@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from kvconform.fixtures import evidence
 from kvconform.targets.drivers import DriverError, TargetUnavailable
-from kvconform.targets.process import Process, ProcessResult, fill_template, run_process
+from kvconform.targets.process import Process, ProcessResult, fill_template
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
@@ -46,12 +46,14 @@ class ImportedBlock:
 
 @dataclass
 class ImportOutcome:
-    """What a reader did with one envelope: accepted it (`ok`) or refused it with an error class."""
+    """What a reader did with one envelope: accepted it (`ok`) or refused it with an error class; the rule it
+    says failed (`requirement`, optional), and how many blocks the import allocated (None: it cannot say)."""
 
     status: str  # one of OUTCOMES
     requirement: str | None = None
     message: str = ""
     blocks: list[ImportedBlock] = field(default_factory=list)
+    allocated: int | None = None
 
 
 # ---- role protocols ------------------------------------------------------------------------
@@ -123,10 +125,10 @@ class ReferenceReaderSession:
         try:
             env = self.reader.read(data)
         except EnvelopeError as exc:
-            return ImportOutcome(exc.kind, exc.requirement, str(exc))
+            return ImportOutcome(exc.kind, exc.requirement, str(exc), allocated=0)
         blocks = [ImportedBlock(r.block_hash, r.n_tokens, np.array(env.kv(i))) for i, r in enumerate(env.records)]
         self.pool.extend(blocks)
-        return ImportOutcome("ok", blocks=blocks)
+        return ImportOutcome("ok", blocks=blocks, allocated=len(blocks))
 
     def allocated(self) -> int | None:
         return len(self.pool)
@@ -200,12 +202,17 @@ class RemoteDecode:
 # Every spawned role runs through targets/process.py: its own session, output to files as bytes, the whole
 # process group (and anything that escaped it) stopped at the end, every wait bounded.
 
-CMD_TIMEOUT = 60.0  # seconds one spawned export, import or prefill may take
+# Seconds one spawned export, import or prefill may take: each is one small file in, one out (a second or two
+# with an interpreter's start-up on a loaded machine); past it the target hung, and the check fails.
+CMD_TIMEOUT = 30.0
 
 
 def _run(template: str, timeout: float, what: str, **values: str) -> ProcessResult:
-    """Fill the template, run it within ``timeout`` s, record how it ended as evidence."""
-    result = run_process(fill_template(template, values), timeout, what=what)
+    """Fill the template, run it within ``timeout`` s, record how it ended as evidence. The process (and
+    everything it started) is stopped however the wait ends, the check's own bound cutting it included."""
+    with Process(fill_template(template, values), what=what) as proc:
+        code = proc.wait(timeout)
+        result = proc.stop(timed_out=code is None)
     evidence.record("received", f"{what} process", result.evidence())
     if result.timed_out:
         raise DriverError(f"the {what} {result.argv[0]} did not finish within {timeout:g} s (stopped); "
@@ -245,13 +252,16 @@ class CmdReaderSession:
 
     The result JSON: {"status": "ok"|"format"|"shape"|"version", "requirement": ..., "message": ...,
     "blocks": [{"block_hash", "n_tokens"}], "kv_file": optional raw f32 values, "allocated": optional int}.
-    A result the harness cannot read is one DriverError naming the field (a finding), never a crash.
+    Each import is a fresh process with an empty pool, so "allocated" (the blocks its pool holds when it
+    exits) is what that import allocated: 0 for a refused envelope. A reader that leaves it out cannot show
+    its allocations, and the checks that need them are inconclusive. A result the harness cannot read is one
+    DriverError naming the field (a finding), never a crash.
     """
 
     def __init__(self, template: str, geometry: Geometry, versions: frozenset[int],
                  timeout: float = CMD_TIMEOUT) -> None:
         self.template, self.geometry, self.versions, self.timeout = template, geometry, versions, timeout
-        self._allocated: int | None = None
+        self._allocated: int | None = 0  # no import has run: no process, no pool, nothing allocated
 
     def import_envelope(self, data: bytes) -> ImportOutcome:
         with tempfile.TemporaryDirectory(prefix="kvconform-reader-") as tmp:
@@ -296,14 +306,19 @@ class CmdReaderSession:
                                   f"({len(blocks)} blocks of {self.geometry.kv_shape})")
             for i, block in enumerate(blocks):
                 block.kv = values[i * per : (i + 1) * per].reshape(self.geometry.kv_shape)
-        if "allocated" in result:
-            self._allocated = _field(result, "allocated", int, where)
+        allocated: int | None = None
+        if result.get("allocated") is not None:
+            allocated = _field(result, "allocated", int, where)
+            if allocated < 0:
+                raise DriverError(f"{where}: field 'allocated' is {allocated}, expected a count >= 0")
+        self._allocated = None if allocated is None or self._allocated is None else self._allocated + allocated
         requirement = result.get("requirement")
         message = result.get("message", "")
         return ImportOutcome(status, requirement if isinstance(requirement, str) else None,
-                             message if isinstance(message, str) else repr(message), blocks)
+                             message if isinstance(message, str) else repr(message), blocks, allocated)
 
     def allocated(self) -> int | None:
+        """Blocks the imports of this session allocated; None once one of them did not say."""
         return self._allocated
 
 

@@ -57,18 +57,23 @@ def test_decode_suite_passes_against_the_served_reference(served_decode: str, tm
 @pytest.mark.slow
 def test_prefill_suite_passes_against_the_spawned_reference_tool(tmp_path: Path) -> None:
     template = f"cmd:{sys.executable} -m kvconform tlkv prefill --decode {{decode_addr}} --sequence {{sequence}}"
-    code, doc = _run(tmp_path, "tlkv-prefill", "--target", template)
+    # An ad-hoc target claims only v1 unless it declares more: the reference tool sends v2 too.
+    code, doc = _run(tmp_path, "tlkv-prefill", "--target", template, "--pics-set", "tlkv.prefill.versions=[1, 2]")
     assert code == 0, doc["summary"]
     assert doc["summary"]["verdicts"] == {"pass": doc["summary"]["tests"]}
 
 
 # A spawned tool costs a process per export or import, so these runs take a subset of each suite: enough to
-# prove the cmd: contract (placeholders, files, result JSON, decoded values) end to end.
+# prove the cmd: contract (placeholders, files, result JSON with allocations, decoded values) end to end. The
+# reference tool declares what it does beyond the mandatory (v2; a reader of any geometry, openable as v1-only).
 @pytest.mark.slow
 @pytest.mark.parametrize(("suite", "tool", "extra"), [
-    ("tlkv-writer", "export --sequence {sequence} --out {out}", ("-k", "B16-tail15 or reserved_zero_hash")),
+    ("tlkv-writer", "export --sequence {sequence} --out {out}",
+     ("--pics-set", "tlkv.writer.versions=[1, 2]", "-k", "B16-tail15 or reserved_zero_hash")),
     ("tlkv-reader", "import --envelope {envelope} --pool {pool} --versions {versions} --out {out}",
-     ("--pics-set", "tlkv.reader.any_geometry=true", "--pics-set", "tlkv.reader.v1_only_mode=true",
+     ("--pics-set", "tlkv.reader.versions=[1, 2]", "--pics-set", "tlkv.reader.any_geometry=true",
+      "--pics-set", "tlkv.reader.v1_only_mode=true",
+      "--pics-set", "tlkv.reader.geometry={block_tokens: 4, n_layers: 2, n_kv_heads: 2, head_dim: 3}",
       "-k", "test_rule or test_values or reads_both or refuses")),
 ])
 def test_writer_and_reader_suites_pass_against_the_spawned_reference_tool(suite: str, tool: str,

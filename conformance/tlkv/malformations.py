@@ -35,6 +35,12 @@ class Malformation:
     n_blocks: int = 1
     min_block_tokens: int = 1
     chunkable: bool = True  # a meaningful KvChunk payload (an empty payload means "use the held copy")
+    chunk_rule: str | None = None  # the rule it breaks first in a KvChunk, when that is a transfer rule
+
+    @property
+    def decode_rule(self) -> str:
+        """The rule a decode side that accepts it in a chunk has not applied."""
+        return self.chunk_rule or self.requirements[0]
 
 
 def full_block(rng: np.random.Generator, geometry: Geometry, fill: int | None = None) -> Block:
@@ -92,8 +98,9 @@ MALFORMATIONS: list[Malformation] = [
                  lambda g, v, b: _envelope_of(g, v, b)[:28]),
     Malformation("length-extra-byte", ("TLKV-READ-LENGTH",), "format", _insert_before_crc),
     Malformation("length-truncated-payload", ("TLKV-READ-LENGTH",), "format", _truncate_payload),
+    # In a KvChunk, n_blocks 2 breaks "a whole envelope with n_blocks = 1" before the length rule it also breaks.
     Malformation("n-blocks-plus-one", ("TLKV-READ-LENGTH",), "format",
-                 lambda g, v, b: craft(g, v, b, n_blocks=len(b) + 1)),
+                 lambda g, v, b: craft(g, v, b, n_blocks=len(b) + 1), chunk_rule="TLKV-XFER-ONE-BLOCK"),
     Malformation("magic", ("TLKV-READ-MAGIC",), "format", lambda g, v, b: craft(g, v, b, magic=b"TLKW")),
     Malformation("magic-lowercase", ("TLKV-READ-MAGIC",), "format", lambda g, v, b: craft(g, v, b, magic=b"tlkv")),
     Malformation("crc-field", ("TLKV-READ-CRC",), "format",
@@ -126,15 +133,30 @@ def _outcomes() -> dict[str, Any]:
     return data
 
 
-ANY_REJECTION = "any-rejection"
+def statuses(name: str) -> list[str]:
+    """The named set of gRPC statuses (outcomes.yaml `statuses`) a decode side may answer."""
+    named: dict[str, list[str]] = _outcomes()["statuses"]
+    return list(named[name])
 
 
-def acceptable(role: str, m: Malformation) -> list[str] | str:
-    """Acceptable outcomes of `m` for `role` ("reader" | "decode"): a list, or "any-rejection"."""
+def _resolve(entry: str | list[str]) -> list[str]:
+    return statuses(entry) if isinstance(entry, str) else list(entry)
+
+
+def acceptable(role: str, m: Malformation) -> list[str]:
+    """Acceptable outcomes of `m` for `role` ("reader": error classes, "decode": gRPC status names)."""
     table = _outcomes()
     override = table.get("overrides", {}).get(role, {}).get(m.id)
-    result: list[str] | str = override if override is not None else table[role][m.error]
-    return result
+    if override is not None:
+        return _resolve(override)
+    entry: str | list[str] = table[role][m.error]
+    return _resolve(entry) if role == "decode" else list(entry)
+
+
+def vector_classes(vector_id: str, error: str) -> list[str]:
+    """Acceptable error classes of an invalid reader vector: its own, or the outcomes.yaml override."""
+    override = _outcomes().get("overrides", {}).get("reader-vectors", {}).get(vector_id)
+    return list(override) if override is not None else [error]
 
 
 def applicable(m: Malformation, geometry: Geometry) -> bool:

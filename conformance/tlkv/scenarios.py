@@ -9,7 +9,6 @@ Token ids include 0 and 0xFFFFFFFF (le_u32 and sign mistakes).
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,8 +17,7 @@ import numpy.typing as npt
 
 from kvconform.tlkv.blockhash import block_fills
 from kvconform.tlkv.content import make_kv
-from kvconform.tlkv.envelope import HEADER, RECORD_HEADER
-from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE, Geometry
+from kvconform.tlkv.geometry import Geometry
 
 
 @dataclass(frozen=True)
@@ -70,35 +68,6 @@ def make_contents(rng: np.random.Generator, geometry: Geometry, n_tokens: int,
         fill = block_fills(n_tokens, geometry.block_tokens)[-1]
         kv[-1, 0, 0, 0, :fill, :] = 0
     return kv
-
-
-@dataclass
-class ParsedEnvelope:
-    """An envelope split by layout alone (no rule enforced), for checks that compare field by field."""
-
-    header: tuple[bytes, int, int, int, int, int, int, int]
-    records: list[tuple[int, int, bytes]]
-    crc: int
-    body: bytes
-
-
-def split_envelope(data: bytes, version: int, n_blocks: int, geometry: Geometry) -> ParsedEnvelope:
-    """Split `data` as an envelope of `n_blocks` blocks of `geometry`; AssertionError when it cannot be."""
-    expected = geometry.envelope_size(n_blocks, version)
-    assert len(data) == expected, (
-        f"envelope length: got {len(data)}, expected 28 + {n_blocks} * (12 + {geometry.payload_size(version)}) + 4 "
-        f"= {expected} (TLKV-ENV-SIZE)")
-    header = HEADER.unpack_from(data, 0)
-    p = geometry.payload_size(version)
-    records = []
-    off = HEADER_SIZE
-    for _ in range(n_blocks):
-        block_hash, fill = RECORD_HEADER.unpack_from(data, off)
-        off += RECORD_HEADER_SIZE
-        records.append((block_hash, fill, data[off : off + p]))
-        off += p
-    (crc,) = struct.unpack_from("<I", data, len(data) - CRC_SIZE)
-    return ParsedEnvelope(header, records, crc, data[: len(data) - CRC_SIZE])  # type: ignore[arg-type]
 
 
 def fills_of(case: Case) -> Sequence[int]:

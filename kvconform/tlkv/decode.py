@@ -143,9 +143,9 @@ class PushStream:
             raise error(Status.FAILED_PRECONDITION, "TLKV-XFER-FORMAT", "kv_format", format_name(chunk.kv_format),
                         "one of " + ", ".join(format_name(v) for v in sorted(side.versions)))
         size = len(chunk.payload)
-        if size > MAX_CHUNK_PAYLOAD:
+        if size > side.max_payload:
             raise error(Status.RESOURCE_EXHAUSTED, "TLKV-XFER-MAX-PAYLOAD", "payload", f"{size} bytes",
-                        f"at most {MAX_CHUNK_PAYLOAD} bytes (4 MiB)")
+                        f"at most {side.max_payload} bytes (4 MiB)")
         computed = crc32c(chunk.payload)
         if chunk.crc32c != computed:
             raise error(Status.DATA_LOSS, "TLKV-XFER-CRC", "crc32c", f"0x{chunk.crc32c:08X}",
@@ -212,6 +212,8 @@ class PushStream:
 class DecodeSide:
     """The decode side of tl.kv.v1 for one pool geometry and a set of readable envelope versions
     (TLKV "Transfer (tl.kv.v1)")."""
+
+    max_payload = MAX_CHUNK_PAYLOAD  # "at most 4 MiB"
 
     def __init__(self, geometry: Geometry, versions: frozenset[int], pool: BlockPool | None = None) -> None:
         if not versions or not versions <= {1, 2}:

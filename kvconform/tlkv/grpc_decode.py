@@ -73,12 +73,16 @@ class DecodeServer:
     """The decode side served over grpcio on ``host:port`` (TLKV "Transfer (tl.kv.v1)").
 
     ``observer``, when given, is called as ``observer("HasBlocks", request, response)``,
-    ``observer("KvChunk", chunk)`` and ``observer("PushKvEnd", status, response_or_None)``.
+    ``observer("KvChunk", chunk)`` and ``observer("PushKvEnd", status, response_or_None)``. With
+    ``read_whole_stream`` a stream that failed is still read to its end (every chunk observed, nothing more
+    staged) before its status is sent: the prefill suite records everything a prefill side sends.
     """
 
     def __init__(self, side: DecodeSide, host: str = "127.0.0.1", port: int = 0, max_workers: int = 4,
-                 observer: Observer | None = None, max_receive_message: int = MAX_RECEIVE_MESSAGE) -> None:
+                 observer: Observer | None = None, max_receive_message: int = MAX_RECEIVE_MESSAGE,
+                 read_whole_stream: bool = False) -> None:
         self.side = side
+        self.read_whole_stream = read_whole_stream
         self.max_receive_message = max_receive_message
         self.host = host
         self.port = port
@@ -207,15 +211,22 @@ class DecodeServer:
 
     def _run_stream(self, stream: PushStream, requests: Iterator[bytes],
                     context: grpc.ServicerContext) -> PushResult | None:
+        failed: TransferError | None = None
         for data in requests:
             try:
                 chunk = decode_chunk(data)
-            except TransferError:
-                _record("received", "KvChunk", {"error": "malformed"}, raw=data)
-                raise
-            _record("received", "KvChunk", _chunk_fields(chunk))
-            self._observe("KvChunk", chunk)
-            stream.receive(chunk)
+                _record("received", "KvChunk", _chunk_fields(chunk))
+                self._observe("KvChunk", chunk)
+                if failed is None:
+                    stream.receive(chunk)
+            except TransferError as exc:
+                if failed is None and exc.field == "KvChunk":
+                    _record("received", "KvChunk", {"error": "malformed"}, raw=data)
+                failed = failed or exc
+                if not self.read_whole_stream:
+                    raise
+        if failed is not None:
+            raise failed
         _confirm_half_close(requests)
         if not context.is_active():
             return None  # the requests ended because the call did (cancelled, deadline): commit nothing

@@ -7,7 +7,9 @@ The harness's ``cmd:`` drivers spawn these exactly as they spawn a third-party i
     kvconform tlkv prefill --decode HOST:PORT --sequence SEQ.json [--timeout S]
 
 ``import`` writes RESULT.json: ``{"status": "ok"|"format"|"shape"|"version", "requirement": id|null,
-"message": str, "version": int|null, "blocks": [{"block_hash", "n_tokens"}], "kv_file": path|null}``;
+"message": str, "version": int|null, "blocks": [{"block_hash", "n_tokens"}], "kv_file": path|null,
+"allocated": int}`` (``allocated``: the blocks this process's pool holds when it exits, 0 for a rejected
+envelope: every rule is checked before anything is allocated);
 when ok, ``kv_file`` names ``<RESULT stem>.kv.f32``, written beside RESULT.json (the name is relative
 to RESULT.json's folder), holding the decoded values as little-endian
 float32 [n_blocks][L][2][Hkv][B][D].  ``prefill`` prints one JSON line with the outcome.
@@ -65,7 +67,7 @@ def _import(args: argparse.Namespace) -> int:
     data = Path(args.envelope).read_bytes()
     out = Path(args.out)
     result: dict[str, Any] = {"status": "ok", "requirement": None, "message": "", "version": None,
-                              "blocks": [], "kv_file": None}
+                              "blocks": [], "kv_file": None, "allocated": 0}
     try:
         env = read_envelope(data, geometry=args.pool, versions=args.versions)
     except EnvelopeError as exc:
@@ -78,7 +80,7 @@ def _import(args: argparse.Namespace) -> int:
         kv_path = out.with_name(f"{out.stem}.kv.f32")
         kv_path.write_bytes(values.tobytes())
         result.update(message=f"{n} blocks, {len(data)} bytes", version=env.version, kv_file=kv_path.name,
-                      blocks=[{"block_hash": r.block_hash, "n_tokens": r.n_tokens} for r in env.records])
+                      allocated=n, blocks=[{"block_hash": r.block_hash, "n_tokens": r.n_tokens} for r in env.records])
     out.write_text(json.dumps(result, indent=1) + "\n")
     return 0 if result["status"] == "ok" else 1
 

@@ -64,10 +64,10 @@ class _RawWriter:
 
 
 class NoZeroPadWriter(_RawWriter):
-    """TLKV-V1-ZERO-PAD: copies the values past n_tokens instead of writing zero bytes."""
+    """TLKV-V1-ZERO-PAD: v1 only: copies the values past n_tokens instead of writing zero bytes."""
 
     def payload(self, g: Geometry, version: int, kv: np.ndarray, fill: int) -> bytes:
-        return encode_payload(g, version, kv, g.block_tokens)
+        return encode_payload(g, version, kv, g.block_tokens if version == 1 else fill)
 
 
 class NoZeroPadV2Writer(_RawWriter):
@@ -216,6 +216,8 @@ class _VersionAsFormat(EnvelopeReader):
         try:
             super().check_version(hdr)
         except VersionError as exc:
+            if hdr.version != 2:
+                raise
             raise FormatError(exc.requirement, exc.field, exc.seen, exc.expected) from exc
 
 
@@ -467,6 +469,14 @@ class _NoReuse(_StreamHook):
         return chunk
 
 
+class _ReusesTail(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if not chunk.payload and chunk.block_hash == 0:
+            self.blocks_reused += 1
+            return None  # "the tail it holds": a partial block deduplicated
+        return chunk
+
+
 class _HashFromRecord(_StreamHook):
     def adjust(self, chunk: Chunk) -> Chunk | None:
         if len(chunk.payload) >= 40:
@@ -489,8 +499,13 @@ FirstBlockOnlyDecode = _decode(_FirstBlockOnly, "TLKV-XFER-ONE-BLOCK: takes a ch
 SkipsEmptyUnheldDecode = _decode(_SkipsEmptyUnheld, "TLKV-XFER-EMPTY-HELD: silently skips an empty payload for "
                                                     "a block it does not hold, and answers OK.")
 NoReuseDecode = _decode(_NoReuse, "TLKV-XFER-EMPTY-HELD: refuses every empty payload, even for blocks it holds.")
+ReusesTailDecode = _decode(_ReusesTail, "TLKV-HASH-FULL-ONLY: answers an empty payload with block_hash 0 as a "
+                                       "reuse of a partial tail, deduplicating a partial block.")
 LaxChunkHashDecode = _decode(_HashFromRecord, "TLKV-XFER-CHUNK-HASH: stores a chunk whose block_hash differs "
                                               "from its envelope record's.")
+NoSizeLimitDecode = _decode(PushStream, "TLKV-XFER-MAX-PAYLOAD: takes a chunk over 4 MiB that passes every other rule "
+                                       "(at a pool geometry whose one-block envelope is larger).",
+                            max_payload=1 << 40)
 MiscountingDecode = _decode(_Miscounts, "TLKV-XFER-RESPONSE: counts reused blocks in blocks_stored too.")
 
 
@@ -605,18 +620,19 @@ class UnspecifiedFormatPrefill(_Prefill):
 
 
 MUTANTS: dict[str, Mutant] = {
-    "NoZeroPadWriter": Mutant("tlkv-writer", "TLKV-V1-ZERO-PAD", ("test_v1_zero_padding", "test_vector")),
+    "NoZeroPadWriter": Mutant("tlkv-writer", "TLKV-V1-ZERO-PAD", ("test_v1_zero_padding", "test_vector_payloads")),
     "NoZeroPadV2Writer": Mutant("tlkv-writer", "TLKV-V2-ZERO-PAD", ("test_v2_zero_padding",)),
-    "UnchainedHashWriter": Mutant("tlkv-writer", "TLKV-HASH-CHAIN", ("test_block_hashes",)),
+    "UnchainedHashWriter": Mutant("tlkv-writer", "TLKV-HASH-CHAIN", ("test_block_hashes", "test_vector_records")),
     "HashedTailWriter": Mutant("tlkv-writer", "TLKV-HASH-FULL-ONLY", ("test_block_hashes",)),
     "NoZeroReplacementWriter": Mutant("tlkv-writer", "TLKV-HASH-ZERO-IS-ONE", ("test_reserved_zero_hash",)),
     "WrongFillWriter": Mutant("tlkv-writer", "TLKV-ENV-NTOKENS", ("test_fills",)),
-    "SwappedAxesWriter": Mutant("tlkv-writer", "TLKV-V1-LAYOUT", ("test_v1_values",)),
-    "PaddedWriter": Mutant("tlkv-writer", "TLKV-ENV-SIZE", ("test_size",)),
+    # It swaps the axes of v2 payloads too, whose layout is "the same order": a real second breakage.
+    "SwappedAxesWriter": Mutant("tlkv-writer", "TLKV-V1-LAYOUT", ("test_v1_values",), collateral=("TLKV-V2-LAYOUT",)),
+    "PaddedWriter": Mutant("tlkv-writer", "TLKV-ENV-SIZE", ("test_size", "test_vector_layout")),
     "ScaleOverAllPositionsWriter": Mutant("tlkv-writer", "TLKV-V2-SCALE", ("test_v2_scales",)),
     "TruncatingE4M3Writer": Mutant("tlkv-writer", "TLKV-V2-E4M3", ("test_v2_elements",)),
-    "CrcOverRecordsOnlyWriter": Mutant("tlkv-writer", "TLKV-ENV-CRC", ("test_crc",)),
-    "BigEndianHeaderWriter": Mutant("tlkv-writer", "TLKV-ENV-LE", ("test_header_fields",)),
+    "CrcOverRecordsOnlyWriter": Mutant("tlkv-writer", "TLKV-ENV-CRC", ("test_crc", "test_vector_crc")),
+    "BigEndianHeaderWriter": Mutant("tlkv-writer", "TLKV-ENV-LE", ("test_header_fields", "test_vector_layout")),
     "SkipsCrcReader": Mutant("tlkv-reader", "TLKV-READ-CRC", ("test_rule", "test_differential_fuzz", "test_vector")),
     "NoLengthReader": Mutant("tlkv-reader", "TLKV-READ-LENGTH", ("test_rule",)),
     "NoMagicReader": Mutant("tlkv-reader", "TLKV-READ-MAGIC", ("test_rule",)),
@@ -627,12 +643,15 @@ MUTANTS: dict[str, Mutant] = {
     "V2AsFormatErrorReader": Mutant("tlkv-reader", "TLKV-READ-V1-ONLY", ("test_v1_only_reader_refuses_v2_cleanly",)),
     "V1OnlyReader": Mutant("tlkv-reader", "TLKV-READ-V2-BOTH", ("test_v2_reader_reads_both",)),
     "IgnoresShapeReader": Mutant("tlkv-reader", "TLKV-READ-SHAPE", ("test_rule",)),
-    "AllocatesAsItGoesReader": Mutant("tlkv-reader", "TLKV-READ-NOALLOC", ("test_rule",)),
+    "AllocatesAsItGoesReader": Mutant("tlkv-reader", "TLKV-READ-NOALLOC", ("test_rule_allocates_nothing",
+                                                                             "test_differential_fuzz")),
     "DropsValuesReader": Mutant("tlkv-reader", "TLKV-READ-VALUES", ("test_values_round_trip",)),
     "KeepsFailedStreamDecode": Mutant("tlkv-decode", "TLKV-XFER-ATOMIC", ("test_reader_rule_in_chunk",
                                                                           "test_concurrent_streams_keep_exactly_what_succeeded")),
     "SkipsChunkCrcDecode": Mutant("tlkv-decode", "TLKV-XFER-CRC", ("test_chunk_crc_mismatch",)),
-    "InvalidArgumentDecode": Mutant("tlkv-decode", "TLKV-READ-STATUS", ("test_reader_rule_in_chunk",)),
+    # It answers INVALID_ARGUMENT for every DATA_LOSS, the chunk CRC's (TLKV-XFER-CRC names DATA_LOSS) too.
+    "InvalidArgumentDecode": Mutant("tlkv-decode", "TLKV-READ-STATUS", ("test_reader_rule_in_chunk",),
+                                    collateral=("TLKV-XFER-CRC",)),
     "RegistersTailDecode": Mutant("tlkv-decode", "TLKV-HASH-RESERVED-ZERO", ("test_stored_blocks_are_held",)),
     "DefaultMessageLimitDecode": Mutant("tlkv-decode", "TLKV-XFER-MAX-PAYLOAD",
                                         ("test_payload_of_exactly_4mib_reaches_the_reader",)),
@@ -641,7 +660,13 @@ MUTANTS: dict[str, Mutant] = {
     "FirstBlockOnlyDecode": Mutant("tlkv-decode", "TLKV-XFER-ONE-BLOCK", ("test_two_block_envelope",)),
     "SkipsEmptyUnheldDecode": Mutant("tlkv-decode", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_for_unheld_block",)),
     "NoReuseDecode": Mutant("tlkv-decode", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_reuses_held_block",)),
+    "ReusesTailDecode": Mutant("tlkv-decode", "TLKV-HASH-FULL-ONLY", ("test_partial_tail_is_never_deduplicated",)),
     "LaxChunkHashDecode": Mutant("tlkv-decode", "TLKV-XFER-CHUNK-HASH", ("test_chunk_hash_differs_from_record",)),
+    # Declared at a pool geometry whose one-block v1 envelope is 44 bytes over 4 MiB: only there is a valid
+    # envelope too big for a chunk, which a decode side without the size rule takes.
+    "NoSizeLimitDecode": Mutant("tlkv-decode", "TLKV-XFER-MAX-PAYLOAD", ("test_payload_over_4mib",),
+                                pics=("tlkv.decode.geometry={block_tokens: 16, n_layers: 32, n_kv_heads: 8, "
+                                      "head_dim: 256}", "tlkv.decode.versions=[1]")),
     "MiscountingDecode": Mutant("tlkv-decode", "TLKV-XFER-RESPONSE", ("test_response_counts",)),
     "ScrambledHasBlocksDecode": Mutant("tlkv-decode", "TLKV-XFER-HAS-ORDER", ("test_has_blocks_order",)),
     "V2AnywayDecode": Mutant("tlkv-decode", "TLKV-READ-V1-ONLY", ("test_v1_only_refuses_v2",),
@@ -649,7 +674,9 @@ MUTANTS: dict[str, Mutant] = {
     "GarbageEndsStreamDecode": Mutant("tlkv-decode", "TLKV-XFER-PROTO", ("test_unparseable_chunk",)),
     "ResendsHeldPrefill": Mutant("tlkv-prefill", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_exactly_for_held",
                                                                          "test_bytes_moved")),
-    "NoHasBlocksPrefill": Mutant("tlkv-prefill", "TLKV-XFER-HASBLOCKS-FIRST", ("test_has_blocks_first",)),
+    # Not asking, it cannot know which blocks are held and sends their payloads: a real second breakage.
+    "NoHasBlocksPrefill": Mutant("tlkv-prefill", "TLKV-XFER-HASBLOCKS-FIRST", ("test_has_blocks_first",),
+                                 collateral=("TLKV-XFER-EMPTY-HELD",)),
     "EmptyTailPrefill": Mutant("tlkv-prefill", "TLKV-XFER-PAYLOAD-MISSING", ("test_empty_payload_exactly_for_held",)),
     "WrongCrcPrefill": Mutant("tlkv-prefill", "TLKV-XFER-CRC", ("test_payloads",)),
     "UnspecifiedFormatPrefill": Mutant("tlkv-prefill", "TLKV-XFER-FORMAT", ("test_payloads",)),
@@ -657,9 +684,4 @@ MUTANTS: dict[str, Mutant] = {
 }
 
 # Checks no mutant is required to fail, and why.
-UNMUTATED_CHECKS: dict[str, str] = {
-    "test_payload_over_4mib": (
-        "a payload over 4 MiB is never a valid one-block envelope of a pool whose envelope fits in 4 MiB, so a decode "
-        "side without the size rule still refuses it by the reader rules; the check guards a clean refusal and "
-        "atomicity (DefaultMessageLimitDecode fails it when grpc's own refusal races the end of the stream)"),
-}
+UNMUTATED_CHECKS: dict[str, str] = {}

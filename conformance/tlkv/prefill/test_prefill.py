@@ -1,9 +1,12 @@
 """tlkv-prefill: what a prefill side sends to a decode side (TLKV "Transfer (tl.kv.v1)").
 
 The harness is the decode side: the reference decode side on 127.0.0.1, instrumented to record every
-HasBlocks and KvChunk, pre-loaded with the scenario's held blocks.  Each scenario runs the prefill side
-once; the checks read the recording.  Scenarios hold nothing, a prefix, a block in the middle (held
-blocks need not be a prefix), every full block of a sequence without a tail, and use B = 1.
+HasBlocks and KvChunk (a stream it refuses is still read to its end, so one wrong chunk does not hide the
+rest), pre-loaded with the scenario's held blocks.  Each scenario runs the prefill side once; the checks read
+the recording, each judging one thing and blaming its rule: a block's chunk missing is blamed on the rule that
+block's chunk follows (an empty payload when held, its payload otherwise), not on every check.  Scenarios hold
+nothing, a prefix, a block in the middle (held blocks need not be a prefix), every full block of a sequence
+without a tail, and use B = 1.  A prefill side that fails before sending anything fails its scenario once.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,11 @@ import numpy as np
 import pytest
 
 from kvconform.checksum import crc32c
+from kvconform.conformance.tlkv.hashes import CHAIN, FULL_BLOCK_RULES, FULL_ONLY, ZERO_IS_ONE, judge_hashes
+from kvconform.conformance.tlkv.judging import cites, held
 from kvconform.conformance.tlkv.scenarios import case_seed, make_contents, make_tokens
 from kvconform.fixtures import evidence
+from kvconform.fixtures.tlkv import CALL_TIMEOUT
 from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Prefill
@@ -35,8 +41,11 @@ from kvconform.tlkv.grpc_client import KvTransferClient
 from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.reader import EnvelopeError, read_envelope
 from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
+from kvconform.verdicts import Findings, HarnessBug, check, check_equal, inconclusive, violation
 
-PREFILL_TIMEOUT = 60.0
+# Seconds one transfer may take: a few blocks over loopback, plus an interpreter's start-up for a cmd: prefill
+# side on a loaded machine; past it the prefill side hung.
+PREFILL_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -98,12 +107,14 @@ def _preload(address: str, sc: Scenario, tokens: list[int], kv: np.ndarray) -> N
                                                 [Block(hashes[i], sc.geometry.block_tokens, kv[i])]))
               for i in sorted(sc.held)]
     if chunks:
-        with KvTransferClient(address, 30.0) as client:
+        with KvTransferClient(address, CALL_TIMEOUT) as client:
             outcome = client.push(chunks)
-        assert outcome.ok, f"harness preload failed: {outcome.status_name} {outcome.details}"
+        if not outcome.ok:
+            raise HarnessBug(f"the harness's own decode side refused the preload: {outcome.status_name} "
+                             f"{outcome.details}")
 
 
-@pytest.fixture(scope="module", params=SCENARIOS, ids=[s.name for s in SCENARIOS])
+@pytest.fixture(scope="module")
 def recording(request: pytest.FixtureRequest, tlkv_prefill: Prefill, pics: Pics,
               session_seed: int) -> Iterator[Recording]:
     sc: Scenario = request.param
@@ -113,7 +124,7 @@ def recording(request: pytest.FixtureRequest, tlkv_prefill: Prefill, pics: Pics,
     kv = make_contents(rng, sc.geometry, sc.n_tokens)
     rec = Recording(sc, tokens, kv)
     server = DecodeServer(DecodeSide(sc.geometry, frozenset({1, 2})), host="127.0.0.1", port=0,
-                          observer=rec.observe)
+                          observer=rec.observe, read_whole_stream=True)
     port = server.start()
     try:
         address = f"127.0.0.1:{port}"
@@ -125,9 +136,15 @@ def recording(request: pytest.FixtureRequest, tlkv_prefill: Prefill, pics: Pics,
             try:
                 tlkv_prefill.prefill(address, seq, PREFILL_TIMEOUT)
             except TargetUnavailable:
-                raise  # a setup problem: every check of the scenario is inconclusive, and gates
+                raise  # it could not be started: every check of the scenario is inconclusive, and gates
             except DriverError as exc:
                 rec.error = str(exc)
+            except Exception as exc:  # a python: prefill side's own error: the target failed, not kvconform
+                rec.error = f"the prefill side raised {type(exc).__name__}: {exc}"
+        if rec.error is not None and not rec.events:
+            # It crashed or hung before sending anything: one failure for the scenario (its first check), the
+            # other checks of the scenario inconclusive, instead of one failure per requirement.
+            raise DriverError(f"the prefill side sent nothing to the decode side: {rec.error}")
         yield rec
     finally:
         server.stop(0)
@@ -155,76 +172,172 @@ def _expected_hashes(rec: Recording) -> list[int]:
     return chain_hashes(rec.tokens, rec.scenario.geometry.block_tokens)
 
 
-@pytest.mark.req("TLKV-XFER-HASBLOCKS-FIRST", "TLKV-HASH-CHAIN", "TLKV-HASH-H", "TLKV-HASH-FNV", "TLKV-HASH-BLOCKS",
-                 "TLKV-HASH-FULL-ONLY", "TLKV-HASH-ZERO-IS-ONE")
+def _n_full(sc: Scenario) -> int:
+    return sc.n_tokens // sc.geometry.block_tokens
+
+
+def _has_tail(sc: Scenario) -> bool:
+    return sc.n_tokens % sc.geometry.block_tokens != 0
+
+
+def _hash_reqs(sc: Scenario) -> list[str]:
+    """The hash rules a scenario's contents exercise."""
+    n_full = _n_full(sc)
+    reqs = [r for r in FULL_BLOCK_RULES if n_full and (r != CHAIN or n_full > 1)]
+    reqs += [ZERO_IS_ONE] if sc.first_tokens == ZERO_HASH_TOKENS else []
+    return reqs + ([FULL_ONLY] if _has_tail(sc) else [])
+
+
+def _unheld(sc: Scenario) -> bool:
+    """Some block (a full one not held, or the tail) must go with its payload."""
+    return len(sc.held) < _n_full(sc) or _has_tail(sc)
+
+
+def _scenarios(reqs: Callable[[Scenario], list[str]]) -> pytest.MarkDecorator:
+    """Parametrize `recording` over the scenarios, each with the rules its contents exercise."""
+    return pytest.mark.parametrize("recording", [pytest.param(sc, id=sc.name, marks=pytest.mark.req(*reqs(sc)))
+                                                 for sc in SCENARIOS], indirect=True)
+
+
+def _fx(values: list[int]) -> list[str]:
+    return [f"0x{h:016X}" for h in values]
+
+
+@_scenarios(lambda sc: ["TLKV-XFER-HASBLOCKS-FIRST", *_hash_reqs(sc)])
 def test_has_blocks_first(recording: Recording) -> None:
-    assert recording.events, f"the prefill side sent nothing ({recording.error or 'no error reported'})"
+    error = f" ({recording.error})" if recording.error else ""
+    check(recording.events, f"calls the prefill side made{error}", req="TLKV-XFER-HASBLOCKS-FIRST", seen="none",
+          expected="HasBlocks, then PushKv")
     first = recording.events[0][0]
-    assert first == "HasBlocks", f"first call: got {first}, expected HasBlocks before any KvChunk"
+    check_equal("the prefill side's first call", first, "HasBlocks", req="TLKV-XFER-HASBLOCKS-FIRST")
+    sc = recording.scenario
     want = _expected_hashes(recording)
     got = recording.has_blocks[0]
-    assert got == want, ("HasBlocks block_hashes: got " + str([f"0x{h:016X}" for h in got]) + ", expected the "
-                         "prompt's full-block chain hashes " + str([f"0x{h:016X}" for h in want]))
+    if len(got) == len(want) + 1 and _has_tail(sc):
+        violation("HasBlocks block_hashes: one hash more than the prompt's full blocks: the partial tail was asked "
+                  "about", req="TLKV-HASH-FULL-ONLY", seen=_fx(got), expected=_fx(want))
+    check(len(got) == len(want), "HasBlocks block_hashes: the prompt's full-block hashes",
+          req="TLKV-XFER-HASBLOCKS-FIRST", seen=_fx(got), expected=_fx(want))
+    held("TLKV-HASH-FULL-ONLY", "no hash asked for the partial tail")
+    findings = Findings("HasBlocks block_hashes")
+    judge_hashes(findings, "HasBlocks block_hashes[{i}]", got, recording.tokens, sc.geometry.block_tokens, len(got))
+    findings.judge()
 
 
-@pytest.mark.req("TLKV-XFER-CHUNK-FIELDS", "TLKV-HASH-FULL-ONLY", "TLKV-HASH-RESERVED-ZERO")
+@_scenarios(lambda sc: ["TLKV-XFER-CHUNK-FIELDS", *_hash_reqs(sc)])
 def test_one_chunk_per_block_in_order(recording: Recording) -> None:
     sc = recording.scenario
     chunks = recording.chunks
+    if not chunks:
+        inconclusive("the prefill side sent no chunk (the per-block check judges that)")
     n_blocks = len(block_fills(sc.n_tokens, sc.geometry.block_tokens))
-    assert [c.block_index for c in chunks] == list(range(n_blocks)), (
-        f"block_index of the chunks: got {[c.block_index for c in chunks]}, expected 0..{n_blocks - 1} in order")
-    want = _expected_hashes(recording) + [0] * (n_blocks - len(_expected_hashes(recording)))
-    for c, h in zip(chunks, want, strict=True):
-        assert c.block_hash == h, f"chunk {c.block_index}: block_hash 0x{c.block_hash:016X}, expected 0x{h:016X}"
-    assert len({c.request_id for c in chunks}) == 1, "one request_id per PushKv stream"
-    assert recording.push_ends == ["OK"], f"the stream ended {recording.push_ends} at the reference decode side"
+    indices = [c.block_index for c in chunks]
+    check(indices == sorted(set(indices)) and all(0 <= i < n_blocks for i in indices),
+          "KvChunk.block_index of the chunks, in the order sent: each block's position, once, in order",
+          req="TLKV-XFER-CHUNK-FIELDS", seen=indices, expected=f"increasing, within 0..{n_blocks - 1}")
+    requests = sorted({c.request_id for c in chunks})
+    check(len(requests) == 1, "KvChunk.request_id: one per PushKv stream", req="TLKV-XFER-CHUNK-FIELDS",
+          seen=requests, expected="one request_id")
+    findings = Findings("KvChunk.block_hash")
+    by_index = {c.block_index: c.block_hash for c in chunks}
+    present = sorted(by_index)
+    if present == list(range(len(present))):  # a prefix of the blocks: judge their hashes as a chain
+        judge_hashes(findings, "KvChunk[{i}]", [by_index[i] for i in present], recording.tokens,
+                     sc.geometry.block_tokens, len(present))
+    else:
+        want = _expected_hashes(recording) + [0] * (n_blocks - len(_expected_hashes(recording)))
+        for i in present:
+            findings.expect(by_index[i] == want[i], CHAIN if cites(CHAIN) else "TLKV-XFER-CHUNK-FIELDS",
+                            f"KvChunk[{i}].block_hash: got 0x{by_index[i]:016X}, expected 0x{want[i]:016X}")
+    findings.judge()
 
 
-@pytest.mark.req("TLKV-XFER-EMPTY-HELD", "TLKV-XFER-PAYLOAD-MISSING")
+def _per_block_reqs(sc: Scenario) -> list[str]:
+    return (["TLKV-XFER-EMPTY-HELD"] if sc.held else []) + (["TLKV-XFER-PAYLOAD-MISSING"] if _unheld(sc) else [])
+
+
+@_scenarios(_per_block_reqs)
 def test_empty_payload_exactly_for_held(recording: Recording) -> None:
     sc = recording.scenario
-    for c in recording.chunks:
-        held = c.block_index in sc.held
-        if held:
-            assert c.payload == b"", (f"chunk {c.block_index}: the decode side holds this block, expected an empty "
-                                      f"payload, got {len(c.payload)} bytes (TLKV-XFER-EMPTY-HELD)")
+    n_blocks = len(block_fills(sc.n_tokens, sc.geometry.block_tokens))
+    sent = {c.block_index: c for c in recording.chunks}
+    for i in range(n_blocks):
+        c = sent.get(i)
+        if i in sc.held:
+            check(c is not None and c.payload == b"", f"the chunk of block {i}, which the decode side holds: the "
+                  "chunk with an empty payload", req="TLKV-XFER-EMPTY-HELD",
+                  seen="no chunk" if c is None else f"{len(c.payload)} payload bytes", expected="an empty payload")
         else:
-            kind = "the partial tail" if c.block_hash == 0 else "a block the decode side does not hold"
-            assert c.payload, f"chunk {c.block_index}: {kind}, expected its payload, got an empty one"
+            kind = "the partial tail" if i >= _n_full(sc) else "a block the decode side does not hold"
+            check(c is not None and c.payload != b"", f"the chunk of block {i}, {kind}: its payload",
+                  req="TLKV-XFER-PAYLOAD-MISSING", seen="no chunk" if c is None else "an empty payload",
+                  expected="its envelope")
 
 
-@pytest.mark.req("TLKV-XFER-ONE-BLOCK", "TLKV-XFER-CRC", "TLKV-XFER-MAX-PAYLOAD", "TLKV-XFER-FORMAT")
+def _payload_reqs(sc: Scenario) -> list[str]:
+    reqs = ["TLKV-XFER-FORMAT", "TLKV-XFER-CRC"]
+    return reqs + (["TLKV-XFER-ONE-BLOCK", "TLKV-XFER-MAX-PAYLOAD", "TLKV-XFER-PAYLOAD-MISSING"] if _unheld(sc)
+                   else [])
+
+
+@_scenarios(_payload_reqs)
 def test_payloads(recording: Recording) -> None:
     sc = recording.scenario
     fills = block_fills(sc.n_tokens, sc.geometry.block_tokens)
-    assert recording.chunks, "no chunk was sent"
+    if not recording.chunks:
+        inconclusive("the prefill side sent no chunk (the per-block check judges that)")
     for c in recording.chunks:
-        assert c.kv_format == sc.version, f"chunk {c.block_index}: kv_format {c.kv_format}, expected {sc.version}"
-        assert c.crc32c == crc32c(c.payload), (f"chunk {c.block_index}: crc32c 0x{c.crc32c:08X}, expected "
-                                               f"0x{crc32c(c.payload):08X} (CRC-32C of the payload)")
+        where = f"chunk {c.block_index}"
+        check_equal(f"{where}: kv_format (its payload's envelope version)", c.kv_format, sc.version,
+                    req="TLKV-XFER-FORMAT")
+        check(c.crc32c == crc32c(c.payload), f"{where}: crc32c, the CRC-32C of the {len(c.payload)} payload bytes",
+              req="TLKV-XFER-CRC", seen=f"0x{c.crc32c:08X}", expected=f"0x{crc32c(c.payload):08X}")
         if not c.payload:
             continue
-        assert len(c.payload) <= MAX_CHUNK_PAYLOAD
+        check(len(c.payload) <= MAX_CHUNK_PAYLOAD, f"{where}: payload size", req="TLKV-XFER-MAX-PAYLOAD",
+              seen=len(c.payload), expected=f"at most {MAX_CHUNK_PAYLOAD}")
         try:
             env = read_envelope(c.payload, geometry=sc.geometry, versions={sc.version})
         except EnvelopeError as exc:
-            pytest.fail(f"chunk {c.block_index}: payload is not a valid envelope: {exc}")
-        assert len(env.records) == 1, f"chunk {c.block_index}: n_blocks {len(env.records)}, expected 1"
-        assert env.records[0].n_tokens == fills[c.block_index]
-        want = encode_envelope(sc.geometry, sc.version,
-                               [Block(c.block_hash, fills[c.block_index], recording.kv[c.block_index])])
+            violation(f"{where}: the payload is not a whole envelope of the sequence's geometry: {exc}",
+                      req="TLKV-XFER-ONE-BLOCK")
+        check_equal(f"{where}: the envelope's n_blocks", len(env.records), 1, req="TLKV-XFER-ONE-BLOCK")
+        if not 0 <= c.block_index < len(fills):
+            continue  # not a block of the sequence: the chunk-fields check blames that
+        check_equal(f"{where}: the envelope record's n_tokens (the block's fill)", env.records[0].n_tokens,
+                    fills[c.block_index], req="TLKV-XFER-PAYLOAD-MISSING")
         if sc.version == 1:
-            assert c.payload == want, f"chunk {c.block_index}: envelope differs from the block's canonical v1 bytes"
+            want = encode_envelope(sc.geometry, 1, [Block(c.block_hash, fills[c.block_index],
+                                                          recording.kv[c.block_index])])
+            check(c.payload == want, f"{where}: the payload, the block's v1 envelope (a pure function of its "
+                  "contents)", req="TLKV-XFER-PAYLOAD-MISSING", seen=c.payload, expected=want)
 
 
-@pytest.mark.req("TLKV-XFER-BYTES")
+def _bytes_reqs(sc: Scenario) -> list[str]:
+    return ["TLKV-XFER-BYTES", *_per_block_reqs(sc)]
+
+
+@_scenarios(_bytes_reqs)
 def test_bytes_moved(recording: Recording) -> None:
+    """(missing full blocks + 1 tail) * envelope size follows from sending an empty payload exactly for the held
+    blocks: a wrong total is blamed on the block whose payload went or did not, else on the total itself."""
     sc = recording.scenario
-    n_full = sc.n_tokens // sc.geometry.block_tokens
-    tail = 1 if sc.n_tokens % sc.geometry.block_tokens else 0
-    missing = n_full - len(sc.held)
-    want = (missing + tail) * sc.geometry.envelope_size(1, sc.version)
+    size = sc.geometry.envelope_size(1, sc.version)
+    missing = _n_full(sc) - len(sc.held)
+    tail = 1 if _has_tail(sc) else 0
+    want = (missing + tail) * size
     got = sum(len(c.payload) for c in recording.chunks)
-    assert got == want, (f"payload bytes moved: got {got}, expected (missing {missing} + tail {tail}) * envelope "
-                         f"{sc.geometry.envelope_size(1, sc.version)} = {want}")
+    if got != want:
+        sent = {c.block_index: c for c in recording.chunks}
+        n_blocks = _n_full(sc) + tail
+        for i in range(n_blocks):
+            c = sent.get(i)
+            if i in sc.held:
+                check(c is None or not c.payload, f"payload bytes moved: {got}, expected {want}; block {i} is held, "
+                      "and its payload was sent", req="TLKV-XFER-EMPTY-HELD", seen=len(c.payload) if c else 0,
+                      expected=0)
+            else:
+                check(c is not None and c.payload, f"payload bytes moved: {got}, expected {want}; block {i} went "
+                      "without its payload", req="TLKV-XFER-PAYLOAD-MISSING", seen=0, expected=size)
+    check_equal(f"payload bytes moved: (missing {missing} + tail {tail}) * envelope {size}", got, want,
+                req="TLKV-XFER-BYTES")

@@ -1,13 +1,19 @@
 """tlkv-reader: every reader rule broken one at a time (TLKV "Reader rules").
 
-The reader must refuse each envelope with the acceptable error class (outcomes.yaml) and allocate
-nothing; a broken rule in the last of three records catches readers that allocate as they go.
+Each malformed envelope is imported once (per version the reader reads) and judged by two checks: the reader
+refuses it with the acceptable error class (outcomes.yaml), and the refusal allocates nothing; a broken rule in
+the last of three records catches readers that allocate as they go. What the reader does not report about its
+allocations is inconclusive, never a pass.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+
 import numpy as np
 import pytest
+from _pytest.mark import ParameterSet
 
 from kvconform.conformance.tlkv.malformations import (
     MALFORMATIONS,
@@ -17,63 +23,117 @@ from kvconform.conformance.tlkv.malformations import (
     full_block,
     header_of,
 )
+from kvconform.conformance.tlkv.reader.judge import (
+    NOALLOC,
+    V1_ONLY,
+    V2_BOTH,
+    class_requirement,
+    envelope_version,
+    imported,
+    judge_nothing_allocated,
+    judge_refusal,
+)
+from kvconform.conformance.tlkv.scenarios import case_seed
 from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.targets.spec import Pics
+from kvconform.targets.tlkv import ImportOutcome
 from kvconform.tlkv.envelope import encode_envelope
-from kvconform.verdicts import check_one_of, not_applicable
+from kvconform.tlkv.geometry import Geometry
+from kvconform.verdicts import not_applicable
+
+VERSIONS = (1, 2)
 
 
-def _readable_version(reader: ReaderUnderTest) -> int:
-    return 1 if 1 in reader.versions else min(reader.versions)
+@cache
+def _sample(m: Malformation, version: int) -> bytes:
+    """`m`'s envelope on a small geometry, fixed contents: its version field does not depend on the geometry."""
+    g = Geometry(4, 1, 2, 2)
+    rng = np.random.default_rng(0)
+    return m.build(g, version, [full_block(rng, g) for _ in range(m.n_blocks)])
 
 
-@pytest.mark.parametrize("m", [pytest.param(m, marks=pytest.mark.req(*m.requirements), id=m.id)
-                               for m in MALFORMATIONS])
-@pytest.mark.req("TLKV-READ-NOALLOC", "TLKV-READ-ERROR-CLASS")
-def test_rule(m: Malformation, tlkv_reader: ReaderUnderTest, rng: np.random.Generator) -> None:
-    g, v = tlkv_reader.geometry, _readable_version(tlkv_reader)
+def _header_version(m: Malformation, version: int) -> int | None:
+    return envelope_version(_sample(m, version))
+
+
+def _rule_reqs(m: Malformation, version: int) -> list[str]:
+    reqs = list(dict.fromkeys([m.requirements[0], class_requirement(m.requirements[0])]))
+    return reqs + ([V2_BOTH] if _header_version(m, version) == 2 and m.error != "version" else [])
+
+
+def _params(allocation: bool) -> list[ParameterSet]:
+    """One case per (malformation, version): marked for the rule check, or (`allocation`) the NOALLOC check."""
+    out: list[ParameterSet] = []
+    for m in MALFORMATIONS:
+        for v in VERSIONS:
+            if v == 2 and _sample(m, 2) == _sample(m, 1):
+                continue  # the same bytes whatever the version (the empty envelope)
+            marks = pytest.mark.req(*([NOALLOC] if allocation else _rule_reqs(m, v)))
+            out.append(pytest.param((m, v), marks=marks, id=f"{m.id}-v{v}"))
+    return out
+
+
+@dataclass
+class RuleImport:
+    """One malformed envelope and what the reader did with it."""
+
+    m: Malformation
+    version: int
+    data: bytes
+    outcome: ImportOutcome
+    allocated: int | None
+
+
+@pytest.fixture(scope="module")
+def rule_import(request: pytest.FixtureRequest, tlkv_reader: ReaderUnderTest, pics: Pics,
+                session_seed: int) -> RuleImport:
+    m, version = request.param
+    g = tlkv_reader.geometry
+    if version not in tlkv_reader.versions:
+        not_applicable(f"PICS tlkv.reader.versions = {sorted(tlkv_reader.versions)}: the reader does not read "
+                       f"v{version}")
     if not applicable(m, g):
-        not_applicable(f"{m.id} needs block_tokens >= {m.min_block_tokens}, "
-                    f"the declared pool geometry has {g.block_tokens}")
-    blocks = [full_block(rng, g) for _ in range(m.n_blocks)]
-    data = m.build(g, v, blocks)
-    session = tlkv_reader.open()
-    before = session.allocated()
+        not_applicable(f"{m.id} needs block_tokens >= {m.min_block_tokens}, the declared pool geometry has "
+                       f"{g.block_tokens}")
+    rng = np.random.default_rng(case_seed(session_seed, "reader-rule", m.id, version))
+    data = m.build(g, version, [full_block(rng, g) for _ in range(m.n_blocks)])
     evidence.record("sent", "envelope", {"malformation": m.id, **header_of(data)}, raw=data)
-    outcome = session.import_envelope(data)
-    evidence.record("received", "import-outcome", {"status": outcome.status, "requirement": outcome.requirement,
-                                                   "message": outcome.message})
-    check_one_of(outcome.status, acceptable("reader", m), what=f"outcome of {m.id}",
-                  req=m.requirements[0])
-    after = session.allocated()
-    if before is not None and after is not None:
-        assert after == before, f"{after - before} blocks allocated for a rejected envelope (TLKV-READ-NOALLOC)"
+    outcome, allocated = imported(tlkv_reader.open(), data, m.id)
+    return RuleImport(m, version, data, outcome, allocated)
 
 
-@pytest.mark.req("TLKV-READ-V1-ONLY", "TLKV-READ-ERROR-CLASS")
-def test_v1_only_reader_refuses_v2_cleanly(tlkv_reader: ReaderUnderTest, pics: Pics,
-                                           rng: np.random.Generator) -> None:
-    if tlkv_reader.versions != frozenset({1}):
-        pics.require("tlkv.reader.v1_only_mode")
+@pytest.fixture(autouse=True)
+def _evidence(request: pytest.FixtureRequest) -> None:
+    if "rule_import" in request.fixturenames:
+        ri: RuleImport = request.getfixturevalue("rule_import")
+        evidence.record("received", "import-outcome", {"malformation": ri.m.id, "status": ri.outcome.status,
+                                                       "requirement": ri.outcome.requirement,
+                                                       "message": ri.outcome.message, "allocated": ri.allocated})
+
+
+@pytest.mark.parametrize("rule_import", _params(allocation=False), indirect=True)
+def test_rule(rule_import: RuleImport, tlkv_reader: ReaderUnderTest) -> None:
+    ri = rule_import
+    judge_refusal(ri.outcome, acceptable("reader", ri.m), rule=ri.m.requirements[0], data=ri.data,
+                  versions=tlkv_reader.versions, what=f"an envelope breaking {ri.m.requirements[0]} ({ri.m.id}, "
+                                                      f"v{ri.version})")
+
+
+@pytest.mark.parametrize("rule_import", _params(allocation=True), indirect=True)
+def test_rule_allocates_nothing(rule_import: RuleImport) -> None:
+    judge_nothing_allocated(rule_import.outcome, rule_import.allocated,
+                            f"an envelope breaking {rule_import.m.requirements[0]} ({rule_import.m.id})")
+
+
+@pytest.mark.req(V1_ONLY)
+def test_v1_only_reader_refuses_v2_cleanly(tlkv_reader: ReaderUnderTest, rng: np.random.Generator) -> None:
+    if not tlkv_reader.can_be_v1_only:
+        not_applicable("the reader declares neither that it is v1-only (PICS tlkv.reader.versions: [1], written for "
+                       "it, not the testbed's default) nor that it can be opened as one (tlkv.reader.v1_only_mode)")
     g = tlkv_reader.geometry
-    session = tlkv_reader.open(versions=frozenset({1}))
     data = encode_envelope(g, 2, [full_block(rng, g)])
-    before = session.allocated()
-    outcome = session.import_envelope(data)
-    evidence.record("received", "import-outcome", {"status": outcome.status, "message": outcome.message})
-    check_one_of(outcome.status, ["version"], what="a v1-only reader's outcome for a valid v2 envelope",
-                  req="TLKV-READ-V1-ONLY")
-    assert session.allocated() == before
-
-
-@pytest.mark.req("TLKV-READ-V2-BOTH", "TLKV-READ-VALUES")
-@pytest.mark.parametrize("version", [1, 2])
-def test_v2_reader_reads_both(version: int, tlkv_reader: ReaderUnderTest, pics: Pics,
-                              rng: np.random.Generator) -> None:
-    pics.require("tlkv.reader.versions", 2)
-    g = tlkv_reader.geometry
-    data = encode_envelope(g, version, [full_block(rng, g), full_block(rng, g, max(1, g.block_tokens - 1))])
-    outcome = tlkv_reader.open().import_envelope(data)
-    assert outcome.status == "ok", f"a v2 reader refused a valid v{version} envelope: {outcome.message}"
-    assert len(outcome.blocks) == 2
+    evidence.record("sent", "envelope", {"what": "a valid v2 envelope", **header_of(data)}, raw=data)
+    outcome, _ = imported(tlkv_reader.open(versions=frozenset({1})), data, "valid v2")
+    judge_refusal(outcome, ["version"], rule=V1_ONLY, data=data, versions={1},
+                  what="a valid v2 envelope given to a v1-only reader")
