@@ -226,6 +226,10 @@ def run_process(argv: list[str], timeout: float, *, cwd: str | os.PathLike[str] 
     how it ended, only TargetUnavailable when it cannot be started."""
     proc = Process(argv, cwd=cwd, env=env, what=what)
     proc.start()
-    code = proc.wait(timeout)
-    return proc.stop(timed_out=code is None)
+    code: int | None = None
+    try:
+        code = proc.wait(timeout)
+    finally:  # also when the check's own bound interrupts the wait: the group never outlives it
+        result = proc.stop(timed_out=code is None)
+    return result
 

@@ -93,3 +93,29 @@ def test_a_missing_program_is_unavailable_and_templates_name_unknown_placeholder
     assert fill_template("tool --in '{a} b' {c}", {"a": "x y", "c": "z"}) == ["tool", "--in", "x y b", "z"]
     with pytest.raises(DriverError, match="placeholder 'missing' has no value"):
         fill_template("tool {missing}", {"a": "1"})
+
+
+def test_an_interrupted_run_still_stops_the_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-timeout interrupts a wait by raising in it: run_process must still stop what it started."""
+    import signal as sig
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise TimeoutError("the check's bound")
+
+    marks: list[str] = []
+    original = Process.start
+
+    def start(self: Process) -> None:
+        marks.append(self.mark)
+        original(self)
+
+    monkeypatch.setattr(Process, "start", start)
+    previous = sig.signal(sig.SIGALRM, interrupt)
+    sig.setitimer(sig.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(TimeoutError):
+            run_process([PY, "-c", FORKS], 60.0)
+    finally:
+        sig.setitimer(sig.ITIMER_REAL, 0)
+        sig.signal(sig.SIGALRM, previous)
+    assert marks and marked_pids(marks[0]) == []
