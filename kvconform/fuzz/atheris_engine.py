@@ -79,6 +79,8 @@ def run_atheris(target: FuzzTarget, config: FuzzConfig, out_dir: Path,
                 elif m := _STAT.match(line):
                     if m[1] == b"number_of_executed_units":
                         result.inputs = int(m[2])
+                    elif m[1] == b"slowest_unit_time_sec":
+                        result.slowest = float(m[2])
                     elif m[1] == b"peak_rss_mb":
                         result.peak_rss_kb = max(result.peak_rss_kb, int(m[2]) * 1024)
             if time.monotonic() >= next_progress:

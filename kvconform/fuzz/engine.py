@@ -70,6 +70,7 @@ class ParserReport:
     hits: Counter[str] = field(default_factory=Counter)
     saved: dict[str, Path] = field(default_factory=dict)
     peak_rss_kb: int = 0
+    slowest: float = 0.0  # seconds, the slowest input that finished
     restarts: int = 0
     interesting: list[bytes] = field(default_factory=list)
 
@@ -275,6 +276,7 @@ class Engine:
                 elif kind == "done":
                     result.inputs = base_inputs + int(event["inputs"])
                     result.peak_rss_kb = max(result.peak_rss_kb, int(event["peak_rss_kb"]))
+                    result.slowest = max(result.slowest, float(event["slowest"]))
                     for sig, n in event["counts"].items():
                         result.hits[sig] += n - 1  # the first of each was counted with its finding
                     result.interesting += [bytes.fromhex(h) for h in event["interesting"]]

@@ -67,10 +67,11 @@ def _list() -> int:
 
 def _summary(reports: Sequence[ParserReport], seed: int) -> None:
     print(f"\n{'parser':26} {'engine':8} {'inputs':>10} {'inputs/s':>9} {'crash':>5} {'hang':>4} {'mem':>4} "
-          f"{'died':>4} {'peak MB':>7} {'seconds':>7}")
+          f"{'died':>4} {'peak MB':>7} {'slowest ms':>10} {'seconds':>7}")
     for r in reports:
         print(f"{r.parser:26} {r.engine:8} {r.inputs:>10} {r.rate:>9.0f} {r.count('crash'):>5} {r.count('hang'):>4} "
-              f"{r.count('memory'):>4} {r.count('died'):>4} {r.peak_rss_kb / 1024:>7.0f} {r.elapsed:>7.1f}")
+              f"{r.count('memory'):>4} {r.count('died'):>4} {r.peak_rss_kb / 1024:>7.0f} {r.slowest * 1e3:>10.1f} "
+              f"{r.elapsed:>7.1f}")
     for r in reports:
         for f in r.findings:
             path = r.saved.get(f.signature)

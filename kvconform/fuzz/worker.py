@@ -38,6 +38,7 @@ __all__ = ["SHM_HEADER", "main"]
 
 SHM_HEADER = struct.Struct("<QQ")  # 1 + the input's number in its job (0: none yet), its length
 _POOL_CAP = 4096
+_SMALL = 1024  # octets: the largest input offered for the committed corpus
 _DIGITS = re.compile(r"\d+")
 
 
@@ -110,6 +111,7 @@ class Runner:
         self.seen: set[tuple[object, ...]] = set()
         self.interesting: list[bytes] = []
         self.keep = int(job.get("keep", 0))
+        self.slowest = 0.0  # seconds: how close the slowest input came to the time bound
 
     def emit(self, event: dict[str, Any]) -> None:
         self.out.write(json.dumps(event) + "\n")
@@ -127,6 +129,7 @@ class Runner:
         self.inputs += 1
         kind: str
         value: object
+        began = time.perf_counter()
         try:
             signal.setitimer(signal.ITIMER_REAL, self.timeout)
             try:
@@ -134,6 +137,7 @@ class Runner:
                 kind = "ok"
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+                self.slowest = max(self.slowest, time.perf_counter() - began)
         except _Hang as exc:
             kind, value = "hang", exc
         except self.target.accepts as exc:
@@ -165,8 +169,9 @@ class Runner:
                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
                    "input_hex": data.hex(), "index": index, "source": source})
 
-    def learn(self, kind: str, value: object, data: bytes, pool: list[bytes]) -> None:
-        """Keep an input whose answer is new (pseudo-coverage for the pure-Python engine)."""
+    def learn(self, kind: str, value: object, data: bytes, pool: list[bytes], *, mutated: bool = True) -> None:
+        """Keep an input whose answer is new (pseudo-coverage for the pure-Python engine); a mutated one
+        is also a candidate for ``--save-corpus``."""
         if kind not in ("ok", "accepted"):
             return  # a finding's input would only find the same finding again
         sig = _outcome_signature(kind, value)
@@ -175,8 +180,17 @@ class Runner:
         self.seen.add(sig)
         if len(pool) < _POOL_CAP:
             pool.append(data)
-        if len(self.interesting) < self.keep:
+        if mutated and self.keep and len(self.interesting) < _POOL_CAP:
             self.interesting.append(data)
+
+    def chosen(self) -> list[bytes]:
+        """``keep`` of the small inputs that reached new answers, spread over the run (later finds are
+        deeper; small ones keep the committed corpus small)."""
+        small = [d for d in self.interesting if len(d) <= _SMALL]
+        n = len(small)
+        if n <= self.keep:
+            return small
+        return [small[i * n // self.keep] for i in range(self.keep)]
 
 
 def run_job(job: dict[str, Any], out: IO[str], shm: mmap.mmap | None) -> None:
@@ -202,7 +216,7 @@ def run_job(job: dict[str, Any], out: IO[str], shm: mmap.mmap | None) -> None:
     for i, (source, hex_data) in enumerate(corpus):
         data = bytes.fromhex(hex_data)
         kind, value = runner.run(offset + i, data, source)
-        runner.learn(kind, value, data, pool)
+        runner.learn(kind, value, data, pool, mutated=False)
         if verbose:
             detail = value if not isinstance(value, BaseException) else (
                 "".join(traceback.format_exception_only(type(value), value)).strip())
@@ -228,8 +242,8 @@ def run_job(job: dict[str, Any], out: IO[str], shm: mmap.mmap | None) -> None:
             runner.learn(kind, value, data, pool)
             index += 1
     runner.emit({"event": "done", "inputs": runner.inputs, "elapsed": time.monotonic() - start,
-                 "peak_rss_kb": _peak_kb(), "counts": runner.counts, "pool": len(pool),
-                 "interesting": [d.hex() for d in runner.interesting]})
+                 "peak_rss_kb": _peak_kb(), "slowest": runner.slowest, "counts": runner.counts, "pool": len(pool),
+                 "interesting": [d.hex() for d in runner.chosen()]})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -128,7 +128,8 @@ TARGETS = [
                dictionary=(b"\xd2", b"\x84", b"\x40", b"\x58", b"\x9f", b"\xff", b"\xc0")),
     FuzzTarget(name="kvcs-track-name", protocol="kvcs", description="parse_track_name; data tracks re-parsed",
                parse=track_name, accepts=(KvcsError,), seeds=track_name_seeds,
-               dictionary=(b"manifest", b".cose", b"kv.", b"k.", b"v.", b".s", b".s0", b"raw", b"9" * 32)),
+               dictionary=(b"manifest", b".cose", b"kv.", b"k.", b"v.", b".s", b".s0", b"raw", b"9" * 32),
+               max_len=8192),  # manifests list track names of any length
     FuzzTarget(name="kvcs-namespace", protocol="kvcs",
                description="TrackNamespace.decode then KvcsNamespace.parse; re-encoded",
                parse=namespace, accepts=(MoqtDecodeError, KvcsError), seeds=namespace_seeds,
