@@ -148,6 +148,11 @@ class WorkerProcess:
         seq, n = SHM_HEADER.unpack_from(raw, 0)
         return None if seq == 0 else (seq - 1, raw[SHM_HEADER.size : SHM_HEADER.size + n])
 
+    def clear_mark(self) -> None:
+        """Forget the last job's input, so a worker lost before its next one is not blamed on it."""
+        with open(self.shm_path, "r+b") as f:
+            f.write(SHM_HEADER.pack(0, 0))
+
     def marked_seq(self) -> int:
         with open(self.shm_path, "rb") as f:
             return int(SHM_HEADER.unpack(f.read(SHM_HEADER.size))[0])
@@ -256,6 +261,7 @@ class Engine:
     def _drive(self, target: FuzzTarget, job: dict[str, Any], result: ParserReport, start: float) -> int | None:
         """Run one job to its end; the input number the worker was lost on, or None when it finished."""
         worker = self._worker_for(int(job["max_len"]))
+        worker.clear_mark()
         worker.send(job)
         last_seq, last_change = -1, time.monotonic()
         base_inputs = result.inputs
@@ -302,9 +308,9 @@ class Engine:
         self._worker.close()
         self._worker = None
         offset = int(job["index_offset"])
-        index, data = marked if marked is not None else (offset, b"")
-        from_corpus = index - offset < len(job["corpus"])
-        source = job["corpus"][index - offset][0] if from_corpus else "mutate"
+        index, data = marked if marked is not None else (offset - 1, b"")
+        from_corpus = 0 <= index - offset < len(job["corpus"])
+        source = job["corpus"][index - offset][0] if from_corpus else "mutate" if marked else "before its first input"
         result.inputs = base_inputs + index - offset + 1  # a lost worker's own count never arrived
         self._record(result, Finding(
             parser=target.name, kind=kind, input_hex=data.hex(), signature=f"{kind} (worker lost) in {target.name}",

@@ -5,7 +5,8 @@ target's memory by RDMA: table entries, completion records, ring slots and Fetch
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from kvconform.fuzz.target import FuzzTarget, IntField, OracleError
 from kvconform.kbtp.constants import COMPLETION_RECORD_SIZE, RING_SLOT_SIZE, TABLE_ENTRY_SIZE, EntryFlags, Status
@@ -40,15 +41,20 @@ def message_seeds() -> Iterator[bytes]:
         yield bytes.fromhex(case["message"])
 
 
-def table_entry(data: bytes) -> object:
-    """A Block Table Entry as a DIRECT_LOAD initiator reads it, in both byte orders of the Block Offset."""
+def _both_orders(data: bytes, size: int, unpack: Callable[[bytes, int, bool], Any]) -> list[Any]:
+    """A structure read from target memory in both byte orders of ADDR_LE; each repacks to its octets."""
     out = []
     for addr_le in (False, True):
-        entry = TableEntry.unpack(data, 0, addr_le)
-        if entry.pack(addr_le) != data[:TABLE_ENTRY_SIZE]:
-            raise OracleError(f"table entry {data[:TABLE_ENTRY_SIZE].hex()} repacks as {entry.pack(addr_le).hex()}")
-        out.append(entry)
+        value = unpack(data, 0, addr_le)
+        if value.pack(addr_le) != data[:size]:
+            raise OracleError(f"{type(value).__name__} {data[:size].hex()} repacks as {value.pack(addr_le).hex()}")
+        out.append(value)
     return out
+
+
+def table_entry(data: bytes) -> object:
+    """A Block Table Entry as a DIRECT_LOAD initiator reads it, in both byte orders of the Block Offset."""
+    return _both_orders(data, TABLE_ENTRY_SIZE, TableEntry.unpack)
 
 
 def table_entry_seeds() -> Iterator[bytes]:
@@ -75,13 +81,7 @@ def completion_record_seeds() -> Iterator[bytes]:
 
 def ring_slot(data: bytes) -> object:
     """A Ring Slot as a DIRECT_ALLOC initiator reads it, in both byte orders of the Block Offset."""
-    out = []
-    for addr_le in (False, True):
-        slot = RingSlot.unpack(data, 0, addr_le)
-        if slot.pack(addr_le) != data[:RING_SLOT_SIZE]:
-            raise OracleError(f"ring slot {data[:RING_SLOT_SIZE].hex()} repacks as {slot.pack(addr_le).hex()}")
-        out.append((slot, slot.consumed))
-    return out
+    return [(slot, slot.consumed) for slot in _both_orders(data, RING_SLOT_SIZE, RingSlot.unpack)]
 
 
 def ring_slot_seeds() -> Iterator[bytes]:
