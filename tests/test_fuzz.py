@@ -188,3 +188,13 @@ def test_cli_list_and_a_short_run(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_toy_targets_are_not_registered() -> None:
     assert not any(t.protocol == "toy" for t in all_targets().values())
     assert isinstance(resolve("toy-crash"), FuzzTarget)
+
+
+def test_answers_seen_stay_small_when_errors_quote_the_input() -> None:
+    # A long campaign once ran out of memory: KVCS field names quote track names, and each distinct
+    # one was kept whole in the set of answers seen.
+    from kvconform.fuzz.worker import _outcome_signature
+    from kvconform.kvcs.errors import KvcsError
+
+    sig = _outcome_signature("accepted", KvcsError("manifest tracks." + "k.raw.s-Inf" * 2000, "bad"))
+    assert sum(len(str(part)) for part in sig) < 120

@@ -90,8 +90,9 @@ def _outcome_signature(kind: str, value: object) -> tuple[object, ...]:
     field or requirement, digits dropped; a result's type and small size)."""
     if kind == "accepted":
         assert isinstance(value, BaseException)
-        what = getattr(value, "field", None) or getattr(value, "requirement", None) or str(value)[:60]
-        return kind, type(value).__name__, _DIGITS.sub("#", str(what))
+        what = getattr(value, "field", None) or getattr(value, "requirement", None) or str(value)
+        # Cut: a field name can quote the input (a track name), and the set of answers seen must stay small.
+        return kind, type(value).__name__, _DIGITS.sub("#", str(what)[:80])
     size = len(value) if isinstance(value, list | tuple | dict | bytes) else -1
     return kind, type(value).__name__, min(size, 8)
 
@@ -165,9 +166,13 @@ class Runner:
             error = f"MemoryError: allocation past the memory bound ({exc})"
         else:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        self.emit({"event": "finding", "kind": kind, "signature": sig, "error": error[:2000],
-                   "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
-                   "input_hex": data.hex(), "index": index, "source": source})
+        event = {"event": "finding", "kind": kind, "signature": sig, "error": error[:2000], "traceback": "",
+                 "input_hex": data.hex(), "index": index, "source": source}
+        try:
+            event["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:]
+        except MemoryError:  # near the memory bound the finding still goes out, without its traceback
+            event["traceback"] = "(not formatted: MemoryError)"
+        self.emit(event)
 
     def learn(self, kind: str, value: object, data: bytes, pool: list[bytes], *, mutated: bool = True) -> None:
         """Keep an input whose answer is new (pseudo-coverage for the pure-Python engine); a mutated one
