@@ -24,7 +24,8 @@ _HARDENING = ("kvconform/kvcs/{manifest,cose,tracks,namespace}.py and kvconform/
 KNOWN_FAILING: dict[str, str] = {
     "kvcs-manifest": "known crashes: RecursionError on deep nesting, ValueError on a 4301-digit integer, ValueError "
                      "(kvsp jcs) on NaN/Infinity in compat, UnicodeEncodeError (kvsp jcs) on a lone surrogate in "
-                     f"compat, ValueError (tracks) on a 4301-digit segment in tracks; {_HARDENING}",
+                     "compat, ValueError (tracks) on a 4301-digit segment in tracks, UnicodeEncodeError "
+                     f"(manifest_problems) on a lone surrogate in tracks; {_HARDENING}",
     "kvcs-cose": f"known crash: TypeError on an unhashable alg (e.g. 8444a1018101a04040); {_HARDENING}",
     "kvcs-track-name": f"known crash: ValueError on a 4301-digit segment number; {_HARDENING}",
 }
@@ -64,9 +65,8 @@ def resolve(name: str) -> FuzzTarget:
 
 
 def select(name: str, *, skip_known: bool = False) -> list[FuzzTarget]:
-    """``all`` (less the known-failing parsers with ``skip_known``), a protocol, or one target."""
-    targets = all_targets()
-    if name == "all":
-        return [t for t in targets.values() if not (skip_known and t.name in KNOWN_FAILING)]
-    chosen = [t for t in targets.values() if t.protocol == name]
-    return chosen or [resolve(name)]
+    """``all`` or a protocol's parsers (less the known-failing ones with ``skip_known``), or one target."""
+    group = [t for t in all_targets().values() if name in ("all", t.protocol)]
+    if group:
+        return [t for t in group if not (skip_known and t.name in KNOWN_FAILING)]
+    return [resolve(name)]
