@@ -277,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args_list[1:])
         if args_list and args_list[0] == "vectors":
             return _dispatch("kvconform.testvectors", "main", args_list[1:], "vectors")
+        if args_list and args_list[0] == "fuzz":
+            return _dispatch("kvconform.fuzz.tool", "main", args_list[1:], "fuzz")
         if args_list and not args_list[0].startswith("-") and args_list[0] not in _COMMANDS:
             proto = args_list[0]
             if proto.isidentifier():

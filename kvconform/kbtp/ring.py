@@ -43,6 +43,7 @@ TICKET_MODULUS = 1 << 32
 _U64 = (1 << 64) - 1
 
 R_SIZE = "KBTP-RING-SIZE"
+R_SLOT = "KBTP-RING-SLOT-LAYOUT"
 R_COUNTER = "KBTP-RING-COUNTER-FIELDS"
 R_INIT = "KBTP-RING-INIT"
 R_NO_OVERWRITE = "KBTP-FREE-NO-OVERWRITE"
@@ -186,6 +187,10 @@ class RingSlot:
 
     @classmethod
     def unpack(cls, buf: bytes, offset: int = 0, addr_le: bool = False) -> RingSlot:
+        """The slot at `offset`; RingError for fewer than 16 octets (a short read of target memory)."""
+        if len(buf) - offset < RING_SLOT_SIZE:
+            raise RingError("slot", R_SLOT, f"got {max(0, len(buf) - offset)} octets at offset {offset}, "
+                                            f"expected {RING_SLOT_SIZE}")
         sequence, reserved = struct.unpack_from(">II", buf, offset)
         (block,) = struct.unpack_from("<Q" if addr_le else ">Q", buf, offset + 8)
         return cls(sequence, block, reserved)

@@ -145,6 +145,15 @@ def test_slot_layout(sequence: int, block: int, addr_le: bool) -> None:
     assert RingSlot.unpack(data, 0, addr_le) == slot
 
 
+@pytest.mark.parametrize("length", [0, 7, 8, 15])
+def test_short_slot_is_a_ring_error(length: int) -> None:
+    # Found by the fuzz lane (vectors/fuzz/kbtp-ring-slot): struct.error escaped for a short read.
+    with pytest.raises(RingError) as info:
+        RingSlot.unpack(bytes(length + 4), 4)
+    assert info.value.requirement == "KBTP-RING-SLOT-LAYOUT" and info.value.what == "slot"
+    assert f"got {length} octets at offset 4, expected 16" in str(info.value)
+
+
 def test_spec_deferred_free_scenario() -> None:
     """KBTP "Examples": four blocks 100..103, N = F = 4, X's ticket 0 delayed, Y frees 101 onto slot 0."""
     ring = RingModel.initialised(RingLayout(2), [100, 101, 102, 103])

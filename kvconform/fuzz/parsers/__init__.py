@@ -1,0 +1,1 @@
+"""The fuzz targets of each protocol: ``<protocol>.py`` lists its ``TARGETS``."""
