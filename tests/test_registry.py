@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytest
@@ -14,21 +13,13 @@ from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import load_testbed
 
 
-def _load(ref: str) -> Any:
-    module, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 @pytest.mark.parametrize("suite", sorted(ROLES))
 def test_every_role_resolves_its_reference_and_names_real_objects(suite: str) -> None:
     role = ROLES[suite]
-    protocol = _load(role.protocol)
+    protocol = registry._load(role.protocol)
     for ref in (role.reference, role.url, role.cmd, role.adapt):
         if ref is not None:
-            assert callable(_load(ref)), ref
+            assert callable(registry._load(ref)), ref
     driver = driver_for(suite, parse_target("reference", load_testbed()))
     assert isinstance(driver, protocol), f"{suite}: the reference driver does not implement {role.protocol}"
 
