@@ -371,6 +371,7 @@ class Request:
     largest: Location | None = None
     track_properties: tuple[KeyValuePair, ...] = ()
     namespaces: set[TrackNamespace] = field(default_factory=set)
+    namespaces_done: set[TrackNamespace] = field(default_factory=set)  # ended by NAMESPACE_DONE (for the message)
     data_streams: set[int] = field(default_factory=set)
     streams_opened: int = 0
     pending_updates: deque[int] = field(default_factory=deque)
@@ -890,11 +891,14 @@ class Session:
             suffix = msg.track_namespace_suffix
             if isinstance(msg, NamespaceDone):
                 if suffix not in req.namespaces:
-                    raise _pv(f"NAMESPACE_DONE for {suffix} before its NAMESPACE on stream {st.stream_id} "
-                              "(profile §6.2)")
+                    again = " (again: it was done already)" if suffix in req.namespaces_done else ""
+                    raise _pv(f"NAMESPACE_DONE for {suffix} that no NAMESPACE has announced{again} on stream "
+                              f"{st.stream_id} (profile §6.2)")
+                req.namespaces_done.add(suffix)
                 req.namespaces.discard(suffix)
             else:
                 req.namespaces.add(suffix)
+                req.namespaces_done.discard(suffix)
         elif isinstance(msg, PublishSkipped):
             if not (req.local and req.kind == MessageType.SUBSCRIBE_TRACKS):
                 raise _pv(f"PUBLISH_SKIPPED on a {MessageType(req.kind).name} stream {st.stream_id} (profile §4.4)")

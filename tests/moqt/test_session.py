@@ -483,7 +483,21 @@ def test_namespace_done_before_namespace_closes(pair: Pair) -> None:
     (received,) = only(pair.take("server"), RequestReceived)
     pair.server.request_ok(received.stream_id)
     pair.server.send_raw(received.stream_id, NamespaceDone(TrackNamespace.of("x")).encode())
-    violation(pair, "client", SessionError.PROTOCOL_VIOLATION, "NAMESPACE_DONE", "before its NAMESPACE")
+    violation(pair, "client", SessionError.PROTOCOL_VIOLATION, "NAMESPACE_DONE", "that no NAMESPACE has announced")
+
+
+def test_a_second_namespace_done_for_one_namespace_closes(pair: Pair) -> None:
+    """aiomoqt 0.13.3 sends NAMESPACE_DONE twice when a publisher leaves (docs/interop-aiomoqt.md #18)."""
+    pair.client.subscribe_namespace(NS)
+    pair.transfer()
+    (received,) = only(pair.take("server"), RequestReceived)
+    pair.server.request_ok(received.stream_id)
+    for msg in (Namespace(TrackNamespace.of("x")), NamespaceDone(TrackNamespace.of("x"))):
+        pair.server.send_raw(received.stream_id, msg.encode())
+    pair.transfer()
+    pair.take("client")
+    pair.server.send_raw(received.stream_id, NamespaceDone(TrackNamespace.of("x")).encode())
+    violation(pair, "client", SessionError.PROTOCOL_VIOLATION, "NAMESPACE_DONE", "again: it was done already")
 
 
 def test_fetch_header_for_unknown_request_closes(pair: Pair) -> None:
