@@ -118,24 +118,24 @@ def _run(args: argparse.Namespace) -> int:
         "--rootdir", str(root),
         "--confcutdir", str(root),
         "-c", str(ini),
-        "--target", args.target,
-        "--report-dir", str(report_dir),
+        "--kvconform-target", args.target,
+        "--kvconform-report-dir", str(report_dir),
         "--junitxml", str(report_dir / "junit.xml"),
         "--alluredir", str(report_dir / "allure-results"), "--clean-alluredir",
     ]
     if args.testbed:
-        pytest_args += ["--testbed", args.testbed]
+        pytest_args += ["--kvconform-testbed", args.testbed]
     if args.strict:
         pytest_args.append("--kvconform-strict")
     pytest_args += ["--kvconform-suite-budget", str(args.suite_budget)]
     if args.seed is not None:
-        pytest_args += ["--seed", str(args.seed)]
+        pytest_args += ["--kvconform-seed", str(args.seed)]
     if args.n is not None:
         pytest_args += ["-n", args.n]
     if args.k:
         pytest_args += ["-k", args.k]
     for override in args.pics_set:
-        pytest_args += ["--pics-set", override]
+        pytest_args += ["--kvconform-pics-set", override]
     # A hung target must not hang the run: each check gets a bound (pytest-timeout), and ends as a failure.
     pytest_args += ["--timeout", str(args.timeout)]
     pytest_args += ["-q"] * args.quiet + ["-v"] * args.verbose

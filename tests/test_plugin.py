@@ -67,8 +67,8 @@ def _suite(pytester: pytest.Pytester, body: str, role: str = "reader", name: str
 
 
 def _run(pytester: pytest.Pytester, *args: str, subprocess: bool = False) -> pytest.RunResult:
-    base = ["-p", "no:cacheprovider", "--import-mode=importlib", "--catalog-dir", "catalog",
-            "--report-dir", "out", *args]
+    base = ["-p", "no:cacheprovider", "--import-mode=importlib", "--kvconform-catalog-dir", "catalog",
+            "--kvconform-report-dir", "out", *args]
     if subprocess:
         return pytester.runpytest_subprocess(*base, timeout=120)
     return pytester.runpytest(*base)
@@ -92,7 +92,7 @@ def test_suite_of_path() -> None:
 
 def test_verdicts_from_outcomes_and_should_does_not_gate(pytester: pytest.Pytester) -> None:
     _suite(pytester, MIXED)
-    result = _run(pytester, "--seed", "7")
+    result = _run(pytester, "--kvconform-seed", "7")
     assert result.ret == 0, result.stdout.str()
     doc = _coverage(pytester)
     assert _verdicts(doc) == {
@@ -241,7 +241,7 @@ def test_evidence_pics_seed_and_junit(pytester: pytest.Pytester) -> None:
             assert target.overrides == ["tlkv.writer.versions=[1, 2]"]
             print("SEED", seed, int(rng.integers(1 << 30)))
     """)
-    result = _run(pytester, "--seed", "11", "--pics-set", "tlkv.writer.versions=[1, 2]", "-s",
+    result = _run(pytester, "--kvconform-seed", "11", "--kvconform-pics-set", "tlkv.writer.versions=[1, 2]", "-s",
                   "--junitxml", "out/junit.xml")
     assert result.ret == 0, result.stdout.str()
     (test,) = _coverage(pytester)["tests"]
@@ -258,9 +258,9 @@ def test_evidence_pics_seed_and_junit(pytester: pytest.Pytester) -> None:
     # The same session seed gives the same per-test seed and random stream.
     first = re.findall(r"SEED \d+ \d+", result.stdout.str())
     assert len(first) == 1
-    again = _run(pytester, "--seed", "11", "--pics-set", "tlkv.writer.versions=[1, 2]", "-s")
+    again = _run(pytester, "--kvconform-seed", "11", "--kvconform-pics-set", "tlkv.writer.versions=[1, 2]", "-s")
     assert re.findall(r"SEED \d+ \d+", again.stdout.str()) == first
-    other = _run(pytester, "--seed", "12", "--pics-set", "tlkv.writer.versions=[1, 2]", "-s")
+    other = _run(pytester, "--kvconform-seed", "12", "--kvconform-pics-set", "tlkv.writer.versions=[1, 2]", "-s")
     assert re.findall(r"SEED \d+ \d+", other.stdout.str()) != first
 
 
@@ -271,7 +271,7 @@ def test_bad_target_is_a_usage_error(pytester: pytest.Pytester) -> None:
         def test_x():
             pass
     """)
-    result = _run(pytester, "--target", "no-such-target")
+    result = _run(pytester, "--kvconform-target", "no-such-target")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*no-such-target*targets: reference*"])
 

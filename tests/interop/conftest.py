@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
         None, pytest.TestReport, pytest.TestReport]:
-    """With --report-dir, keep each lane test's transcript (container output, wire bytes, TAP points) as
+    """With --kvconform-report-dir, keep each lane test's transcript (container output, wire bytes, TAP points) as
     ``<report-dir>/evidence/<test>.json``: the plugin writes evidence only for requirement-citing checks,
     and lane tests cite none (they judge a third-party peer, and must not gate without docker)."""
     report = yield

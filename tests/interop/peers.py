@@ -57,7 +57,7 @@ CLIENT_TIMEOUT_S = 60.0
 
 
 def suite_report_dir(base: str | None, name: str, tmp_path: Path) -> Path:
-    """Where a suite run inside an interop test reports: under the session's --report-dir when given."""
+    """Where a suite run inside an interop test reports: under the session's --kvconform-report-dir when given."""
     return Path(base) / name if base else tmp_path / "report"
 
 
