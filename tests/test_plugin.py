@@ -121,7 +121,8 @@ def test_should_failure_gates_under_strict(pytester: pytest.Pytester) -> None:
     _suite(pytester, MIXED)
     result = _run(pytester, "--kvconform-strict")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*gating fail [[]SHOULD[]] DEMO-SHOULD: *test_should_fails*"])
+    result.stdout.fnmatch_lines(["FAILED DEMO-SHOULD [[]SHOULD[]] (gates; 1 check)",
+                                 "  check: *test_should_fails"])
     assert _coverage(pytester)["meta"]["strict"] is True
 
 

@@ -58,7 +58,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         item.stash[_OUTCOME] = "xfail" if hasattr(report, "wasxfail") else report.outcome
-    report_dir = item.config.getoption("report_dir", None)
+    report_dir = item.config.getoption("kvconform_report_dir", None)
     transcript = evidence.current()
     if report.when == "teardown" and report_dir and transcript is not None:
         bundle = {"nodeid": item.nodeid, "outcome": item.stash.get(_OUTCOME, "unknown"),

@@ -54,7 +54,7 @@ def test_reference_cache_crosses_aiomoqt_relay_intact(aiomoqt_relay_endpoint: Re
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 def test_kvcs_relay_suite_against_aiomoqt_relay(aiomoqt_relay_endpoint: RelayEndpoint,
                                                 request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    report = suite_report_dir(request.config.getoption("report_dir", None), "kvcs-relay-on-aiomoqt", tmp_path)
+    report = suite_report_dir(request.config.getoption("kvconform_report_dir", None), "kvcs-relay-on-aiomoqt", tmp_path)
     verdicts = suite_verdicts("kvcs-relay", aiomoqt_relay_endpoint.url, report, SUITE_TIMEOUT_S)
     evidence.record("note", "suite-verdicts", {name: t["verdict"] for name, t in sorted(verdicts.items())})
     failed = {name: t.get("message", "") for name, t in verdicts.items() if t["verdict"] == "fail"}

@@ -28,7 +28,7 @@ SUITE_TIMEOUT_S = 600.0
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 def test_moqt_relay_suite_against_aiomoqt_relay(aiomoqt_relay_endpoint: RelayEndpoint,
                                                 request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    report = suite_report_dir(request.config.getoption("report_dir", None), "moqt-relay-on-aiomoqt", tmp_path)
+    report = suite_report_dir(request.config.getoption("kvconform_report_dir", None), "moqt-relay-on-aiomoqt", tmp_path)
     verdicts = suite_verdicts("moqt-relay", aiomoqt_relay_endpoint.url, report, SUITE_TIMEOUT_S)
     failed = {name: t for name, t in verdicts.items() if t["verdict"] == "fail"}
     passed = sorted(name for name, t in verdicts.items() if t["verdict"] == "pass")
