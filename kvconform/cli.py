@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -20,7 +21,7 @@ from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
 
 __all__ = ["discover_suites", "main", "select_suites"]
 
-_COMMANDS = ("run", "serve", "vectors", "report")
+_COMMANDS = ("run", "suites", "serve", "vectors", "report")
 # What a run writes into --report-dir; all of it is removed first, so an aborted run never leaves an older
 # run's report looking like its own.
 REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "pytest.ini")
@@ -120,7 +121,9 @@ def _run(args: argparse.Namespace) -> int:
         "-c", str(ini),
         "--kvconform-target", args.target,
         "--kvconform-report-dir", str(report_dir),
-        "--junitxml", str(report_dir / "junit.xml"),
+        "--kvconform-junit", str(report_dir / "junit.xml"),
+        # A failure is one block per requirement in the kvconform summary; its traceback is in its evidence.
+        "--tb=no", "-rN",
         "--alluredir", str(report_dir / "allure-results"), "--clean-alluredir",
     ]
     if args.testbed:
@@ -211,53 +214,179 @@ def _dispatch(module: str, attr: str, argv: list[str], what: str) -> int:
     return int(func(argv))
 
 
+def serve_help(components: dict[str, Callable[[list[str]], int]], summaries: dict[str, str]) -> str:
+    """``kvconform serve --help``: the components, what each is, and how to get its own options."""
+    lines = ["usage: kvconform serve <component> [options]", "",
+             "Run a reference implementation as a network service on 127.0.0.1 (a target for kvconform run, or a",
+             "peer for your own tests). It prints 'listening on HOST:PORT' once it accepts connections and stops",
+             "on SIGINT or SIGTERM.", "", "components:"]
+    width = max((len(name) for name in components), default=0)
+    lines += [f"  {name.ljust(width)}  {summaries.get(name, '')}".rstrip() for name in sorted(components)]
+    if not components:
+        lines.append("  (none installed)")
+    lines += ["", "kvconform serve <component> --help lists the component's options."]
+    return "\n".join(lines)
+
+
 def _serve(argv: list[str]) -> int:
     try:
         found = importlib.util.find_spec("kvconform.components") is not None
     except ModuleNotFoundError:
         found = False
     components: dict[str, Callable[[list[str]], int]] = {}
+    summaries: dict[str, str] = {}
     if found:
-        components = importlib.import_module("kvconform.components").COMPONENTS
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in components:
+        module = importlib.import_module("kvconform.components")
+        components, summaries = module.COMPONENTS, getattr(module, "SUMMARIES", {})
+    if argv and argv[0] in ("-h", "--help"):
+        print(serve_help(components, summaries))
+        return 0
+    if not argv or argv[0] not in components:
         known = ", ".join(sorted(components)) or "none installed"
-        if argv and argv[0] not in ("-h", "--help"):
+        if argv:
             print(f"kvconform serve: unknown component {argv[0]!r}; components: {known}", file=sys.stderr)
         else:
-            print(f"usage: kvconform serve <component> [args...]; components: {known}", file=sys.stderr)
+            print(f"usage: kvconform serve <component> [args...]; components: {known} "
+                  "(kvconform serve --help says more)", file=sys.stderr)
         return USAGE_ERROR
     return int(components[argv[0]](argv[1:]))
 
 
+# --------------------------------------------------------------------------------------------- suites
+
+
+def suite_table(root: Path | None = None) -> list[dict[str, Any]]:
+    """Per installed suite: its protocol, the role it tests, the catalog's requirement counts for that role and
+    the target forms it accepts (targets/registry.py)."""
+    from kvconform.catalog import load_catalogs
+    from kvconform.targets.registry import ROLES
+    from kvconform.verdicts import GATING_LEVELS, STRICT_LEVELS
+
+    catalog = load_catalogs()
+    rows = []
+    for suite in discover_suites(root):
+        proto = suite.split("-", 1)[0]
+        role = catalog.role_of_suite(suite)
+        reqs = [r for r in catalog.requirements(proto) if role in r.roles] if role else []
+        known = ROLES.get(suite)
+        forms = known.describe().partition(": ")[2].split(", ") if known else ["reference"]
+        if known is not None and known.cmd and known.optional:
+            forms = [f + " (may add " + " ".join("{" + p + "}" for p in known.optional) + ")"
+                     if f.startswith("cmd:") else f for f in forms]
+        rows.append({
+            "suite": suite, "protocol": proto, "role": role,
+            "requirements": len(reqs),
+            "gating": sum(1 for r in reqs if r.level in GATING_LEVELS),
+            "strict": sum(1 for r in reqs if r.level in STRICT_LEVELS),
+            "may": sum(1 for r in reqs if r.level == "MAY"),
+            "untestable": sum(1 for r in reqs if not r.testable),
+            "targets": [*forms, "a target name of the testbed"],
+        })
+    return rows
+
+
+def _suites(args: argparse.Namespace) -> int:
+    from kvconform.catalog import CatalogError
+
+    try:
+        rows = suite_table()
+    except CatalogError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for row in rows:
+        print(f"{row['suite']}  (protocol {row['protocol']}, role {row['role'] or '?'})")
+        print(f"    requirements: {row['requirements']} ({row['gating']} MUST/MUST NOT/RULE, {row['strict']} "
+              f"SHOULD/SHOULD NOT, {row['may']} MAY; {row['untestable']} untestable)")
+        print("    --target " + " | ".join(row["targets"]))
+    print("\nkvconform run <suite> --target <target>; 'all' or a protocol name runs several suites.")
+    return 0
+
+
 DEFAULT_SUITE_BUDGET = 900.0  # the plugin's own default (fixtures/plugin.py), without importing pytest here
+
+
+TARGET_FORMS = """\
+targets (--target):
+  reference                  the reference implementation, in-process (the default)
+  grpc://host:port, ...      a running endpoint: the URL schemes the suites below list
+  cmd:<template>             a command line the harness spawns, starts and stops; the {placeholders} it
+                             carries say which role it plays (quote it for your shell)
+  python:<module>:<factory>  an object implementing the role's driver Protocol, or a factory of one
+  <name>                     a target the testbed (--testbed) names, with its PICS, roles and parameters
+"""
+
+
+def run_epilog(root: Path | None = None) -> str:
+    """``kvconform run --help``'s text after the options: the target forms and every suite with the forms it takes."""
+    from kvconform.targets.registry import ROLES
+
+    try:
+        suites = list(discover_suites(root))
+    except OSError:
+        suites = []
+    lines = [TARGET_FORMS, "suites (and the target forms each takes; `kvconform suites` adds requirement counts):"]
+    for suite in suites:
+        role = ROLES.get(suite)
+        line = role.describe() if role else f"{suite}: reference"
+        if role is not None and role.cmd and role.optional:
+            line += " (the template may add " + " ".join("{" + p + "}" for p in role.optional) + ")"
+        lines.append(f"  {line}")
+    if not suites:
+        lines.append("  (none installed)")
+    protocols = sorted({s.split("-", 1)[0] for s in suites})
+    lines += ["", f"SUITE is 'all', a protocol ({', '.join(protocols)}) for its suites, or one suite.",
+              "Exit status: 0 iff every gating check passed (MUST, MUST NOT, RULE; SHOULD too with --strict),",
+              "1 otherwise, 2 for a usage error.",
+              "Reports: coverage.json, coverage.html, junit.xml, allure-results/ and evidence/ in --report-dir."]
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="kvconform",
         description="Conformance harness for KV-cache transport protocols.",
-        epilog="also: kvconform serve <component> ..., kvconform vectors {list,check,generate} ..., "
+        epilog="also: kvconform serve --help, kvconform vectors {list,check,generate} ..., "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
     p.add_argument("--version", action="version", version=f"kvconform {_version()}")
     sub = p.add_subparsers(dest="command", metavar="command", parser_class=OneLineParser)
-    run = sub.add_parser("run", help="run a conformance suite against a target")
-    run.add_argument("suite", help="'all', a protocol (e.g. tlkv) or a suite <proto>-<role>")
-    run.add_argument("--target", default="reference")
-    run.add_argument("--testbed", default=None, metavar="FILE")
-    run.add_argument("--report-dir", default=os.path.join("out", "reports"), metavar="DIR")
+    run = sub.add_parser("run", help="run a conformance suite against a target",
+                         description="Run conformance suites against an implementation and report, per requirement,\n"
+                                     "what passed, failed, was not applicable or inconclusive.",
+                         epilog=run_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("suite", metavar="SUITE", help="'all', a protocol (e.g. tlkv) or a suite <proto>-<role> "
+                                                   "(listed below)")
+    run.add_argument("--target", default="reference", metavar="TARGET",
+                     help="the implementation under test (default: reference); the forms are listed below")
+    run.add_argument("--testbed", default=None, metavar="FILE",
+                     help="testbed YAML: named targets with their PICS (declared capabilities, validated against "
+                          "testbeds/schema/), and the defaults URL, cmd: and python: targets take (default: the "
+                          "packaged testbeds/loopback.yaml)")
+    run.add_argument("--report-dir", default=os.path.join("out", "reports"), metavar="DIR",
+                     help="where the reports go (default out/reports); an earlier run's reports there are removed "
+                          "first")
     run.add_argument("--strict", action="store_true", help="SHOULD-level checks gate the exit status")
     run.add_argument("-n", default=None, metavar="N|auto", help="pytest-xdist workers")
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("-k", default=None, metavar="EXPR")
-    run.add_argument("--pics-set", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--seed", type=int, default=None, metavar="S",
+                     help="session seed: every random choice of every check derives from it (default: random; "
+                          "printed and recorded in the reports, so --seed S replays a run)")
+    run.add_argument("-k", default=None, metavar="EXPR", help="run only the checks whose names match (pytest -k)")
+    run.add_argument("--pics-set", action="append", default=[], metavar="KEY=VALUE",
+                     help="declare one PICS value for this run at a dotted KEY, with a YAML VALUE, e.g. "
+                          "'tlkv.decode.versions=[1, 2]' (checked against the testbed schema; repeatable)")
     run.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
-                     help="bound on each check, fixtures included (default 300); must be > 0")
+                     help="bound on each check, fixtures included: a check that runs into it fails, the target "
+                          "hung (default 300); must be > 0")
     run.add_argument("--suite-budget", type=positive_float, default=DEFAULT_SUITE_BUDGET, metavar="SECONDS",
                      help="bound on each suite's checks per worker: the checks left when it is spent end "
                           f"inconclusive (default {DEFAULT_SUITE_BUDGET:g})")
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)
+    suites = sub.add_parser("suites", help="list the suites, the role each tests, its requirements and the targets "
+                                           "it takes")
+    suites.add_argument("--json", action="store_true", help="print them as JSON")
     sub.add_parser("serve", help="run a reference component as a network service", add_help=False)
     sub.add_parser("vectors", help="list, check or generate test vectors", add_help=False)
     report = sub.add_parser("report", help="report writers")
@@ -292,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "report":
             return _report_html(args)
+        if args.command == "suites":
+            return _suites(args)
         parser.print_help()
         return USAGE_ERROR
     except UsageError as exc:

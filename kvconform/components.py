@@ -26,6 +26,12 @@ from kvconform.tlkv.decode import DecodeSide
 from kvconform.tlkv.grpc_decode import DecodeServer, format_address
 from kvconform.tlkv.tool import parse_geometry, parse_versions
 
+# One line per component: `kvconform serve --help` lists them, and each component's --help starts with its own.
+SUMMARIES: dict[str, str] = {
+    "tlkv-decode": "tl.kv.v1 decode side (KvTransfer gRPC server)",
+    "moqt-relay": "caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)",
+    "kvcs-publisher": "KVCS Original Publisher (MOQT draft-22 client of a relay)",
+}
 STATS_INTERVAL = 5.0  # seconds between counter lines on a terminal
 EXAMPLE_POLICY = "example"  # serve moqt-relay --policy: the packaged policy the loopback PICS describe
 
@@ -37,7 +43,7 @@ def serve_tlkv_decode(argv: list[str], stop: threading.Event | None = None) -> i
     event is set and leaves signal handling alone.
     """
     parser = OneLineParser(prog="kvconform serve tlkv-decode",
-                                     description="tl.kv.v1 decode side (KvTransfer gRPC server)")
+                                     description=SUMMARIES["tlkv-decode"])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
     parser.add_argument("--port", type=port_or_zero, default=50051, help="port to bind; 0 picks a free one")
     parser.add_argument("--pool", type=parse_geometry, default=parse_geometry("16,32,8,128"),
@@ -81,7 +87,7 @@ def serve_moqt_relay(argv: list[str], stop: threading.Event | None = None) -> in
     from kvconform.moqt.relay import DEFAULT_FILL_TIMEOUT_MS, load_relay_class, run_relay
 
     parser = OneLineParser(prog="kvconform serve moqt-relay",
-                                     description="caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)")
+                                     description=SUMMARIES["moqt-relay"])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
     parser.add_argument("--port", type=port_or_zero, default=4443, help="UDP port to bind; 0 picks a free one")
     parser.add_argument("--policy", default=EXAMPLE_POLICY,
@@ -131,7 +137,7 @@ def serve_kvcs_publisher(argv: list[str], stop: threading.Event | None = None) -
     )
 
     parser = OneLineParser(prog="kvconform serve kvcs-publisher",
-                                     description="KVCS Original Publisher (MOQT draft-22 client of a relay)")
+                                     description=SUMMARIES["kvcs-publisher"])
     parser.add_argument("--relay", required=True, help="moqt://host:port of the relay to publish to")
     parser.add_argument("--cache", required=True, help="cache spec JSON (the test-content convention)")
     parser.add_argument("--token", default=None,
