@@ -96,8 +96,8 @@ def test_plain_pytest_keeps_its_tracebacks(pytester: pytest.Pytester) -> None:
     """)
     result = _run(pytester)
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*= FAILURES =*", "*def test_fails():*", "FAILED DEMO-MUST [[]MUST[]] (gates; 1 check)",
-                                 "*short test summary info*"])
+    result.stdout.fnmatch_lines(["*= FAILURES =*", "*def test_fails():*",
+                                 "FAILED DEMO-MUST [[]MUST[]] (gates; 1 check)", "*short test summary info*"])
 
 
 def _result(name: str, verdict: str, message: str, level: str = "MUST", blamed: str | None = None) -> TestResult:
