@@ -1,0 +1,1 @@
+"""ACME's KV-cache export library (an example: a real vendor's code would not import kvconform)."""
