@@ -343,7 +343,8 @@ def run_epilog(root: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(help_text: bool = True) -> argparse.ArgumentParser:
+    """The parser; without ``help_text`` the run subcommand's epilog (suites, registry) is not built."""
     p = OneLineParser(
         prog="kvconform",
         description="Conformance harness for KV-cache transport protocols.",
@@ -355,7 +356,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a conformance suite against a target",
                          description="Run conformance suites against an implementation and report, per requirement,\n"
                                      "what passed, failed, was not applicable or inconclusive.",
-                         epilog=run_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=run_epilog() if help_text else None,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("suite", metavar="SUITE", help="'all', a protocol (e.g. tlkv) or a suite <proto>-<role> "
                                                    "(listed below)")
     run.add_argument("--target", default="reference", metavar="TARGET",
@@ -412,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             proto = args_list[0]
             if proto.isidentifier():
                 return _dispatch(f"kvconform.{proto}.tool", "main", args_list[1:], proto)
-        parser = _parser()
+        # Building run's help lists the suites and imports the registry: only for --help (runs are spawned often).
+        parser = _parser(help_text=any(a in ("-h", "--help") for a in args_list))
         try:
             args: Any = parser.parse_args(args_list)
         except SystemExit as exc:  # --help, or a usage error argparse has printed (one line)

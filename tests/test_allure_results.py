@@ -134,3 +134,17 @@ def test_properties_escapes() -> None:
     text = properties_text([("a key:x=y", "line1\nline2 \\ é"), ("k", " lead")])
     assert text == "a\\ key\\:x\\=y=line1\\nline2 \\\\ \\u00e9\nk=\\ lead\n"
     assert text.isascii()
+
+
+def test_verdicts_reach_allure_and_junit_under_xdist(pytester: pytest.Pytester) -> None:
+    # Workers write allure's files and the evidence; the controller, which alone has every verdict, rewrites.
+    _suite(pytester, MIXED)
+    _suite(pytester, FAILS, name="test_fails.py")
+    result = _run(pytester, "--alluredir", "allure", "--kvconform-junit", "j.xml", "-n", "2", subprocess=True)
+    assert result.ret == 1, result.stdout.str()
+    status = {name: doc["status"] for name, doc in _results(pytester.path / "allure").items()}
+    assert status["test_inconclusive"] == status["test_harness_error"] == "broken"
+    assert status["test_must_fails"] == "failed" and status["test_na"] == "skipped"
+    assert (pytester.path / "allure" / "categories.json").is_file()
+    junit = (pytester.path / "j.xml").read_text()
+    assert 'name="demo-reader"' in junit and 'errors="2"' in junit and 'type="kvconform.inconclusive"' in junit
