@@ -9,7 +9,7 @@ Every failure names the fabric seed and the schedule; ``kvconform run kbtp-targe
 with a ScriptScheduler even after the code changed. The scripted checks hold the reference target at its
 named race points; a target without them cannot be forced into the interleaving and is inconclusive.
 
-The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kbtp-interleavings).
+The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kvconform-kbtp-interleavings).
 """
 
 from __future__ import annotations
