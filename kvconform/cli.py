@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -24,7 +25,8 @@ __all__ = ["discover_suites", "main", "select_suites"]
 _COMMANDS = ("run", "suites", "serve", "vectors", "report")
 # What a run writes into --report-dir; all of it is removed first, so an aborted run never leaves an older
 # run's report looking like its own.
-REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "pytest.ini")
+REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "pytest.ini",
+                "manifest.sha256", "manifest.sig")
 
 
 class UsageError(Exception):
@@ -90,7 +92,7 @@ def _plugin_args() -> list[str]:
     return ["-p", "no:kvconform", "-p", "kvconform.fixtures.plugin"]
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from kvconform.targets.spec import TargetError, parse_target
     from kvconform.targets.testbed import TestbedError, load_testbed
 
@@ -122,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
         "--kvconform-target", args.target,
         "--kvconform-report-dir", str(report_dir),
         "--kvconform-junit", str(report_dir / "junit.xml"),
+        # The certification report records the command the user typed, so it replays as given.
+        "--kvconform-command", shlex.join(["kvconform", *argv]),
         # A failure is one block per requirement in the kvconform summary; its traceback is in its evidence.
         "--tb=no", "-rN",
         "--alluredir", str(report_dir / "allure-results"), "--clean-alluredir",
@@ -146,7 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     import pytest
 
     code = int(pytest.main(pytest_args))
-    for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence"):
+    for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "manifest.sha256"):
         path = report_dir / name
         if path.exists():
             print(f"kvconform: {name}: {path}")
@@ -178,6 +182,50 @@ def _fresh_report_dir(report_dir: Path) -> Path:
 # --------------------------------------------------------------------------------------------- report
 
 
+def _report(args: argparse.Namespace) -> int:
+    if args.report_kind == "sign":
+        return _report_sign(args)
+    if args.report_kind == "verify":
+        return _report_verify(args)
+    if args.report_kind == "keygen":
+        from kvconform.reports.manifest import generate_key
+
+        try:
+            key, pub = generate_key(args.key, args.algorithm)
+        except OSError as exc:
+            raise UsageError(f"--key {args.key}: cannot write: {exc.strerror or exc}") from None
+        print(f"kvconform: private key: {key}\nkvconform: public key: {pub}")
+        return 0
+    return _report_html(args)
+
+
+def _report_sign(args: argparse.Namespace) -> int:
+    from kvconform.reports.manifest import ManifestError, sign
+
+    try:
+        out = sign(args.report_dir, args.key)
+    except ManifestError as exc:
+        print(f"kvconform: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"kvconform: signature: {out}")
+    return 0
+
+
+def _report_verify(args: argparse.Namespace) -> int:
+    from kvconform.reports.manifest import ManifestError, verify
+
+    try:
+        result = verify(args.report_dir, args.pub)
+    except ManifestError as exc:
+        print(f"kvconform: error: {exc}", file=sys.stderr)
+        return 1
+    for line in result.lines():
+        print(f"kvconform: {line}")
+    verdict = "matches its manifest" if result.ok else "does NOT match its manifest or signature"
+    print(f"kvconform: {args.report_dir} {verdict}")
+    return 0 if result.ok else 1
+
+
 def _report_html(args: argparse.Namespace) -> int:
     from kvconform.reports.coverage import load_coverage
     from kvconform.reports.html import write_html
@@ -188,11 +236,15 @@ def _report_html(args: argparse.Namespace) -> int:
         raise UsageError(f"--from {args.source}: {exc}") from exc
     if args.all_protocols:
         from kvconform.catalog import load_catalogs
+        from kvconform.reports.certification import certify
         from kvconform.reports.coverage import TestResult, build_coverage
 
         results = [TestResult.from_dict(t) for t in doc.get("tests", [])]
-        doc = build_coverage(load_catalogs(), results, doc.get("meta", {}), all_protocols=True,
-                             report_dir=doc.get("meta", {}).get("report_dir"))
+        meta = doc.get("meta", {})
+        rebuilt = build_coverage(load_catalogs(), results, meta, all_protocols=True,
+                                 report_dir=meta.get("report_dir"))
+        doc = certify(rebuilt, doc.get("identity"), strict=bool(meta.get("strict")),
+                      exit_code=meta.get("exit_code"), report_dir=str(Path(args.source).parent))
     out = write_html(doc, args.out, Path(args.source).parent)
     print(f"kvconform: coverage.html: {out}")
     return 0
@@ -397,6 +449,17 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     html.add_argument("--from", dest="source", required=True, metavar="COVERAGE_JSON")
     html.add_argument("--out", required=True, metavar="HTML")
     html.add_argument("--all-protocols", action="store_true")
+    sign = rsub.add_parser("sign", help="sign a report folder's SHA-256 manifest (Ed25519 or ECDSA P-256 key)")
+    sign.add_argument("--report-dir", required=True, metavar="DIR")
+    sign.add_argument("--key", required=True, metavar="KEY.pem", help="unencrypted PEM private key")
+    verify = rsub.add_parser("verify", help="check a report folder against its manifest and signature")
+    verify.add_argument("--report-dir", required=True, metavar="DIR")
+    verify.add_argument("--pub", default=None, metavar="PUB.pem",
+                        help="the signer's PEM public key (without it, a signature is checked against the key it "
+                             "carries: integrity, not who signed)")
+    keygen = rsub.add_parser("keygen", help="write a new signing key and its public key (KEY.pem.pub.pem)")
+    keygen.add_argument("--key", required=True, metavar="KEY.pem")
+    keygen.add_argument("--algorithm", choices=("ed25519", "p256"), default="ed25519")
     return p
 
 
@@ -421,9 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:  # --help, or a usage error argparse has printed (one line)
             return exc.code if isinstance(exc.code, int) else USAGE_ERROR
         if args.command == "run":
-            return _run(args)
+            return _run(args, args_list)
         if args.command == "report":
-            return _report_html(args)
+            return _report(args)
         if args.command == "suites":
             return _suites(args)
         parser.print_help()

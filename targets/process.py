@@ -71,9 +71,15 @@ class ProcessResult:
         return _decode(self.stderr[-TAIL:]) + (f"\n[kvconform] {self.note}" if self.note else "")
 
     def evidence(self) -> dict[str, object]:
-        """What the evidence keeps of the run (text decoded with replacement; the tails only)."""
-        return {"argv": list(self.argv), "returncode": self.returncode, "elapsed_s": round(self.elapsed, 3),
-                "timed_out": self.timed_out, "stdout": self.stdout_text, "stderr": self.stderr_text}
+        """What the evidence keeps of the run: the tails as text (decoded with replacement) and, when the output
+        is longer than the tail, all of it as bytes (the evidence's side file keeps them whole)."""
+        out: dict[str, object] = {"argv": list(self.argv), "returncode": self.returncode,
+                                  "elapsed_s": round(self.elapsed, 3), "timed_out": self.timed_out,
+                                  "stdout": self.stdout_text, "stderr": self.stderr_text}
+        for name, data in (("stdout_bytes", self.stdout), ("stderr_bytes", self.stderr)):
+            if len(data) > TAIL:
+                out[name] = data
+        return out
 
 
 def marked_pids(mark: str) -> list[int]:

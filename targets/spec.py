@@ -83,6 +83,9 @@ class TargetSpec:
     source: str = ""
     overrides: list[str] = field(default_factory=list)
     defaulted: list[str] = field(default_factory=list)  # PICS paths taken from the testbed's defaults
+    # What the testbed entry says the implementation under test is (name, vendor, version, build, firmware);
+    # empty for an ad-hoc target, which the certification report says.
+    implementation: dict[str, Any] = field(default_factory=dict)
 
     def plays(self, suite: str) -> bool:
         """Whether the target plays ``suite`` (True when it declares no roles)."""
@@ -99,6 +102,7 @@ class TargetSpec:
             "pics_source": self.source,
             "pics_overrides": list(self.overrides),
             "pics_defaulted": list(self.defaulted),
+            "implementation": dict(self.implementation),
         }
 
 
@@ -239,6 +243,7 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
         pics=copy.deepcopy(entry.get("pics", {})),
         params=params,
         source=f"testbed {testbed.path} targets.{name}",
+        implementation=dict(entry.get("implementation", {})),
     )
 
 

@@ -248,10 +248,14 @@ def test_evidence_pics_seed_and_junit(pytester: pytest.Pytester) -> None:
     (test,) = _coverage(pytester)["tests"]
     evidence = json.loads((pytester.path / "out" / test["evidence"]).read_text())
     assert evidence["verdict"] == "pass" and evidence["seed"] == test["seed"]
-    assert evidence["pics"]["tlkv"]["writer"]["versions"] == [1, 2]
+    # The PICS as a summary: the values of the check's own role (demo.reader: none), and where they came from.
+    assert evidence["pics"]["values"] == {} and "--pics-set tlkv.writer.versions=[1, 2]" in evidence["pics"]["source"]
     assert [e["kind"] for e in evidence["events"]] == ["Hello", "HelloAck", "note"]
+    assert evidence["transcript"][0].endswith("→ Hello: n=1 [512 bytes, sha256 " + evidence["events"][0]["raw"][
+        "sha256"][:16] + "…]")
     raw = evidence["events"][0]["raw"]
     assert raw["len"] == 512 and len(raw["head_hex"]) == 512 and len(raw["sha256"]) == 64
+    assert raw["hex"] == (bytes(range(256)) * 2).hex(), "the whole bytes, not the first 256"
     assert "python" in evidence["versions"]
     junit = (pytester.path / "out" / "junit.xml").read_text()
     assert 'name="kvconform.verdict" value="pass"' in junit

@@ -99,7 +99,7 @@ def test_html_page(catalog: Catalog, tmp_path: Path) -> None:
     meta = {"exit_code": 1, "seed": 99, "target": {"name": "acme", "kind": "url"}}
     doc = build_coverage(catalog, results, meta, report_dir=str(report_dir))
     page = render_html(doc)
-    assert "FAILED (exit 1)" in page and "acme" in page and "99" in page
+    assert "FAILED: 1 mandatory requirement failed" in page and "acme" in page and "99" in page
     assert 'class="v fail"' in page and "bad &lt;frame&gt;" in page and "a &lt;b&gt;" in page
     assert 'href="evidence/a1.json"' in page
     assert "<script" not in page
@@ -115,7 +115,7 @@ def test_html_puts_problems_first_and_folds_passing_instances(catalog: Catalog) 
                            message="AssertionError: field x: got 1, expected 2 (DEMO-A)\nmore detail"))
     doc = build_coverage(catalog, results, {"exit_code": 1})
     page = render_html(doc)
-    problems = page.index("Failed and inconclusive checks (1)")
+    problems = page.index("Failed requirements (1)")
     assert problems < page.index("role reader"), "failures are listed before the per-role tables"
     assert "field x: got 1, expected 2 (DEMO-A)" in page
     assert "5 passing</summary>" in page, "the passing instances of a parametrised check fold into one line"
@@ -133,7 +133,7 @@ def test_provisional_dependencies_are_carried_and_counted(catalog: Catalog) -> N
     assert doc["summary"]["provisional"] == {"demo-prov-1": 2}, "t::b1 and t::b2 cite DEMO-B; t::a does not"
     page = render_html(doc)
     assert page.count("depends on demo-prov-1") == 2, "a marker on DEMO-B's row and on the failed check citing it"
-    problems = page[page.index("Failed and inconclusive checks"):page.index("role reader")]
+    problems = page[page.index("Failed requirements"):page.index("role reader")]
     assert "depends on demo-prov-1" in problems
     assert "2 on demo-prov-1" in page
     plain = build_coverage(catalog, results[:1], {"exit_code": 0})

@@ -63,7 +63,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "teardown" and report_dir and transcript is not None:
         bundle = {"nodeid": item.nodeid, "outcome": item.stash.get(_OUTCOME, "unknown"),
                   "events": transcript.as_list()}
-        path = evidence.write_evidence(evidence.evidence_path(report_dir, item.nodeid), bundle)
+        path = evidence.write_evidence(evidence.evidence_path(report_dir, item.nodeid), bundle,
+                                       transcript.side_bytes())
         report.user_properties.append(("kvconform.evidence", str(path)))
     return report
 

@@ -97,7 +97,7 @@ def push(client: KvTransferClient, chunks: Sequence[Chunk | bytes]) -> PushOutco
             evidence.record("sent", "KvChunk", {"request_id": c.request_id, "block_index": c.block_index,
                                                 "block_hash": f"0x{c.block_hash:016X}", "kv_format": c.kv_format,
                                                 "payload_len": len(c.payload), "crc32c": f"0x{c.crc32c:08X}"},
-                            raw=c.payload[:64])
+                            raw=c.payload)
     outcome = client.push(chunks)
     resp = outcome.response
     evidence.record("received", "PushKv", {

@@ -1,0 +1,1 @@
+"""JSON Schemas of the report files (report.schema.json: coverage.json, the certification report)."""
