@@ -90,14 +90,16 @@ def _sockname(transport: asyncio.BaseTransport) -> tuple[str, int] | None:
 
 def udp_bound(transport: asyncio.BaseTransport) -> None:
     """A harness QUIC socket was bound: tcpdump keeps its port."""
-    session, local = _session, _sockname(transport)
+    session = _session
+    local = _sockname(transport) if session is not None else None
     if session is not None and local is not None:
         session.watch("udp", local[1])
 
 
 def udp_transport(transport: Any) -> Any:
     """The transport a QUIC protocol should send on: a recording one when the harness records its datagrams."""
-    session, local = _session, _sockname(transport)
+    session = _session
+    local = _sockname(transport) if session is not None else None
     if session is None or local is None:
         return transport
     from kvconform.capture.quic import RecordingTransport

@@ -100,31 +100,27 @@ class TcpRelay:
                 data = src.recv(_CHUNK)
             except OSError:
                 with lock:
-                    segments = [] if flow.closed[from_client] and flow.closed[not from_client] else \
-                        flow.reset(from_client)
-                self.record(segments)
+                    if not (flow.closed[from_client] and flow.closed[not from_client]):
+                        self.record(flow.reset(from_client))
                 _linger_reset(dst)
                 self._close(src, dst)
                 return
             if not data:
                 with lock:
-                    segments = flow.fin(from_client)
+                    self.record(flow.fin(from_client))
                     both = flow.closed[not from_client]
-                self.record(segments)
                 with contextlib.suppress(OSError):
                     dst.shutdown(socket.SHUT_WR)
                 if both:
                     self._close(src, dst)
                 return
-            with lock:
-                segments = flow.data(from_client, data)
-            self.record(segments)
+            with lock:  # recorded under the flow's lock: the capture's order is the flow's
+                self.record(flow.data(from_client, data))
             try:
                 dst.sendall(data)
             except OSError:
                 with lock:
-                    segments = flow.reset(not from_client)
-                self.record(segments)
+                    self.record(flow.reset(not from_client))
                 _linger_reset(src)
                 self._close(src, dst)
                 return

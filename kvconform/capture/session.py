@@ -202,9 +202,10 @@ class CaptureSession:
             self._local_udp.add(address)
 
     def record_segments(self, segments: list[Segment]) -> None:
-        """Segments of a relayed TCP connection (relay threads)."""
-        now = time.time()
+        """Segments of a relayed TCP connection (relay threads, each holding its flow's lock: the times follow the
+        order the segments were made in, so no segment acknowledges bytes the pcap shows later)."""
         with self._lock:
+            now = time.time()
             window = self._window
             if window is None:
                 return
@@ -214,8 +215,8 @@ class CaptureSession:
 
     def record_datagram(self, datagram: Datagram, received: bool = False) -> None:
         """A datagram a recording harness socket sent, or received from a socket that does not record."""
-        now = time.time()
         with self._lock:
+            now = time.time()
             window = self._window
             if window is None or (received and datagram.src in self._local_udp):
                 return
