@@ -135,6 +135,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if args.strict:
         pytest_args.append("--kvconform-strict")
     pytest_args += ["--kvconform-suite-budget", str(args.suite_budget)]
+    pytest_args += ["--kvconform-capture", args.capture, "--kvconform-capture-with", args.capture_with]
     if args.seed is not None:
         pytest_args += ["--kvconform-seed", str(args.seed)]
     if args.n is not None:
@@ -359,6 +360,18 @@ def _suites(args: argparse.Namespace) -> int:
 DEFAULT_SUITE_BUDGET = 900.0  # the plugin's own default (fixtures/plugin.py), without importing pytest here
 
 
+def _capture_arguments(run: argparse.ArgumentParser) -> None:
+    from kvconform.capture import MODES, TOOLS
+
+    run.add_argument("--capture", choices=MODES, default="failed",
+                     help="per-check capture beside the evidence: a pcap of the harness's sockets (tl.kv.v1 TCP, "
+                          "QUIC UDP) and, for QUIC, the qlog and the TLS key log that decrypts it; kept for the "
+                          "checks that did not pass (failed, the default), for all, or not taken (none)")
+    run.add_argument("--capture-with", choices=TOOLS, default="auto",
+                     help="tcpdump on loopback, or the harness from its own sockets (a TCP relay, its QUIC "
+                          "datagrams); auto: tcpdump when it can capture here (default)")
+
+
 TARGET_FORMS = """\
 targets (--target):
   reference                  the reference implementation, in-process (the default)
@@ -436,6 +449,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--suite-budget", type=positive_float, default=DEFAULT_SUITE_BUDGET, metavar="SECONDS",
                      help="bound on each suite's checks per worker: the checks left when it is spent end "
                           f"inconclusive (default {DEFAULT_SUITE_BUDGET:g})")
+    _capture_arguments(run)
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)
     suites = sub.add_parser("suites", help="list the suites, the role each tests, its requirements and the targets "

@@ -27,6 +27,7 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.logger import QuicFileLogger
 from aioquic.quic.packet import QuicTransportParameters, pull_quic_transport_parameters
 
+from kvconform.capture import hooks as capture
 from kvconform.fixtures import evidence
 from kvconform.moqt import tls
 from kvconform.moqt.errors import SessionError
@@ -80,16 +81,18 @@ def quic_configuration(
     `verify`: False = accept any server certificate (client default); True = pin the process test
     certificate; bytes = pin that PEM. Servers get `certificate` (default: the process test certificate).
     Evidence (DESIGN principle 6): `qlog_dir` gets one qlog per connection, `secrets_log` the TLS key log
-    (SSLKEYLOGFILE format) so a pcap of the test decrypts in Wireshark.
+    (SSLKEYLOGFILE format) so a pcap of the test decrypts in Wireshark; without them, the running capture's
+    (``kvconform.capture``: per check, beside the evidence), if any.
     """
+    quic_logger, keylog = capture.quic_logging()
     configuration = QuicConfiguration(
         is_client=is_client,
         alpn_protocols=list(alpn),
         max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
         idle_timeout=idle_timeout,
         server_name=server_name,
-        quic_logger=QuicFileLogger(qlog_dir) if qlog_dir is not None else None,
-        secrets_log_file=secrets_log,
+        quic_logger=QuicFileLogger(qlog_dir) if qlog_dir is not None else quic_logger,
+        secrets_log_file=secrets_log if secrets_log is not None else keylog,
     )
     if is_client:
         if verify is False:
@@ -118,6 +121,15 @@ class MoqtProtocol(QuicConnectionProtocol):
         # when_sent: (streams, callback) waiting until those streams' data and FIN have left once
         self._sent_waiters: list[tuple[tuple[int, ...], Callable[[], None]]] = []
         session.on_pending = self._schedule_pump
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # The capture (if one runs) records the datagrams of this socket or watches its ports.
+        super().connection_made(capture.udp_transport(transport))
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        if isinstance(data, bytes):
+            capture.udp_received(self._transport, data, addr)
+        super().datagram_received(data, addr)
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         session = self.session
@@ -546,6 +558,7 @@ async def serve(
         lambda: QuicServer(configuration=configuration, create_protocol=create_protocol),
         local_addr=(host, port),
     )
+    capture.udp_bound(transport)
     server = MoqtServer(protocol, transport)
     holder.append(server)
     return server

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvconform.capture import hooks as capture
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.hashes import CHAIN, FULL_BLOCK_RULES, FULL_ONLY, ZERO_IS_ONE, judge_hashes
 from kvconform.conformance.tlkv.judging import cites, held
@@ -134,7 +135,8 @@ def recording(request: pytest.FixtureRequest, tlkv_prefill: Prefill, pics: Pics,
             seq = write_sequence(Path(tmp) / "sequence.json", sc.geometry, sc.version, tokens,
                                  f"kvconform-{uuid.uuid4().hex[:12]}", kv)
             try:
-                tlkv_prefill.prefill(address, seq, PREFILL_TIMEOUT)
+                with capture.tcp_endpoint(address) as dialled:  # a capture relay's address when one records
+                    tlkv_prefill.prefill(dialled, seq, PREFILL_TIMEOUT)
             except TargetUnavailable:
                 raise  # it could not be started: every check of the scenario is inconclusive, and gates
             except DriverError as exc:
