@@ -98,6 +98,24 @@ def _rows(rows: list[tuple[str, str]]) -> str:
     return "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
 
+def _capture_html(capture: Any) -> list[str]:
+    """What crossed the wire (``--capture``): links to the pcap, qlog and key log beside this page."""
+    if not isinstance(capture, Mapping):
+        return []
+    out = ["<h2 id='capture'>Capture</h2>"]
+    files = [f for f in capture.get("files", []) if isinstance(f, Mapping) and f.get("path")]
+    if not capture.get("kept") or not files:
+        why = "; ".join(map(str, capture.get("notes", []))) or f"not kept (--capture {capture.get('mode', '?')})"
+        return [*out, f"<p>{escape(why)}</p>"]
+    rows = [(escape(str(f.get("kind", "file"))),
+             f"<a href='{escape(str(f['path']))}'>{escape(str(f['path']))}</a>"
+             + (f" ({escape(str(f['packets']))} packets)" if "packets" in f else "")) for f in files]
+    out.append(_rows(rows))
+    out += [f"<p>Open it: <code>{escape(str(f['open']))}</code></p>" for f in files if f.get("open")]
+    out += [f"<p>{escape(str(n))}</p>" for n in capture.get("notes", [])]
+    return out
+
+
 def render_evidence_html(bundle: Mapping[str, Any], side: bytes | None = None, *, json_name: str | None = None,
                          report_href: str | None = None) -> str:
     """The page of one evidence bundle; ``side``: its side file's bytes; links to the JSON and the report."""
@@ -157,6 +175,8 @@ def render_evidence_html(bundle: Mapping[str, Any], side: bytes | None = None, *
                 out.append(f"<pre>{escape(' '.join(map(str, f['argv'])))}</pre>")
             for name in ("stdout", "stderr"):
                 out.append(f"<div><b>{name}</b></div><pre class='dump'>{escape(str(f.get(name, '')))}</pre>")
+
+    out += _capture_html(bundle.get("capture"))
 
     if bundle.get("traceback"):
         out.append(f"<h2 id='traceback'>Traceback</h2><pre class='dump'>{escape(str(bundle['traceback']))}</pre>")

@@ -402,3 +402,9 @@ def test_capture_failed_keeps_only_what_did_not_pass(tmp_path: Path) -> None:
     (port,) = failed["capture"]["ports"]["tcp"]
     assert count(pcap, "grpc", "-d", f"tcp.port=={port},http2") >= 1
     assert sorted(p.suffix for p in (tmp_path / "evidence").iterdir() if p.suffix in CAPTURE_SUFFIXES) == [".pcap"]
+    # The check's evidence page links the pcap beside it and says how to open it.
+    (page,) = [p for p in (tmp_path / "evidence").glob("*.html") if p.stem.endswith(TLKV_CHECK)]
+    html = page.read_text()
+    assert f"href='{pcap.name}'" in html and _files(failed)["pcap"]["open"].split()[0] in html
+    (passed_page,) = [p for p in (tmp_path / "evidence").glob("*.html") if p.stem.endswith("test_has_blocks_order")]
+    assert "id='capture'" in passed_page.read_text() and ".pcap" not in passed_page.read_text()
