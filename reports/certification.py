@@ -6,7 +6,8 @@ passed, failed, were inconclusive, not applicable, not reached, uncovered (no ch
 
 - ``FAILED``: a gating requirement (mandatory; with --strict also SHOULD) failed;
 - ``NOT CERTIFIABLE``: none failed, but one was inconclusive, or no gating requirement was exercised at all;
-- ``PASSED``: every gating requirement a check exercised passed; what was not exercised is counted after it.
+- ``PASSED``: every gating requirement a check exercised passed; how many gating requirements were not exercised
+  follows at once, then what the roles' requirements came to.
 
 The failed and inconclusive requirements are counted once each; the rest of the headline counts per role (a
 requirement of two roles tested on one side only is still uncovered on the other).
@@ -116,6 +117,10 @@ def _headline(pairs: list[tuple[str, str, str]], strict: bool, exit_code: int | 
     else:
         status = "PASSED"
         text = f"PASSED: every {label} requirement exercised passed"
+        unexercised = {i for i, v, o in pairs if v in ("not-reached", "uncovered", "untestable") and o in gating}
+        if unexercised:  # said right after PASSED: what the pass does not vouch for
+            text += (f", but {_phrase(len(unexercised), label)} {'were' if len(unexercised) != 1 else 'was'} not "
+                     "exercised (no check, not reached or untestable)")
     other_failed = sorted({i for i, v, o in pairs if v == "fail" and o not in gating})
     if other_failed:
         text += (f"; {len(other_failed)} non-gating requirement{'s' if len(other_failed) != 1 else ''} failed"
