@@ -92,6 +92,11 @@ def _phrase(n: int, what: str) -> str:
     return f"{n} {what} requirement{'s' if n != 1 else ''}"
 
 
+def _ids(ids: list[str], shown: int = 5) -> str:
+    """The first ids by name, so the headline says which requirement failed."""
+    return ", ".join(ids[:shown]) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+
+
 def _headline(pairs: list[tuple[str, str, str]], strict: bool, exit_code: int | None) -> dict[str, Any]:
     """``pairs``: (requirement id, verdict, obligation) per requirement of every role tested."""
     gating = {"mandatory", "recommended"} if strict else {"mandatory"}
@@ -101,7 +106,7 @@ def _headline(pairs: list[tuple[str, str, str]], strict: bool, exit_code: int | 
     exercised = any(v in ("fail", "inconclusive", "pass", "xfail") for _, v, o in pairs if o in gating)
     if failed:
         status = "FAILED"
-        text = f"FAILED: {_phrase(len(failed), label)} failed"
+        text = f"FAILED: {_phrase(len(failed), label)} failed ({_ids(failed)})"
         if inconclusive:
             text += f", {len(inconclusive)} inconclusive"
     elif inconclusive:

@@ -48,7 +48,9 @@ def import_python_target(value: str) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
-        raise TargetUnavailable(f"python target {value}: cannot import it: {exc}") from exc
+        hint = " (kvconform imports it from sys.path: is its folder on PYTHONPATH?)" \
+            if isinstance(exc, ModuleNotFoundError) else ""
+        raise TargetUnavailable(f"python target {value}: cannot import it: {exc}{hint}") from exc
     return obj
 
 

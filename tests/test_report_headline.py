@@ -81,7 +81,8 @@ def test_failed_names_the_mandatory_requirements_that_failed(catalog: Catalog) -
                _r("c", "inconclusive", ("DEMO-M2",)), _r("d", "pass", ("DEMO-S",))]
     h = _headline(catalog, results, exit_code=1)
     assert h["status"] == "FAILED" and h["failed"] == ["DEMO-BOTH", "DEMO-M1"] and h["inconclusive"] == ["DEMO-M2"]
-    assert str(h["text"]).startswith("FAILED: 2 mandatory requirements failed, 1 inconclusive; per role: ")
+    assert str(h["text"]).startswith("FAILED: 2 mandatory requirements failed (DEMO-BOTH, DEMO-M1), 1 inconclusive; "
+                                     "per role: ")
 
 
 def test_inconclusive_is_not_certifiable(catalog: Catalog) -> None:
