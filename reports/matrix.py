@@ -79,7 +79,7 @@ def _cell_td(cell: Mapping[str, Any]) -> str:
     if outcome == "inconclusive" and cell["exchange"].get("unavailable"):
         u = cell["exchange"]["unavailable"]
         blame = f'<div class="blame">{escape(u["implementation"])} ({escape(_role(u["role"]))}) not startable</div>'
-    title = cell["exchange"]["message"][:400]
+    title = cell["reason"][:400]
     return (f'<td class="cell {escape(outcome)}" data-cell="{escape(cell["id"])}" data-outcome="{escape(outcome)}" '
             f'title="{escape(title)}"><a class="verdict" href="{_href(cell["evidence"])}">{LABEL[outcome]}</a>'
             f'<div class="marks">{escape(" · ".join(marks))}</div>{blame}</td>')
@@ -92,8 +92,8 @@ def _table_html(table: Mapping[str, Any], cells: Mapping[str, Mapping[str, Any]]
     head = "".join(f'<th scope="col" class="col">{escape(c)}</th>' for c in table["columns"]["implementations"])
     lines = [f'<section class="table" id="{escape(table["id"])}" data-kind="{escape(table["kind"])}">',
              f'<h2>{escape(table["title"])}</h2>',
-             f'<table class="matrix"><thead><tr><th class="corner">{escape(rows_role)} ↓ · {escape(cols_role)} →</th>'
-             f"{head}</tr></thead><tbody>"]
+             f'<table class="matrix"><thead><tr><th class="corner">{escape(rows_role)} ↓ · '
+             f"{escape(cols_role)} →</th>{head}</tr></thead><tbody>"]
     for row in table["rows"]["implementations"]:
         tds = []
         for col in table["columns"]["implementations"]:
@@ -101,8 +101,9 @@ def _table_html(table: Mapping[str, Any], cells: Mapping[str, Mapping[str, Any]]
             if cid is not None:
                 tds.append(_cell_td(cells[cid]))
             else:
-                tds.append(f'<td class="cell not-a-cell" data-outcome="not-a-cell" title="{escape(why.get((row, col), ""))}">'
-                           f'not a cell<div class="marks">{escape(why.get((row, col), ""))}</div></td>')
+                reason = escape(why.get((row, col), ""))
+                tds.append(f'<td class="cell not-a-cell" data-outcome="not-a-cell" title="{reason}">'
+                           f'not a cell<div class="marks">{reason}</div></td>')
         lines.append(f'<tr><th scope="row" class="row">{escape(row)}</th>{"".join(tds)}</tr>')
     lines.append("</tbody></table></section>")
     return "\n".join(lines)
@@ -119,7 +120,8 @@ def render_matrix(doc: Mapping[str, Any]) -> str:
                "and every participant's role suite passed; fail names who broke it; inconclusive: something could "
                "not be started, reached or observed.</p>")
     counts = ", ".join(f"{n} {o}" for o, n in summary["outcomes"].items())
-    rows = [("registry", f'{meta["registry"]["name"]} ({meta["registry"]["path"]}), sha256 {meta["registry"]["sha256"]}'),
+    registry = meta["registry"]
+    rows = [("registry", f'{registry["name"]} ({registry["path"]}), sha256 {registry["sha256"]}'),
             ("cells", f'{summary["cells"]}: {counts}' + (f'; {summary["isolation_cells"]} isolation exchanges'
                                                          if summary["isolation_cells"] else "")),
             ("role suites", ("not run (--no-suites)" if not meta["suites_run"] else
@@ -179,8 +181,8 @@ def render_cell_page(cell: Mapping[str, Any], result: Mapping[str, Any], folder:
     out = [f'<p><a href="{up}matrix.html">matrix</a></p>',
            f'<h1>{escape(cell["id"])} {_badge(cell["outcome"])}</h1>']
     ex = cell["exchange"]
-    out.append(f'<h2>Verdict</h2><p>exchange {_badge(ex["outcome"])}</p><div class="msg" id="message">'
-               f'{escape(ex["message"])}</div>')
+    out.append(f'<h2>Verdict</h2><p class="msg" id="reason">{escape(cell["reason"])}</p>'
+               f'<p>exchange {_badge(ex["outcome"])}</p><div class="msg" id="message">{escape(ex["message"])}</div>')
     if cell["blame"]:
         out.append('<h3>Blamed</h3><ul class="blamed">')
         for b in cell["blame"]:

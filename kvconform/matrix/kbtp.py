@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvconform.matrix.cell import Broken, CellContext, Unavailable
+from kvconform.matrix.context import Broken, CellContext, Unavailable
 from kvconform.targets.drivers import TargetUnavailable
 
 __all__ = ["MAX_STEPS", "run"]
 
 MAX_STEPS = 400_000
 SIZES = (200, 1024)  # octets: one at most max_inline (256 by default), one above it
-I, T = "kbtp-initiator", "kbtp-target"
+INI, TGT = "kbtp-initiator", "kbtp-target"
 
 
 def _scenario(ini: Any, blocks: list[bytes], ops: list[dict[str, Any]]) -> Any:
@@ -30,11 +30,14 @@ def _scenario(ini: Any, blocks: list[bytes], ops: list[dict[str, Any]]) -> Any:
     if features is None:
         return "HELLO was refused"
     base = ini.handle_base
-    for what, call in (("ALLOC_STORE", lambda h, d: ini.alloc_store(h, d, seal=True)),
-                       ("LOAD", lambda h, d: ini.load(h, len(d))),
-                       ("FREE", lambda h, d: ini.free(h))):
+    for what in ("ALLOC_STORE", "LOAD", "FREE"):
         for i, data in enumerate(blocks):
-            result = yield from call(base + i, data)
+            if what == "ALLOC_STORE":
+                result = yield from ini.alloc_store(base + i, data, seal=True)
+            elif what == "LOAD":
+                result = yield from ini.load(base + i, len(data))
+            else:
+                result = yield from ini.free(base + i)
             entry = {"op": what, "handle": base + i, "status": repr(result.status), "detail": result.detail}
             ops.append(entry)
             if result.status != Status.OK:
@@ -59,29 +62,29 @@ def run(ctx: CellContext) -> None:
     from kvconform.targets.kbtp import InitiatorParams, TargetParams
     from kvconform.targets.registry import driver_for
 
-    bindings = [v for v in ctx.part(I).versions if v in ctx.part(T).versions and v in PROFILES]
+    bindings = [v for v in ctx.part(INI).versions if v in ctx.part(TGT).versions and v in PROFILES]
     binding = str(bindings[0])
-    tparams = TargetParams.from_pics(dict(ctx.part(T).pics.get("kbtp", {}).get("target", {}))).with_(binding=binding)
-    iparams = InitiatorParams.from_pics({**ctx.part(I).pics.get("kbtp", {}).get("initiator", {}), "binding": binding})
+    tparams = TargetParams.from_pics(dict(ctx.part(TGT).pics.get("kbtp", {}).get("target", {}))).with_(binding=binding)
+    iparams = InitiatorParams.from_pics({**ctx.part(INI).pics.get("kbtp", {}).get("initiator", {}), "binding": binding})
     fabric = EmuFabric(PROFILES[binding], seed=ctx.seed)
     tnode, inode = fabric.node("target"), fabric.node("initiator")
     try:
-        endpoint = driver_for(T, ctx.spec(T)).start(fabric, tnode, tparams)
+        endpoint = driver_for(TGT, ctx.spec(TGT)).start(fabric, tnode, tparams)
     except TargetUnavailable as exc:
-        raise Unavailable(T, str(exc)) from exc
+        raise Unavailable(TGT, str(exc)) from exc
     except Exception as exc:  # a target that cannot start on what it declares broke the exchange
-        raise Broken([T], f"the target did not start with its declared PICS ({tparams}): {exc!r}") from exc
+        raise Broken([TGT], f"the target did not start with its declared PICS ({tparams}): {exc!r}") from exc
     t_conn, i_conn = fabric.connect(tnode, inode, name="matrix")
     try:
         endpoint.attach(t_conn)
     except Exception as exc:
-        raise Broken([T], f"the target did not take the initiator's connection: {exc!r}") from exc
+        raise Broken([TGT], f"the target did not take the initiator's connection: {exc!r}") from exc
     try:
-        ini = driver_for(I, ctx.spec(I)).start(fabric, inode, i_conn, iparams)
+        ini = driver_for(INI, ctx.spec(INI)).start(fabric, inode, i_conn, iparams)
     except TargetUnavailable as exc:
-        raise Unavailable(I, str(exc)) from exc
+        raise Unavailable(INI, str(exc)) from exc
     except Exception as exc:
-        raise Broken([I], f"the initiator did not start: {exc!r}") from exc
+        raise Broken([INI], f"the initiator did not start: {exc!r}") from exc
     rng = ctx.rng
     quota = tparams.quota or len(SIZES)
     blocks = [rng.randbytes(min(size, tparams.block_size)) for size in SIZES[:max(1, min(quota, len(SIZES)))]]
@@ -93,13 +96,13 @@ def run(ctx: CellContext) -> None:
     try:
         result = fabric.run(max_steps=MAX_STEPS)
     except ActorFailed as exc:
-        who = I if exc.actor == "matrix-initiator" else T
-        raise Broken([who], f"{'the initiator' if who == I else f'the target (actor {exc.actor!r})'} raised "
+        who = INI if exc.actor == "matrix-initiator" else TGT
+        raise Broken([who], f"{'the initiator' if who == INI else f'the target (actor {exc.actor!r})'} raised "
                             f"{exc.cause!r} at fabric step {exc.step} (seed {exc.seed})") from exc
     ctx.step("fabric settled", steps=result.steps, reason=result.reason)
     if result.reason == "max_steps" or not handle.done:
-        raise Broken([I, T], f"the exchange did not settle within {MAX_STEPS} steps (still waiting: "
+        raise Broken([INI, TGT], f"the exchange did not settle within {MAX_STEPS} steps (still waiting: "
                              f"{getattr(handle, 'waiting', None)!r}; blocked {list(result.blocked)})")
     if handle.result is not None:
-        raise Broken([I, T], str(handle.result))
+        raise Broken([INI, TGT], str(handle.result))
     ctx.step("verified", stored=len(blocks), loaded=len(blocks))

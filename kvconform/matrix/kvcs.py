@@ -23,12 +23,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from kvconform.matrix.cell import Broken, CellContext, Unavailable
+from kvconform.matrix.context import Broken, CellContext, Unavailable
 from kvconform.targets.drivers import DriverError, TargetUnavailable
 
 __all__ = ["ANNOUNCE_TIMEOUT_S", "GEOMETRY", "run"]
 
-GEOMETRY = {"layers": 10, "blocks": 4, "block_tokens": 16, "kv_heads": 2, "head_dim": 16}
+GEOMETRY: dict[str, Any] = {"layers": 10, "blocks": 4, "block_tokens": 16, "kv_heads": 2, "head_dim": 16}
 ANNOUNCE_TIMEOUT_S = 30.0  # a publisher process starting (an interpreter, a container) and publishing
 CONNECT_TIMEOUT_S = 10.0
 NOT_STARTED = (126, 127)  # the shell's "not executable" / "command not found"
@@ -109,8 +109,8 @@ def run(ctx: CellContext) -> None:
     cache = spec.write_json(ctx.dir / "cache.json")
     token = f"kvconform-matrix-{ctx.seed:x}"
     prefix = spec.namespace(b"\0" * 16).content_prefix()
-    ctx.identifiers.update(scope_id=spec.scope_id.hex(), compat_id=spec.compat_id.hex(), anchor_key=spec.anchor_key.hex(),
-                           token=token, cache_spec=cache.name)
+    ctx.identifiers.update(scope_id=spec.scope_id.hex(), compat_id=spec.compat_id.hex(),
+                           anchor_key=spec.anchor_key.hex(), token=token, cache_spec=cache.name)
     ctx.exchanged["cache_spec"] = {"file": cache.name, **GEOMETRY, "section_octets": spec.section_octets}
     certs = write_certificates(ctx.dir / "certs")
     try:
@@ -136,7 +136,8 @@ def run(ctx: CellContext) -> None:
         if state == "silent":
             if not publisher.running():
                 ended = publisher.stop()
-                ctx.log(P, f"publisher exited {ended.code}", f"---- stdout\n{ended.stdout}\n---- stderr\n{ended.stderr}")
+                ctx.log(P, f"publisher exited {ended.code}",
+                        f"---- stdout\n{ended.stdout}\n---- stderr\n{ended.stderr}")
                 publisher = None
                 if ended.code in NOT_STARTED:
                     raise Unavailable(P, f"the publisher exited {ended.code} (not startable): {ended.stderr[-500:]!r}")

@@ -66,7 +66,8 @@ def docker_template(form: RunForm, mounts: list[Path], name: str, cell: str, reg
     spec = None
     if build:
         spec = dk.BuildSpec(context=(registry_dir / build["context"]).resolve(),
-                            dockerfile=build.get("dockerfile", "Dockerfile"), buildargs=dict(build.get("buildargs", {})),
+                            dockerfile=build.get("dockerfile", "Dockerfile"),
+                            buildargs=dict(build.get("buildargs", {})),
                             timeout_s=float(build.get("timeout_s", 600)))
     client = dk.docker_client(timeout_s=30.0)  # DockerUnavailable (a TargetUnavailable) without SDK or daemon
     try:
@@ -189,7 +190,8 @@ def _wait_ready(proc: Process, ready: dict[str, Any], port: int, what: str) -> N
                                     f"stdout: {result.stdout_text[-1500:]!r} stderr: {result.stderr_text[-1500:]!r}")
         if time.monotonic() >= deadline:
             result = proc.stop()
-            missing = [m for m, ok in ((f"a line matching {pattern!r}", seen_log), (f"{probe} probe", probed)) if not ok]
+            missing = [m for m, ok in ((f"a line matching {pattern!r}", seen_log), (f"{probe} probe", probed))
+                       if not ok]
             raise TargetUnavailable(f"the {what} was not ready on port {port} within {timeout:g} s (no "
                                     f"{' and no '.join(missing)}); stdout: {result.stdout_text[-1500:]!r} "
                                     f"stderr: {result.stderr_text[-1500:]!r}")

@@ -58,7 +58,7 @@ class MatrixOptions:
     seed: int = field(default_factory=lambda: secrets.randbits(32))
     run_suites: bool = True
     suite_budget_s: float = 300.0
-    check_timeout_s: float = 120.0
+    check_timeout_s: float = 300.0  # kvconform run's own default: a tighter bound would call a slow target hung
     cell_timeout_s: float = 240.0
     consumer_budget_s: float = 30.0
     command_line: list[str] = field(default_factory=list)
@@ -170,11 +170,12 @@ def _blame_exchange(cell: CellPlan, result: dict[str, Any], registry: Registry,
                           "why": "passes with the reference alone: this combination fails (an interoperability "
                                  "failure between " + ", ".join(e.implementation for e in names) + ")",
                           "evidence": f"cells/{cell.id}/index.html", "message": result["message"]})
-    if not judged:
-        for suite in result.get("suspects") or list(cell.participants):
+    if not blame:  # no isolation decided it: the exchange's own evidence names the suspects
+        suspects = [s for s in (result.get("suspects") or list(cell.participants)) if s not in cleared]
+        for suite in suspects or list(cell.participants):
             entry = cell.participants[suite]
             blame.append({"implementation": entry.implementation, "role": suite,
-                          "why": "the exchange's evidence points at it (no isolation against a reference was possible)"
+                          "why": "the exchange's evidence points at it (no isolation against a reference decided)"
                           if needs or not all(registry.implementations[e.implementation].reference
                                               for e in cell.participants.values())
                           else "the reference implementations fail together: a kvconform bug (please report it)",
@@ -202,13 +203,19 @@ def _cell_entry(cell: CellPlan, result: dict[str, Any], registry: Registry, suit
                           "message": run.message})
     outcome = worst([exchange, *(s["outcome"] for s in part_suites.values() if s["outcome"] != "not-run")])
     unavailable = result.get("unavailable")
+    reasons = [] if exchange == "pass" else [f"exchange {exchange}: {result['message']}"]
+    reasons += [f"{cell.participants[s].implementation}'s {s} suite {v['outcome']}: {v['message']}"
+                for s, v in part_suites.items() if v["outcome"] in ("fail", "inconclusive")]
     return {
         "id": cell.id, "kind": cell.kind, "table": cell.table, "isolation": cell.table is None,
         "participants": {s: e.implementation for s, e in cell.participants.items()},
         "versions": list(cell.versions),
         "outcome": outcome,
+        "reason": "; ".join(reasons) if reasons else "the exchange completed and was verified"
+                  + ("" if not ran_suites else "; every participant's role suite passed"),
         "exchange": {"outcome": exchange, "message": result["message"],
-                     "unavailable": ({"role": unavailable, "implementation": cell.participants[unavailable].implementation}
+                     "unavailable": ({"role": unavailable,
+                                      "implementation": cell.participants[unavailable].implementation}
                                      if unavailable in cell.participants else None),
                      "duration_s": result.get("duration_s")},
         "suites": part_suites,

@@ -72,13 +72,15 @@ def _judge(run: SuiteRun, coverage: Path) -> None:
     gating = [t for t in tests if gates(t.get("level"), strict=False)]
     failed = [t for t in gating if t["verdict"] == Verdict.FAIL]
     unjudged = [t for t in gating if t["verdict"] == Verdict.INCONCLUSIVE]
-    run.failed = [{"check": t["nodeid"].rsplit("::", 1)[-1], "requirement": t.get("blamed") or (t.get("reqs") or [""])[0],
+    run.failed = [{"check": t["nodeid"].rsplit("::", 1)[-1],
+                   "requirement": t.get("blamed") or (t.get("reqs") or [""])[0],
                    "message": (t.get("message") or "")[:600]} for t in failed]
     summary = ", ".join(f"{n} {v}" for v, n in run.counts.items()) or "no checks"
     if failed:
         reqs = sorted({f["requirement"] for f in run.failed})
         run.outcome = "fail"
-        run.message = f"{len(failed)} gating checks fail ({', '.join(reqs[:8])}{' ...' if len(reqs) > 8 else ''}); {summary}"
+        more = " ..." if len(reqs) > 8 else ""
+        run.message = f"{len(failed)} gating checks fail ({', '.join(reqs[:8])}{more}); {summary}"
     elif unjudged:
         run.outcome = "inconclusive"
         run.message = f"{len(unjudged)} gating checks inconclusive; {summary}"
@@ -109,7 +111,8 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
             spec = target_spec(entry.implementation, entry.suite, form, entry.pics, mounts=[tmp],
                                cell=f"suite-{folder.parent.name}-{entry.suite}", registry_dir=registry.path.parent)
             if entry.suite == "kvcs-relay" and spec.kind == "cmd":
-                relay = start_relay(spec, form.ready, write_certificates(folder / "certs"))
+                # {certs} under tmp: the folder a container of the suite mounts
+                relay = start_relay(spec, form.ready, write_certificates(tmp / "certs"))
                 kind, value = "url", relay.url
             else:
                 kind, value = spec.kind, spec.value
@@ -125,7 +128,8 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
                 "--timeout", f"{check_timeout_s:g}", "-q"]
         result = run_process(argv, budget_s + GRACE_S, env={**env, "TMPDIR": str(tmp)}, what="suite run")
         log = folder / "run.log"
-        log.write_text(f"$ {shlex.join(argv)}\nexit {result.returncode}{' (stopped at its bound)' if result.timed_out else ''}"
+        stopped = " (stopped at its bound)" if result.timed_out else ""
+        log.write_text(f"$ {shlex.join(argv)}\nexit {result.returncode}{stopped}"
                        f"\n---- stdout\n{result.stdout.decode('utf-8', 'replace')}\n---- stderr\n"
                        f"{result.stderr.decode('utf-8', 'replace')}\n", "utf-8")
         run.log = rel(log, out)
@@ -145,9 +149,9 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
         return run
     finally:
         if relay is not None:
-            stopped = relay.stop()
-            if stopped is not None:
+            ended = relay.stop()
+            if ended is not None:
                 (folder / "relay.log").write_text(
-                    f"argv {relay.argv}\nexit {stopped.returncode}\n---- stdout\n{stopped.stdout_text}\n---- stderr\n"
-                    f"{stopped.stderr_text}\n", "utf-8")
+                    f"argv {relay.argv}\nexit {ended.returncode}\n---- stdout\n{ended.stdout_text}\n---- stderr\n"
+                    f"{ended.stderr_text}\n", "utf-8")
         run.duration_s = round(time.monotonic() - started, 3)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kvconform.matrix.cell import Broken, CellContext, Unavailable, Unobservable
+from kvconform.matrix.context import Broken, CellContext, Unavailable, Unobservable
 from kvconform.targets.drivers import DriverError, TargetUnavailable
 
 __all__ = ["PREFILL_TIMEOUT_S", "run_envelope", "run_transfer"]
@@ -56,10 +56,10 @@ def _sequence(ctx: CellContext, geometry: Any, version: int, request_id: str, ga
 
 def run_transfer(ctx: CellContext) -> None:
     """prefill x decode (see the module docstring)."""
+    from kvconform.targets.registry import driver_for
     from kvconform.tlkv.blockhash import chain_hashes
     from kvconform.tlkv.geometry import Geometry
     from kvconform.tlkv.grpc_client import KvTransferClient
-    from kvconform.targets.registry import driver_for
 
     pf, dec = "tlkv-prefill", "tlkv-decode"
     versions = _versions(ctx, pf, dec)
@@ -100,7 +100,8 @@ def run_transfer(ctx: CellContext) -> None:
             raise Broken([dec], f"HasBlocks after the transfer ended {outcome.status_name}, expected OK: "
                                 f"{outcome.details}")
         if len(outcome.held) != len(asked):
-            raise Broken([dec], f"HasBlocks answered {len(outcome.held)} flags for {len(asked)} hashes, expected one each")
+            raise Broken([dec], f"HasBlocks answered {len(outcome.held)} flags for {len(asked)} hashes, expected one "
+                                "each")
         missing = [i for i, held in enumerate(outcome.held[:len(hashes)]) if not held]
         if missing:
             raise Broken([pf, dec], f"after the transfer the decode side does not hold full blocks {missing} of "
@@ -126,9 +127,9 @@ def _expected_values(geometry: Any, version: int, tokens: list[int], kv: Any) ->
 
 def run_envelope(ctx: CellContext) -> None:
     """writer x reader (see the module docstring)."""
+    from kvconform.targets.registry import driver_for
     from kvconform.tlkv.blockhash import block_fills, block_hashes
     from kvconform.tlkv.geometry import Geometry
-    from kvconform.targets.registry import driver_for
 
     wr, rd = "tlkv-writer", "tlkv-reader"
     versions = _versions(ctx, wr, rd)

@@ -84,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     try:
         registry = load_registry(args.registry)
-        suites = selected_suites(None if args.roles is None else [t.strip() for t in args.roles.split(",") if t.strip()])
+        tokens = None if args.roles is None else [t.strip() for t in args.roles.split(",") if t.strip()]
+        suites = selected_suites(tokens)
     except (RegistryError, ValueError) as exc:
         print(f"kvconform matrix: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cell["isolation"] or cell["outcome"] == "pass":
             continue
         blamed = ", ".join(sorted({f"{b['implementation']} ({b['role']})" for b in cell["blame"]}))
-        print(f"  {cell['outcome']:<12} {cell['id']}: {cell['exchange']['message'][:300]}"
+        print(f"  {cell['outcome']:<12} {cell['id']}: {cell['reason'][:300]}"
               + (f" [blames {blamed}]" if blamed else ""))
     print(f"kvconform matrix: {out / 'matrix.html'}")
     print(f"kvconform matrix: {out / 'matrix.json'}")
