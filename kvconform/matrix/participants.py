@@ -23,7 +23,7 @@ import re
 import shlex
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,8 @@ from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import Process, ProcessResult, fill_template
 from kvconform.targets.spec import TargetSpec
 
-__all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "Relay", "docker_template", "remove_containers", "start_relay",
-           "target_spec", "write_certificates"]
+__all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "Relay", "docker_template", "remove_containers",
+           "start_relay", "target_spec", "write_certificates"]
 
 LOOPBACK = "127.0.0.1"
 CELL_LABEL = "org.kvconform.matrix.cell"
@@ -55,7 +55,7 @@ def write_certificates(folder: Path) -> Path:
     return folder
 
 
-def docker_template(form: RunForm, mounts: list[Path], name: str, cell: str, registry_dir: Path) -> str:
+def docker_template(form: RunForm, mounts: list[Path], cell: str, registry_dir: Path) -> str:
     """The ``cmd:`` template that runs ``form``'s command inside its docker image (host network, the given
     folders mounted at the same paths), after making sure the image exists; TargetUnavailable otherwise."""
     from kvconform.targets import docker as dk
@@ -74,9 +74,9 @@ def docker_template(form: RunForm, mounts: list[Path], name: str, cell: str, reg
         dk.ensure_image(client, image, spec)
     finally:
         client.close()
-    prefix = ["docker", "run", "--rm", "--network", "host", "--name", name,
-              "--label", f"{dk.HARNESS_LABEL}=1", "--label", f"{dk.OWNER_LABEL}={os.getpid()}",
-              "--label", f"{CELL_LABEL}={cell}"]
+    # No --name: a suite runs one container after another, and a name could still be taken by the last one.
+    prefix = ["docker", "run", "--rm", "--network", "host", "--label", f"{dk.HARNESS_LABEL}=1",
+              "--label", f"{dk.OWNER_LABEL}={os.getpid()}", "--label", f"{CELL_LABEL}={cell}"]
     for folder in mounts:
         prefix += ["-v", f"{folder}:{folder}"]
     return shlex.join([*prefix, image]) + " " + form.value
@@ -114,8 +114,7 @@ def target_spec(name: str, suite: str, form: RunForm, pics: dict[str, Any], *, m
         return TargetSpec(name, "url", form.value, {suite}, dict(pics), _url_params(form.value), source)
     template = form.value
     if form.docker:
-        container = re.sub(r"[^A-Za-z0-9_.-]", "-", f"kvconform-{cell}-{suite}")[:120]
-        template = docker_template(form, mounts or [], container, cell, registry_dir or Path.cwd())
+        template = docker_template(form, mounts or [], cell, registry_dir or Path.cwd())
     return TargetSpec(name, "cmd", template, {suite}, dict(pics), {}, source)
 
 
@@ -198,8 +197,10 @@ def _wait_ready(proc: Process, ready: dict[str, Any], port: int, what: str) -> N
         proc.wait(READY_POLL_S)
 
 
-def start_relay(spec: TargetSpec, ready: dict[str, Any], certs: Path) -> Relay:
-    """Start (or locate) the relay ``spec`` names; TargetUnavailable when it cannot be started or is not ready."""
+def start_relay(spec: TargetSpec, ready: dict[str, Any], certs: Path, *,
+                env: Mapping[str, str] | None = None) -> Relay:
+    """Start (or locate) the relay ``spec`` names (a ``cmd:`` one with ``env``, default this process's);
+    TargetUnavailable when it cannot be started or is not ready."""
     if spec.kind == "url":
         return Relay(spec.value)
     if spec.kind in ("reference", "python"):
@@ -210,7 +211,7 @@ def start_relay(spec: TargetSpec, ready: dict[str, Any], certs: Path) -> Relay:
         return Relay(str(url), driver=driver)
     port = _free_udp_port()
     argv = fill_template(spec.value, {"port": str(port), "certs": str(certs)})
-    proc = Process(argv, what="relay")
+    proc = Process(argv, env=env, what="relay")
     proc.start()
     try:
         _wait_ready(proc, ready, port, "relay")
@@ -218,13 +219,3 @@ def start_relay(spec: TargetSpec, ready: dict[str, Any], certs: Path) -> Relay:
         proc.stop()
         raise
     return Relay(f"moqt://{LOOPBACK}:{port}", proc, argv=argv)
-
-
-@contextlib.contextmanager
-def relay(spec: TargetSpec, ready: dict[str, Any], certs: Path) -> Iterator[Relay]:
-    """``with relay(...) as r:`` a started relay, always stopped."""
-    started = start_relay(spec, ready, certs)
-    try:
-        yield started
-    finally:
-        started.stop()

@@ -105,14 +105,15 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
     relay = None
     tmp = folder / "tmp"
     tmp.mkdir(exist_ok=True)
+    label = f"suite-{entry.implementation}-{entry.suite}"
     try:
         form = entry.suite_run
         try:
-            spec = target_spec(entry.implementation, entry.suite, form, entry.pics, mounts=[tmp],
-                               cell=f"suite-{folder.parent.name}-{entry.suite}", registry_dir=registry.path.parent)
+            spec = target_spec(entry.implementation, entry.suite, form, entry.pics, mounts=[tmp], cell=label,
+                               registry_dir=registry.path.parent)
             if entry.suite == "kvcs-relay" and spec.kind == "cmd":
                 # {certs} under tmp: the folder a container of the suite mounts
-                relay = start_relay(spec, form.ready, write_certificates(tmp / "certs"))
+                relay = start_relay(spec, form.ready, write_certificates(tmp / "certs"), env=env)
                 kind, value = "url", relay.url
             else:
                 kind, value = spec.kind, spec.value
@@ -148,6 +149,13 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
             run.message = f"the suite wrote no report ({why}): {tail}"
         return run
     finally:
+        if entry.suite_run.docker:
+            from kvconform.matrix.participants import remove_containers
+
+            try:
+                remove_containers(label)
+            except Exception as exc:  # best effort: the containers carry the owner label for reaping
+                run.message += f" (leftover containers not removed: {exc!r})"
         if relay is not None:
             ended = relay.stop()
             if ended is not None:
