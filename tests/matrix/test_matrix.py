@@ -83,6 +83,9 @@ def broken_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[s
                                                        "block_tokens": 16, "n_layers": 3, "n_kv_heads": 2,
                                                        "head_dim": 8}}}}}}}},
         "badcrc": {"roles": {"tlkv": {"prefill": {"versions": [1], "python": "tests.mutants.tlkv:WrongCrcPrefill"}}}},
+        # A command that runs but cannot start the implementation: the shell's 127 ("command not found").
+        "shell127": {"roles": {"tlkv": {"prefill": {"versions": [1],
+                                                    "cmd": "sh -c 'exit 127' {decode_addr} {sequence}"}}}},
         "ghost": {"roles": {
             "kvcs": {"publisher": {"versions": [22], "cmd": "kvconform-no-such-publisher --relay {relay} "
                                                             "--cache {cache} --token {token}"}},
@@ -128,12 +131,19 @@ def test_an_implementation_that_cannot_be_started_is_inconclusive_never_pass(
     _, doc, _, _ = broken_matrix
     ghost = [c for c in doc["cells"] if "ghost" in c["participants"].values()]
     assert {c["id"] for c in ghost} == {"kvcs--ghost--kvconform--kvconform", "kvcs--ghost--corrupter--kvconform",
-                                        "tlkv-transfer--kvconform--ghost", "tlkv-transfer--badcrc--ghost"}
+                                        "tlkv-transfer--kvconform--ghost", "tlkv-transfer--badcrc--ghost",
+                                        "tlkv-transfer--shell127--ghost"}
     for cell in ghost:
         assert cell["outcome"] == "inconclusive", (cell["id"], cell["exchange"])
         assert cell["exchange"]["unavailable"]["implementation"] == "ghost"
         assert "No such file or directory" in cell["exchange"]["message"]
         assert not blamed(cell), "a participant that never ran is not blamed"
+    shell = [c for c in doc["cells"] if "shell127" in c["participants"].values() and "ghost" not in c["id"]]
+    assert {c["id"] for c in shell} == {"tlkv-transfer--shell127--kvconform", "tlkv-transfer--shell127--tailheld"}
+    for cell in shell:
+        assert cell["outcome"] == "inconclusive", (cell["id"], cell["exchange"])
+        assert cell["exchange"]["unavailable"] == {"role": "tlkv-prefill", "implementation": "shell127"}
+        assert "exited 127 (not startable)" in cell["exchange"]["message"]
 
 
 @pytest.mark.timeout(600)
@@ -176,7 +186,7 @@ def test_the_matrix_page_in_a_browser(broken_matrix: tuple[int, dict[str, Any], 
         assert table.locator("th.row").all_inner_texts() == ["kvconform", "ghost"]
         assert table.locator("th.col").all_inner_texts() == ["kvconform"]
         transfer = page.locator("section.table", has=page.locator("h2", has_text="tl.kv.v1 transfer"))
-        assert transfer.locator("th.row").all_inner_texts() == ["kvconform", "badcrc"]
+        assert transfer.locator("th.row").all_inner_texts() == ["kvconform", "badcrc", "shell127"]
         assert transfer.locator("th.col").all_inner_texts() == ["kvconform", "tailheld", "ghost"]
 
         def colour(cell_id: str) -> str:
