@@ -54,8 +54,9 @@ async def _await_publication(url: str, prefix: Any, token: bytes, timeout: float
         try:
             while True:
                 kind, suffix = await sub.next(timeout=timeout)
-                if kind == "namespace" and len(suffix.fields) == 1:
-                    return "announced", suffix.fields[0].hex()
+                # The suffix after the prefix is the Publication ID; a relay that sends more is the consumer's problem.
+                if kind == "namespace" and suffix.fields and len(suffix.fields[-1]) == 16:
+                    return "announced", suffix.fields[-1].hex()
         except (TimeoutError, SessionEnded) as exc:
             return "silent", f"no NAMESPACE under the cache's prefix within {timeout:g} s ({type(exc).__name__})"
     finally:
