@@ -67,7 +67,7 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     participants = {suite: Participant.from_request(suite, data) for suite, data in request["participants"].items()}
     ctx = CellContext(request["id"], folder, int(request["seed"]), participants, Path(request["registry_dir"]),
-                      float(request.get("budget_s", 30.0)))
+                      float(request.get("budget_s", 30.0)), str(request.get("run", "")))
     transcript = evidence.Transcript()
     evidence.activate(transcript)
     outcome, message, suspects, unavailable, trace = "pass", "", [], None, None
@@ -89,7 +89,7 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
             from kvconform.matrix.participants import remove_containers
 
             try:
-                left = remove_containers(ctx.id)
+                left = remove_containers(ctx.run, ctx.id)
             except Exception as exc:  # cleanup is best effort; docker_template labelled them for reaping
                 left = [f"cleanup failed: {exc!r}"]
             if left:

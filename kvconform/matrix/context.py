@@ -71,6 +71,7 @@ class CellContext:
     participants: dict[str, Participant]
     registry_dir: Path
     budget_s: float
+    run: str = ""  # the matrix run's id (labels its containers)
     steps: list[dict[str, Any]] = field(default_factory=list)
     exchanged: dict[str, Any] = field(default_factory=dict)
     identifiers: dict[str, Any] = field(default_factory=dict)
@@ -90,7 +91,7 @@ class CellContext:
 
         p = self.participants[suite]
         return target_spec(p.implementation, suite, p.run, p.pics, mounts=[self.dir], cell=self.id,
-                           registry_dir=self.registry_dir)
+                           registry_dir=self.registry_dir, run=self.run)
 
     def step(self, what: str, **fields: Any) -> None:
         """One step of the exchange, in order, with the time since the cell started."""

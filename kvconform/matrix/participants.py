@@ -33,11 +33,12 @@ from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import Process, ProcessResult, fill_template
 from kvconform.targets.spec import TargetSpec
 
-__all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "Relay", "docker_template", "remove_containers",
+__all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "RUN_LABEL", "Relay", "docker_template", "remove_containers",
            "start_relay", "target_spec", "write_certificates"]
 
 LOOPBACK = "127.0.0.1"
 CELL_LABEL = "org.kvconform.matrix.cell"
+RUN_LABEL = "org.kvconform.matrix.run"  # one value per `kvconform matrix` run: what it must remove at its end
 READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.05  # the output file and the port have no event to wait on: a short, bounded poll
 
@@ -55,9 +56,10 @@ def write_certificates(folder: Path) -> Path:
     return folder
 
 
-def docker_template(form: RunForm, mounts: list[Path], cell: str, registry_dir: Path) -> str:
+def docker_template(form: RunForm, mounts: list[Path], cell: str, registry_dir: Path, run: str = "") -> str:
     """The ``cmd:`` template that runs ``form``'s command inside its docker image (host network, the given
-    folders mounted at the same paths), after making sure the image exists; TargetUnavailable otherwise."""
+    folders mounted at the same paths, labelled with the cell and the matrix run), after making sure the image
+    exists; TargetUnavailable otherwise."""
     from kvconform.targets import docker as dk
 
     assert form.docker is not None
@@ -76,22 +78,26 @@ def docker_template(form: RunForm, mounts: list[Path], cell: str, registry_dir: 
         client.close()
     # No --name: a suite runs one container after another, and a name could still be taken by the last one.
     prefix = ["docker", "run", "--rm", "--network", "host", "--label", f"{dk.HARNESS_LABEL}=1",
-              "--label", f"{dk.OWNER_LABEL}={os.getpid()}", "--label", f"{CELL_LABEL}={cell}"]
+              "--label", f"{dk.OWNER_LABEL}={os.getpid()}", "--label", f"{CELL_LABEL}={cell}",
+              "--label", f"{RUN_LABEL}={run}"]
     for folder in mounts:
         prefix += ["-v", f"{folder}:{folder}"]
     return shlex.join([*prefix, image]) + " " + form.value
 
 
-def remove_containers(cell: str) -> list[str]:
-    """Remove every container this cell started that is still there (its ``docker run`` was killed); names."""
+def remove_containers(run: str, cell: str | None = None) -> list[str]:
+    """Remove every container of the matrix run ``run`` (of its cell or suite ``cell`` when given) that is
+    still there (its ``docker run`` was killed, or SIGTERM did not stop it); their names. Only that run's:
+    another matrix run on the machine may have cells of the same names."""
     from kvconform.targets import docker as dk
 
     if dk.docker_problem() is not None:
         return []
+    labels = [f"{RUN_LABEL}={run}", *([f"{CELL_LABEL}={cell}"] if cell is not None else [])]
     client = dk.docker_client(timeout_s=30.0)
     removed: list[str] = []
     try:
-        for container in client.containers.list(all=True, filters={"label": f"{CELL_LABEL}={cell}"}):
+        for container in client.containers.list(all=True, filters={"label": labels}):
             with contextlib.suppress(Exception):
                 container.remove(force=True)
                 removed.append(str(container.name))
@@ -101,7 +107,7 @@ def remove_containers(cell: str) -> list[str]:
 
 
 def target_spec(name: str, suite: str, form: RunForm, pics: dict[str, Any], *, mounts: list[Path] | None = None,
-                cell: str = "", registry_dir: Path | None = None) -> TargetSpec:
+                cell: str = "", registry_dir: Path | None = None, run: str = "") -> TargetSpec:
     """The TargetSpec the role's driver takes for ``form`` (docker made into its ``docker run`` template)."""
     from kvconform.targets.spec import _url_params
 
@@ -114,7 +120,7 @@ def target_spec(name: str, suite: str, form: RunForm, pics: dict[str, Any], *, m
         return TargetSpec(name, "url", form.value, {suite}, dict(pics), _url_params(form.value), source)
     template = form.value
     if form.docker:
-        template = docker_template(form, mounts or [], cell, registry_dir or Path.cwd())
+        template = docker_template(form, mounts or [], cell, registry_dir or Path.cwd(), run)
     return TargetSpec(name, "cmd", template, {suite}, dict(pics), {}, source)
 
 

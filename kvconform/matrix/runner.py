@@ -80,24 +80,38 @@ def _cell_seed(seed: int, cid: str) -> int:
     return int(hashlib.sha256(f"{seed}:{cid}".encode()).hexdigest()[:12], 16)
 
 
-def _request(cell: CellPlan, registry: Registry, folder: Path, seed: int, budget: float) -> dict[str, Any]:
+def _request(cell: CellPlan, registry: Registry, folder: Path, seed: int, budget: float,
+             run_id: str) -> dict[str, Any]:
     ref = {s: registry.implementations[e.implementation].reference for s, e in cell.participants.items()}
-    return {"id": cell.id, "kind": cell.kind, "dir": str(folder), "seed": _cell_seed(seed, cell.id),
+    return {"id": cell.id, "kind": cell.kind, "dir": str(folder), "seed": _cell_seed(seed, cell.id), "run": run_id,
             "registry_dir": str(registry.path.parent), "budget_s": budget, "versions": list(cell.versions),
             "participants": {s: {**e.as_dict(), "reference": ref[s]} for s, e in cell.participants.items()}}
 
 
-def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict[str, str]) -> dict[str, Any]:
+def _remove_left(run_id: str, cell: str | None = None) -> list[str]:
+    """The run's (cell's) containers still there, removed (best effort: names, or why not)."""
+    from kvconform.matrix.participants import remove_containers
+
+    try:
+        return remove_containers(run_id, cell)
+    except Exception as exc:  # they keep the owner label: reap_orphans of a later run removes them
+        return [f"not removed: {exc!r}"]
+
+
+def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict[str, str],
+              run_id: str) -> dict[str, Any]:
     folder = opts.out / "cells" / cell.id
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.iterdir():
         if stale.is_file():
             stale.unlink()
-    request = _request(cell, registry, folder, opts.seed, opts.consumer_budget_s)
+    request = _request(cell, registry, folder, opts.seed, opts.consumer_budget_s, run_id)
     (folder / "request.json").write_text(json.dumps(request, indent=1, default=str) + "\n", "utf-8")
     argv = [sys.executable, "-m", "kvconform.matrix.cell", str(folder / "request.json")]
     started = time.monotonic()
     proc = run_process(argv, opts.cell_timeout_s, env=env, what="cell worker")
+    # A worker stopped at its bound never ran its own clean-up: what its `docker run`s started may still run.
+    left = (_remove_left(run_id, cell.id) if any(e.run.docker for e in cell.participants.values()) else [])
     (folder / "worker.log").write_text(f"$ {shlex.join(argv)}\nexit {proc.returncode}\n---- stdout\n"
                                        f"{proc.stdout.decode('utf-8', 'replace')}\n---- stderr\n"
                                        f"{proc.stderr.decode('utf-8', 'replace')}\n", "utf-8")
@@ -112,6 +126,9 @@ def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict
                "identifiers": {}, "logs": {}, "transcript": None, "traceback": None,
                "duration_s": round(time.monotonic() - started, 3)}
     doc["worker_log"] = "worker.log"
+    if left:
+        doc.setdefault("steps", []).append({"t": doc.get("duration_s"), "what": "containers the worker left were "
+                                            "removed by the runner", "containers": left})
     return doc
 
 
@@ -235,6 +252,7 @@ def run_matrix(registry: Registry, opts: MatrixOptions) -> dict[str, Any]:
     plan: Plan = make_plan(registry, opts.suites)
     say = opts.progress or (lambda text: None)
     env = _env()
+    run_id = secrets.token_hex(8)  # labels every container of this run (participants.RUN_LABEL)
     opts.out.mkdir(parents=True, exist_ok=True)
     suite_entries: dict[tuple[str, str], RoleEntry] = {}
     if opts.run_suites:
@@ -249,15 +267,39 @@ def run_matrix(registry: Registry, opts: MatrixOptions) -> dict[str, Any]:
     def suite_task(key: tuple[str, str]) -> SuiteRun:
         entry = suite_entries[key]
         run = run_suite(entry, registry, opts.out, opts.out / "suites" / entry.implementation / entry.suite,
-                        budget_s=opts.suite_budget_s, check_timeout_s=opts.check_timeout_s, env=env)
+                        budget_s=opts.suite_budget_s, check_timeout_s=opts.check_timeout_s, env=env,
+                        run_id=run_id)
         say(f"suite {entry.suite} of {entry.implementation}: {run.outcome}: {run.message[:200]}")
         return run
 
     def cell_task(cell: CellPlan) -> dict[str, Any]:
-        result = _run_cell(cell, registry, opts, env)
+        result = _run_cell(cell, registry, opts, env, run_id)
         say(f"cell {cell.id}: {result['outcome']}: {result['message'][:200]}")
         return result
 
+    try:
+        extra, isolation = _run_all(plan, registry, opts, suite_entries, suite_task, cell_task, results, suites)
+    finally:
+        left = _remove_left(run_id)
+    if left:
+        say(f"matrix: removed containers left running: {', '.join(left)}")
+    every = {**plan.cells, **extra}
+    cells = [_cell_entry(every[cid], results[cid], registry, suites, results, isolation, opts.run_suites)
+             for cid in [*plan.cells, *extra]]
+    doc = _document(registry, plan, cells, suites, opts, started)
+    doc["meta"]["run_id"] = run_id
+    doc["meta"]["containers_left"] = left
+    write_matrix(doc, {c["id"]: c["result"] for c in cells}, opts.out)
+    return doc
+
+
+def _run_all(plan: Plan, registry: Registry, opts: MatrixOptions, suite_entries: dict[tuple[str, str], RoleEntry],
+             suite_task: Callable[[tuple[str, str]], SuiteRun], cell_task: Callable[[CellPlan], dict[str, Any]],
+             results: dict[str, dict[str, Any]], suites: dict[tuple[str, str], SuiteRun]
+             ) -> tuple[dict[str, CellPlan], dict[str, str]]:
+    """The suites, the cells and the isolation cells of failed ones, ``opts.workers`` at once; into ``results``
+    and ``suites``; (the isolation cells, failed cell's role -> its isolation cell)."""
+    say = opts.progress or (lambda text: None)
     with ThreadPoolExecutor(max_workers=max(1, opts.workers)) as pool:
         suite_futures: dict[tuple[str, str], Future[SuiteRun]] = {k: pool.submit(suite_task, k) for k in suite_entries}
         cell_futures = {cid: pool.submit(cell_task, cell) for cid, cell in plan.cells.items()}
@@ -287,12 +329,7 @@ def run_matrix(registry: Registry, opts: MatrixOptions) -> dict[str, Any]:
             results[cid] = future.result()
         for key, sfuture in suite_futures.items():
             suites[key] = sfuture.result()
-    every = {**plan.cells, **extra}
-    cells = [_cell_entry(every[cid], results[cid], registry, suites, results, isolation, opts.run_suites)
-             for cid in [*plan.cells, *extra]]
-    doc = _document(registry, plan, cells, suites, opts, started)
-    write_matrix(doc, {c["id"]: c["result"] for c in cells}, opts.out)
-    return doc
+    return extra, isolation
 
 
 def _version() -> str:

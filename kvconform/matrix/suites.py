@@ -93,7 +93,7 @@ def _judge(run: SuiteRun, coverage: Path) -> None:
 
 
 def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, budget_s: float,
-              check_timeout_s: float, env: dict[str, str]) -> SuiteRun:
+              check_timeout_s: float, env: dict[str, str], run_id: str) -> SuiteRun:
     """Run ``entry``'s role suite (bounded by ``budget_s`` + a grace period); never raises for the outcome."""
     from kvconform.matrix.participants import start_relay, target_spec, write_certificates
 
@@ -110,7 +110,7 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
         form = entry.suite_run
         try:
             spec = target_spec(entry.implementation, entry.suite, form, entry.pics, mounts=[tmp], cell=label,
-                               registry_dir=registry.path.parent)
+                               registry_dir=registry.path.parent, run=run_id)
             if entry.suite == "kvcs-relay" and spec.kind == "cmd":
                 # {certs} under tmp: the folder a container of the suite mounts
                 relay = start_relay(spec, form.ready, write_certificates(tmp / "certs"), env=env)
@@ -153,7 +153,7 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
             from kvconform.matrix.participants import remove_containers
 
             try:
-                remove_containers(label)
+                remove_containers(run_id, label)
             except Exception as exc:  # best effort: the containers carry the owner label for reaping
                 run.message += f" (leftover containers not removed: {exc!r})"
         if relay is not None:

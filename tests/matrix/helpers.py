@@ -57,3 +57,15 @@ def validate(doc: dict[str, Any]) -> None:
     from kvconform.reports.matrix import schema
 
     jsonschema.Draft202012Validator(schema()).validate(doc)
+
+
+def containers_of_run(run_id: str) -> list[str]:
+    """Names of the containers (running or not) labelled with a matrix run's id."""
+    from kvconform.matrix.participants import RUN_LABEL
+    from kvconform.targets import docker as dk
+
+    client = dk.docker_client(timeout_s=30.0)
+    try:
+        return [str(c.name) for c in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})]
+    finally:
+        client.close()

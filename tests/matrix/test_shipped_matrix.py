@@ -16,7 +16,7 @@ import pytest
 from tests.browser import browser_page, require_browser
 from tests.interop.disagreements import KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
 
-from .helpers import SHIPPED, blamed, cells, run_matrix, validate
+from .helpers import SHIPPED, blamed, cells, containers_of_run, run_matrix, validate
 
 pytestmark = pytest.mark.interop
 AIOMOQT_CELL = "kvcs--kvconform--aiomoqt--kvconform"
@@ -41,6 +41,8 @@ def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path)
         f"aiomoqt's kvcs-relay suite failed {sorted(failing)}; known: {sorted(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT)}")
     assert through["outcome"] == "fail" and blamed(through) == {("aiomoqt", "kvcs-relay")}, through["blame"]
     assert code == 1, output[-2000:]
+    assert doc["meta"]["containers_left"] == [], "every cell and suite removed its own containers"
+    assert containers_of_run(doc["meta"]["run_id"]) == []
 
     require_browser()
     with browser_page() as page:
