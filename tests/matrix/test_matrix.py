@@ -126,6 +126,21 @@ def test_broken_implementations_fail_their_cells_and_are_named(
 
 
 @pytest.mark.timeout(600)
+def test_every_cell_has_its_own_ports_and_identifiers(broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
+    """Cells ran two at a time: none shares a relay, a decode side's address, a scope, a token or a request id."""
+    doc = broken_matrix[1]
+    for kind, keys in (("kvcs", ("relay", "scope_id", "anchor_key", "token")),
+                       ("tlkv-transfer", ("decode_addr", "request_id"))):
+        ran = [c for c in doc["cells"] if c["kind"] == kind and keys[0] in c["identifiers"]]
+        assert len(ran) >= 4, [c["id"] for c in doc["cells"] if c["kind"] == kind]
+        for key in keys:
+            seen = [c["identifiers"][key] for c in ran]
+            assert len(set(seen)) == len(seen), f"{kind} cells share a {key}: {seen}"
+        if kind == "kvcs":
+            assert all(c["identifiers"]["relay"].startswith("moqt://127.0.0.1:") for c in ran)
+
+
+@pytest.mark.timeout(600)
 def test_an_implementation_that_cannot_be_started_is_inconclusive_never_pass(
         broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
     _, doc, _, _ = broken_matrix
