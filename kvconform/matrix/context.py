@@ -19,7 +19,10 @@ from kvconform.fixtures import evidence
 from kvconform.matrix.registry import RunForm
 from kvconform.targets.spec import TargetSpec
 
-__all__ = ["Broken", "CellContext", "Participant", "Unavailable", "Unobservable"]
+__all__ = ["NOT_STARTED", "Broken", "CellContext", "Participant", "Unavailable", "Unobservable"]
+
+NOT_STARTED = (126, 127)  # the shell's "not executable" / "command not found"
+DOCKER_NOT_STARTED = (125, 126, 127)  # docker run: 125 the daemon could not run the container; 126/127 its command
 
 
 class Unavailable(Exception):
@@ -92,6 +95,11 @@ class CellContext:
         p = self.participants[suite]
         return target_spec(p.implementation, suite, p.run, p.pics, mounts=[self.dir], cell=self.id,
                            registry_dir=self.registry_dir, run=self.run)
+
+    def not_started(self, suite: str, code: int | None) -> bool:
+        """Whether exit status ``code`` of the participant playing ``suite`` says it could not be run at all
+        (the cell is then inconclusive: nothing of it was exchanged, nobody is blamed)."""
+        return code in (DOCKER_NOT_STARTED if self.participants[suite].run.docker else NOT_STARTED)
 
     def step(self, what: str, **fields: Any) -> None:
         """One step of the exchange, in order, with the time since the cell started."""

@@ -31,7 +31,6 @@ __all__ = ["ANNOUNCE_TIMEOUT_S", "GEOMETRY", "run"]
 GEOMETRY: dict[str, Any] = {"layers": 10, "blocks": 4, "block_tokens": 16, "kv_heads": 2, "head_dim": 16}
 ANNOUNCE_TIMEOUT_S = 30.0  # a publisher process starting (an interpreter, a container) and publishing
 CONNECT_TIMEOUT_S = 10.0
-NOT_STARTED = (126, 127)  # the shell's "not executable" / "command not found"
 P, R, C = "kvcs-publisher", "kvcs-relay", "kvcs-consumer"
 
 
@@ -140,7 +139,7 @@ def run(ctx: CellContext) -> None:
                 ctx.log(P, f"publisher exited {ended.code}",
                         f"---- stdout\n{ended.stdout}\n---- stderr\n{ended.stderr}")
                 publisher = None
-                if ended.code in NOT_STARTED:
+                if ctx.not_started(P, ended.code):
                     raise Unavailable(P, f"the publisher exited {ended.code} (not startable): {ended.stderr[-500:]!r}")
                 raise Broken([P], f"the publisher exited {ended.code} before its publication was announced: "
                                   f"{ended.stderr[-500:]!r}")
@@ -195,7 +194,7 @@ def _consume(ctx: CellContext, spec: Any, cache: Path, url: str, token: str, con
     ctx.exchanged["consumer_result"] = out.name if out.exists() else None
     ctx.step("consumer ended", code=run.code, elapsed_s=round(run.elapsed, 3), killed=run.killed, error=run.error)
     if run.result is None:
-        if run.code in NOT_STARTED:
+        if ctx.not_started(C, run.code):
             raise Unavailable(C, f"the consumer exited {run.code} (not startable): {run.stderr[-500:]!r}")
         if run.killed:
             raise Broken([C], f"the consumer {run.error}")

@@ -32,22 +32,20 @@ DEFAULT_GEOMETRY = {"block_tokens": 16, "n_layers": 32, "n_kv_heads": 8, "head_d
 ENVELOPE_GEOMETRY = {"block_tokens": 16, "n_layers": 3, "n_kv_heads": 2, "head_dim": 8}
 
 
-NOT_STARTED = (126, 127)  # the shell's "not executable" / "command not found"
-
-
-def _not_started(what: str) -> int | None:
+def _not_started(ctx: CellContext, suite: str, what: str) -> int | None:
     """The exit status of the last ``what`` process a driver ran, when it says the command could not run."""
     from kvconform.fixtures import evidence
 
     transcript = evidence.current()
     events = [e for e in (transcript.as_list() if transcript else []) if e["kind"] == f"{what} process"]
     code = events[-1]["fields"].get("returncode") if events else None
-    return code if code in NOT_STARTED else None
+    return code if isinstance(code, int) and ctx.not_started(suite, code) else None
 
 
-def _failed(suite: str, what: str, exc: DriverError, suspects: list[str], message: str) -> Exception:
+def _failed(ctx: CellContext, suite: str, what: str, exc: DriverError, suspects: list[str],
+            message: str) -> Exception:
     """A spawned participant's DriverError: inconclusive when its command could not run at all, else a failure."""
-    code = _not_started(what)
+    code = _not_started(ctx, suite, what)
     if code is not None:
         return Unavailable(suite, f"the {what} exited {code} (not startable): {exc}")
     return Broken(suspects, f"{message}: {exc}")
@@ -108,7 +106,7 @@ def run_transfer(ctx: CellContext) -> None:
         except TargetUnavailable as exc:
             raise Unavailable(pf, str(exc)) from exc
         except DriverError as exc:
-            raise _failed(pf, "prefill side", exc, [pf, dec], "the transfer did not complete") from exc
+            raise _failed(ctx, pf, "prefill side", exc, [pf, dec], "the transfer did not complete") from exc
         ctx.step("prefill side done")
         never = (hashes[-1] ^ 0x9E3779B97F4A7C15) or 1
         asked = [*hashes, 0, never]
@@ -166,7 +164,7 @@ def run_envelope(ctx: CellContext) -> None:
     except TargetUnavailable as exc:
         raise Unavailable(wr, str(exc)) from exc
     except DriverError as exc:
-        raise _failed(wr, "writer", exc, [wr], "the writer failed") from exc
+        raise _failed(ctx, wr, "writer", exc, [wr], "the writer failed") from exc
     (ctx.dir / "envelope.bin").write_bytes(envelope)
     ctx.exchanged["envelope"] = {"file": "envelope.bin", "octets": len(envelope)}
     ctx.step("envelope written", octets=len(envelope))
@@ -177,7 +175,7 @@ def run_envelope(ctx: CellContext) -> None:
     except TargetUnavailable as exc:
         raise Unavailable(rd, str(exc)) from exc
     except DriverError as exc:
-        raise _failed(rd, "reader", exc, [rd], "the reader failed") from exc
+        raise _failed(ctx, rd, "reader", exc, [rd], "the reader failed") from exc
     got = [{"block_hash": f"{b.block_hash:016x}", "n_tokens": b.n_tokens} for b in outcome.blocks]
     ctx.exchanged["import"] = {"status": outcome.status, "requirement": outcome.requirement,
                                "message": outcome.message, "blocks": got}
