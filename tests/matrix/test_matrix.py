@@ -8,6 +8,7 @@ deliberately broken implementations built from ``tests/mutants/``, so that they 
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,9 @@ def broken_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[s
     """The reference (in-process) with a relay that corrupts payloads, a decode side that says it holds hash 0,
     a prefill side that sends wrong CRCs, and an implementation whose commands do not exist."""
     folder = tmp_path_factory.mktemp("broken-matrix")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a port of 127.0.0.1 nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
     doc = {"name": "broken", "implementations": {
         "kvconform": {"reference": True, "roles": {"kvcs": KVCS_REF, "tlkv": {
             "prefill": {"versions": [1, 2], **REF},
@@ -82,6 +86,8 @@ def broken_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[s
                                                    "pics": {"tlkv": {"decode": {"versions": [1], "geometry": {
                                                        "block_tokens": 16, "n_layers": 3, "n_kv_heads": 2,
                                                        "head_dim": 8}}}}}}}},
+        # A running relay's URL where nothing answers: the connection is refused, nothing is exchanged.
+        "closed": {"roles": {"kvcs": {"relay": {"versions": [22], "url": f"moqt://127.0.0.1:{closed}"}}}},
         "badcrc": {"roles": {"tlkv": {"prefill": {"versions": [1], "python": "tests.mutants.tlkv:WrongCrcPrefill"}}}},
         # A command that runs but cannot start the implementation: the shell's 127 ("command not found").
         "shell127": {"roles": {"tlkv": {"prefill": {"versions": [1],
@@ -131,7 +137,9 @@ def test_every_cell_has_its_own_ports_and_identifiers(broken_matrix: tuple[int, 
     doc = broken_matrix[1]
     for kind, keys in (("kvcs", ("relay", "scope_id", "anchor_key", "token")),
                        ("tlkv-transfer", ("decode_addr", "request_id"))):
-        ran = [c for c in doc["cells"] if c["kind"] == kind and keys[0] in c["identifiers"]]
+        # ("closed" is a running endpoint's URL: its cells share it by definition)
+        ran = [c for c in doc["cells"] if c["kind"] == kind and keys[0] in c["identifiers"]
+               and "closed" not in c["participants"].values()]
         assert len(ran) >= 4, [c["id"] for c in doc["cells"] if c["kind"] == kind]
         for key in keys:
             seen = [c["identifiers"][key] for c in ran]
@@ -144,7 +152,7 @@ def test_every_cell_has_its_own_ports_and_identifiers(broken_matrix: tuple[int, 
 def test_an_implementation_that_cannot_be_started_is_inconclusive_never_pass(
         broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
     _, doc, _, _ = broken_matrix
-    ghost = [c for c in doc["cells"] if "ghost" in c["participants"].values()]
+    ghost = [c for c in doc["cells"] if "ghost" in c["participants"].values() and "closed" not in c["id"]]
     assert {c["id"] for c in ghost} == {"kvcs--ghost--kvconform--kvconform", "kvcs--ghost--corrupter--kvconform",
                                         "tlkv-transfer--kvconform--ghost", "tlkv-transfer--badcrc--ghost",
                                         "tlkv-transfer--shell127--ghost"}
@@ -159,6 +167,14 @@ def test_an_implementation_that_cannot_be_started_is_inconclusive_never_pass(
         assert cell["outcome"] == "inconclusive", (cell["id"], cell["exchange"])
         assert cell["exchange"]["unavailable"] == {"role": "tlkv-prefill", "implementation": "shell127"}
         assert "exited 127 (not startable)" in cell["exchange"]["message"]
+    # A relay that refuses the connection: inconclusive, never a failure of the publisher or the consumer.
+    refused = [c for c in doc["cells"] if "closed" in c["participants"].values()]
+    assert {c["id"] for c in refused} == {"kvcs--kvconform--closed--kvconform", "kvcs--ghost--closed--kvconform"}
+    for cell in refused:
+        assert cell["outcome"] == "inconclusive", (cell["id"], cell["exchange"])
+        assert not blamed(cell), cell["blame"]
+    closed = next(c for c in refused if c["id"] == "kvcs--kvconform--closed--kvconform")
+    assert closed["exchange"]["unavailable"] == {"role": "kvcs-relay", "implementation": "closed"}, closed["exchange"]
 
 
 @pytest.mark.timeout(600)
