@@ -48,7 +48,9 @@ def _parser() -> OneLineParser:
     p.add_argument("--roles", default=None, metavar="ROLE,...",
                    help="only tables whose roles are all among these: protocols (kvcs, tlkv, kbtp) or suites "
                         "(e.g. tlkv-prefill,tlkv-decode)")
-    p.add_argument("--out", default=os.path.join("out", "matrix"), metavar="DIR")
+    p.add_argument("--out", default=os.path.join("out", "matrix"), metavar="DIR",
+                   help="where matrix.html, matrix.json, cells/ and suites/ go (default out/matrix; an earlier "
+                        "matrix there is removed first)")
     p.add_argument("-n", dest="workers", type=_workers, default=_workers("auto"), metavar="N|auto",
                    help="cells and suites run at once (default: the number of CPUs)")
     p.add_argument("--seed", type=int, default=None, help="derives every cell's identifiers and content")
