@@ -119,10 +119,13 @@ def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict
     if result_file.is_file() and not proc.timed_out:
         doc: dict[str, Any] = json.loads(result_file.read_text("utf-8"))
     else:
-        why = (f"the cell's worker was stopped after {opts.cell_timeout_s:g} s" if proc.timed_out
-               else f"the cell's worker exited {proc.returncode} without a result")
+        # Every step inside is bounded below --cell-timeout by default: a worker stopped at it means bounds that
+        # do not fit (e.g. a registry's ready timeout_s above it) or a starved machine; a verdict on nobody.
+        why = (f"the cell's worker was stopped after {opts.cell_timeout_s:g} s (--cell-timeout) before it had a "
+               "result; not a verdict on any participant" if proc.timed_out
+               else f"harness error: the cell's worker exited {proc.returncode} without a result")
         doc = {"id": cell.id, "kind": cell.kind, "outcome": "inconclusive", "suspects": [], "unavailable": None,
-               "message": f"harness error: {why}: {proc.stderr_text[-1500:]}", "steps": [], "exchanged": {},
+               "message": f"{why}: {proc.stderr_text[-1500:]}", "steps": [], "exchanged": {},
                "identifiers": {}, "logs": {}, "transcript": None, "traceback": None,
                "duration_s": round(time.monotonic() - started, 3)}
     doc["worker_log"] = "worker.log"
