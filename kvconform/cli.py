@@ -414,6 +414,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
         prog="kvconform",
         description="Conformance harness for KV-cache transport protocols.",
         epilog="also: kvconform serve --help, kvconform vectors {list,check,generate} ..., "
+               "kvconform matrix --registry FILE (the plugfest matrix), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
     p.add_argument("--version", action="version", version=f"kvconform {_version()}")
@@ -487,6 +488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dispatch("kvconform.testvectors", "main", args_list[1:], "vectors")
         if args_list and args_list[0] == "fuzz":
             return _dispatch("kvconform.fuzz.tool", "main", args_list[1:], "fuzz")
+        if args_list and args_list[0] == "matrix":  # issue 14, the plugfest matrix
+            return _dispatch("kvconform.matrix.tool", "main", args_list[1:], "matrix")
         if args_list and not args_list[0].startswith("-") and args_list[0] not in _COMMANDS:
             proto = args_list[0]
             if proto.isidentifier():

@@ -1,0 +1,270 @@
+"""The implementations registry: who plays which role, in which versions, how to run it, what it declares.
+
+A YAML file validated against ``testbeds/schema/implementations.schema.json`` (its PICS against the testbed's
+PICS schemas). ``load_registry(path)`` returns a ``Registry``; every problem is a ``RegistryError`` naming
+the file, the JSON path, the value seen and what was expected, before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvconform.targets.testbed import schema_dir
+
+__all__ = [
+    "INFO_PROTOCOLS",
+    "MATRIX_ROLES",
+    "SERVER_ROLES",
+    "Implementation",
+    "Registry",
+    "RegistryError",
+    "RoleEntry",
+    "RunForm",
+    "default_registry_path",
+    "load_registry",
+]
+
+SCHEMA_FILE = "implementations.schema.json"
+# The roles that make cells, per protocol; each is the conformance suite <protocol>-<role>.
+MATRIX_ROLES: dict[str, tuple[str, ...]] = {
+    "kvcs": ("publisher", "relay", "consumer"),
+    "tlkv": ("prefill", "decode", "writer", "reader"),
+    "kbtp": ("initiator", "target"),
+}
+INFO_PROTOCOLS = ("moqt",)  # listed, never a cell
+# Roles the harness starts and the others connect to: a cmd: of these is launched with {port} and a readiness.
+SERVER_ROLES = frozenset({"kvcs-relay", "tlkv-decode"})
+# Roles whose run forms the harness has no driver for, per form.
+_NO_CMD = frozenset({"kbtp-initiator", "kbtp-target"})
+_URL_SCHEMES = {"kvcs-relay": "moqt", "tlkv-decode": "grpc"}
+
+
+class RegistryError(ValueError):
+    """The registry cannot be used as written; the message names the file, where, what was seen and expected."""
+
+
+@dataclass(frozen=True)
+class RunForm:
+    """How the harness reaches a role: exactly one of ``cmd`` (optionally inside ``docker``), ``url``,
+    ``python`` or ``reference``."""
+
+    kind: str  # "cmd" | "url" | "python" | "reference"
+    value: str  # the template, URL, module:factory, or "reference"
+    docker: dict[str, Any] | None = None
+    ready: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, entry: dict[str, Any]) -> RunForm:
+        for kind in ("cmd", "url", "python"):
+            if kind in entry:
+                return cls(kind, str(entry[kind]), entry.get("docker"), dict(entry.get("ready", {})))
+        return cls("reference", "reference")
+
+    def describe(self) -> str:
+        if self.kind == "cmd" and self.docker:
+            return f"cmd (in docker image {self.docker['image']}): {self.value}"
+        return self.value if self.kind == "reference" else f"{self.kind}: {self.value}"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "value": self.value}
+        if self.docker:
+            out["docker"] = self.docker
+        if self.ready:
+            out["ready"] = self.ready
+        return out
+
+
+@dataclass(frozen=True)
+class RoleEntry:
+    """One role an implementation plays: ``suite`` is ``<protocol>-<role>``."""
+
+    implementation: str
+    protocol: str
+    role: str
+    versions: tuple[int | str, ...]
+    run: RunForm
+    suite_run: RunForm  # how the role's suite reaches it (the cells' form unless the registry says otherwise)
+    pics: dict[str, Any]
+    notes: str = ""
+
+    @property
+    def suite(self) -> str:
+        return f"{self.protocol}-{self.role}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.implementation} ({self.suite})"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"implementation": self.implementation, "suite": self.suite,
+                               "versions": list(self.versions), "run": self.run.as_dict(), "pics": self.pics}
+        if self.suite_run != self.run:
+            out["suite_run"] = self.suite_run.as_dict()
+        if self.notes:
+            out["notes"] = self.notes
+        return out
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A registered implementation and the roles it plays."""
+
+    name: str
+    vendor: str
+    version: str
+    description: str
+    reference: bool
+    roles: dict[str, RoleEntry]  # suite -> entry (matrix roles only)
+    info_roles: dict[str, dict[str, Any]]  # e.g. "moqt-client" -> its entry (no cells)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "vendor": self.vendor, "version": self.version, "description": self.description,
+                "reference": self.reference, "roles": sorted(self.roles),
+                "info_roles": {k: v for k, v in sorted(self.info_roles.items())}}
+
+
+@dataclass(frozen=True)
+class Registry:
+    """A loaded, validated registry."""
+
+    name: str
+    path: Path
+    description: str
+    sha256: str
+    implementations: dict[str, Implementation]
+
+    def entries(self, suite: str) -> list[RoleEntry]:
+        """The implementations playing ``suite``, in registry order."""
+        return [impl.roles[suite] for impl in self.implementations.values() if suite in impl.roles]
+
+    def all_entries(self) -> Iterator[RoleEntry]:
+        for impl in self.implementations.values():
+            yield from impl.roles.values()
+
+    def reference(self, suite: str) -> RoleEntry | None:
+        """The reference implementation's entry for ``suite``, if one is registered."""
+        found = [impl.roles[suite] for impl in self.implementations.values() if impl.reference and suite in impl.roles]
+        return found[0] if found else None
+
+    def resolve(self, relative: str) -> Path:
+        """A path of the registry (a docker build context) relative to the registry file."""
+        return (self.path.parent / relative).resolve()
+
+
+def default_registry_path() -> Path:
+    """The registry shipped with kvconform (``testbeds/implementations.yaml``)."""
+    return schema_dir().parent / "implementations.yaml"
+
+
+def _validator() -> Any:
+    import jsonschema  # type: ignore[import-untyped]
+    from referencing import Registry as RefRegistry
+    from referencing import Resource
+    from referencing.jsonschema import DRAFT202012
+
+    folder = schema_dir()
+    schema = json.loads((folder / SCHEMA_FILE).read_text("utf-8"))
+
+    def retrieve(uri: str) -> Resource[Any]:
+        local = folder / uri.rsplit("/", 1)[-1]  # sibling schema files only, never the network
+        if local.name.startswith("pics-") and not local.is_file():
+            return Resource.from_contents({"type": "object"}, default_specification=DRAFT202012)
+        if not local.is_file():
+            raise LookupError(f"schema {uri} not found as {local}")
+        return Resource.from_contents(json.loads(local.read_text("utf-8")), default_specification=DRAFT202012)
+
+    refs: RefRegistry[Any] = RefRegistry(retrieve=retrieve)  # type: ignore[call-arg]
+    return jsonschema.Draft202012Validator(schema, registry=refs)
+
+
+def _where(error: Any) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "(top)"
+
+
+def _check_form(path: Path, where: str, suite: str, form: RunForm) -> None:
+    if form.kind == "cmd" and suite in _NO_CMD:
+        raise RegistryError(f"{path}: {where}.cmd: {suite} runs on the harness's emulated fabric; "
+                            f"expected python: <module>:<factory> or reference: true")
+    if form.kind == "url":
+        scheme = _URL_SCHEMES.get(suite)
+        if scheme is None:
+            raise RegistryError(f"{path}: {where}.url: {suite} is started by the harness for each cell; "
+                                f"expected cmd:, python: or reference: true, got url {form.value!r}")
+        if not form.value.startswith(f"{scheme}://"):
+            raise RegistryError(f"{path}: {where}.url: got {form.value!r}, expected {scheme}://host:port")
+    if form.kind == "cmd":
+        from kvconform.targets.registry import RoleError, cmd_placeholders
+
+        try:
+            names = cmd_placeholders(form.value)
+        except RoleError as exc:
+            raise RegistryError(f"{path}: {where}.cmd: {exc}") from None
+        if suite in SERVER_ROLES:
+            if "port" not in names:
+                raise RegistryError(f"{path}: {where}.cmd: {form.value!r} has no {{port}}; expected the port the "
+                                    f"harness picks for each {suite} it starts")
+        else:
+            from kvconform.targets.registry import ROLES
+
+            role = ROLES[suite]
+            missing = set(role.placeholders) - names
+            extra = names - role.allowed
+            if missing or extra:
+                raise RegistryError(
+                    f"{path}: {where}.cmd: placeholders {sorted(names)}; {suite} needs "
+                    f"{sorted(role.placeholders)} and may add {sorted(role.optional)} (missing {sorted(missing)}, "
+                    f"unknown {sorted(extra)})")
+
+
+def load_registry(path: str | os.PathLike[str]) -> Registry:
+    """Load and validate a registry YAML file; RegistryError for anything that is off."""
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise RegistryError(f"{file}: cannot read the registry: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{file}: not valid YAML: {exc}") from None
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        lines = [f"{file}: {_where(e)}: {e.message}" for e in errors[:10]]
+        raise RegistryError("invalid implementations registry:\n  " + "\n  ".join(lines))
+    assert isinstance(doc, dict)
+    implementations: dict[str, Implementation] = {}
+    references: dict[str, str] = {}
+    for name, entry in doc["implementations"].items():
+        roles: dict[str, RoleEntry] = {}
+        info: dict[str, dict[str, Any]] = {}
+        for protocol, per_role in entry["roles"].items():
+            for role, role_entry in per_role.items():
+                suite = f"{protocol}-{role}"
+                if protocol in INFO_PROTOCOLS:
+                    info[suite] = dict(role_entry)
+                    continue
+                where = f"implementations.{name}.roles.{protocol}.{role}"
+                form = RunForm.of(role_entry)
+                _check_form(file, where, suite, form)
+                suite_form = RunForm.of(role_entry["suite"]) if "suite" in role_entry else form
+                _check_form(file, f"{where}.suite", suite, suite_form)
+                roles[suite] = RoleEntry(name, protocol, role, tuple(role_entry["versions"]), form, suite_form,
+                                         dict(role_entry.get("pics", {})), str(role_entry.get("notes", "")))
+                if entry.get("reference"):
+                    if suite in references:
+                        raise RegistryError(f"{file}: implementations.{name}.reference: {references[suite]} is "
+                                            f"already the reference {suite}; expected at most one per role")
+                    references[suite] = name
+        implementations[name] = Implementation(name, str(entry.get("vendor", "")), str(entry.get("version", "")),
+                                               str(entry.get("description", "")), bool(entry.get("reference")),
+                                               roles, info)
+    return Registry(str(doc["name"]), file.resolve(), str(doc.get("description", "")),
+                    hashlib.sha256(raw).hexdigest(), implementations)

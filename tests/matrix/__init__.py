@@ -1,0 +1,1 @@
+"""Harness tests of the plugfest matrix (``kvconform matrix``)."""

@@ -1,0 +1,63 @@
+"""CI's real matrix (``.ci/interop``, the matrix block): ``kvconform matrix`` of the shipped registry, the
+reference and aiomoqt's relay in docker, with every role suite; then its page in a browser.
+
+What must hold: every cell between kvconform's own implementations passes; the cache crosses aiomoqt's relay
+intact (the exchange passes); aiomoqt's kvcs-relay suite fails exactly the known disagreements
+(``tests/interop/disagreements.py``, docs/interop-aiomoqt.md), so its cells fail and name aiomoqt's relay,
+nobody else. Without docker the aiomoqt cells are inconclusive and this test fails: CI has docker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.browser import browser_page, require_browser
+from tests.interop.disagreements import KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
+
+from .helpers import SHIPPED, blamed, cells, containers_of_run, run_matrix, validate
+
+pytestmark = pytest.mark.interop
+AIOMOQT_CELL = "kvcs--kvconform--aiomoqt--kvconform"
+
+
+@pytest.mark.timeout(1500)
+def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    base = request.config.getoption("report_dir", None)
+    out = Path(base) / "matrix" if base else tmp_path / "matrix"
+    code, doc, output = run_matrix(SHIPPED, out, "-n", "2", timeout=1400)
+    validate(doc)
+    by_id = cells(doc)
+    ours = [c for c in by_id.values() if set(c["participants"].values()) == {"kvconform"}]
+    assert len(ours) == 4, sorted(by_id)
+    for cell in ours:
+        assert cell["outcome"] == "pass", (cell["id"], cell["exchange"], cell["suites"], cell["blame"])
+    through = by_id[AIOMOQT_CELL]
+    assert through["exchange"]["outcome"] == "pass", through["exchange"]["message"]
+    suite = next(s for s in doc["suites"] if s["implementation"] == "aiomoqt")
+    failing = {f["check"].split("[", 1)[0] for f in suite["failed"]}
+    assert failing == set(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT), (
+        f"aiomoqt's kvcs-relay suite failed {sorted(failing)}; known: {sorted(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT)}")
+    assert through["outcome"] == "fail" and blamed(through) == {("aiomoqt", "kvcs-relay")}, through["blame"]
+    assert code == 1, output[-2000:]
+    assert doc["meta"]["containers_left"] == [], "every cell and suite removed its own containers"
+    assert containers_of_run(doc["meta"]["run_id"]) == []
+
+    require_browser()
+    with browser_page() as page:
+        page.goto((out / "matrix.html").as_uri())
+        table = page.locator("section.table", has=page.locator("h2", has_text="relay aiomoqt"))
+        assert table.locator("th.row").all_inner_texts() == ["kvconform"]
+        assert table.locator("th.col").all_inner_texts() == ["kvconform"]
+        td = page.locator(f'td[data-cell="{AIOMOQT_CELL}"]')
+        assert td.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(243, 166, 166)"
+        assert "exchange ✓" in td.inner_text() and "relay ✗" in td.inner_text()
+        td.locator("a.verdict").click()
+        page.wait_for_load_state()
+        assert page.url.endswith(f"/cells/{AIOMOQT_CELL}/index.html")
+        assert "its kvcs-relay suite fails" in page.locator("ul.blamed").inner_text()
+        assert any("moq-interop-relay" in text or "MOQT" in text for text in page.locator("pre.log").all_inner_texts())
+        page.locator("a", has_text="report").first.click()
+        page.wait_for_load_state()
+        assert page.url.endswith("/coverage.html")
