@@ -1,25 +1,28 @@
 """Headless Chromium for the harness's page tests (Python Playwright driving Debian's ``chromium``).
 
-``browser_page()`` yields a Playwright page of a fresh Chromium (its own ``--user-data-dir``, removed after)
-started with the flags every page test uses. ``require_browser()`` skips a test where Playwright or Chromium is
-missing, except in CI (``CI`` set), where .ci/run installs both and their absence is a failure.
+``browser()`` yields a Browser (a fresh Chromium, its own ``--user-data-dir`` removed after, started with the
+flags every page test uses) whose pages load nothing but file: URLs; ``browser_page()`` one page of it.
+``require_browser()`` skips a test where Playwright or Chromium is missing, except in CI (``CI`` set), where
+.ci/run installs both and their absence is a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import BrowserContext, Page, Route
 
-__all__ = ["CHROMIUM", "CHROMIUM_FLAGS", "browser_page", "browser_problem", "require_browser"]
+__all__ = ["CHROMIUM", "CHROMIUM_FLAGS", "Browser", "browser", "browser_page", "browser_problem", "require_browser"]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -47,9 +50,29 @@ def require_browser() -> None:
     pytest.skip(problem)
 
 
+class Browser:
+    """A fresh Chromium context whose pages may load file: URLs only; what else they asked for is kept."""
+
+    def __init__(self, context: BrowserContext) -> None:
+        self.context = context
+        self.outside: list[str] = []  # a self-contained page asks for nothing: a test asserts this stays empty
+        context.set_default_timeout(30_000)
+        context.route(re.compile(r"^(?!file:).*"), self._refuse)
+
+    def _refuse(self, route: Route) -> None:
+        self.outside.append(route.request.url)
+        route.abort()
+
+    def open(self, path: Path) -> Page:
+        page = self.context.new_page()
+        page.goto(path.resolve().as_uri())
+        return page
+
+
 @contextlib.contextmanager
-def browser_page() -> Iterator[Page]:
-    """A page of a fresh headless Chromium; closed, and its profile removed, on exit."""
+def browser() -> Iterator[Browser]:
+    """A fresh headless Chromium (its own profile, removed on exit) as a Browser."""
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     executable = CHROMIUM if os.path.isfile(CHROMIUM) else shutil.which("chromium") or CHROMIUM
@@ -57,8 +80,13 @@ def browser_page() -> Iterator[Page]:
         context = pw.chromium.launch_persistent_context(profile, executable_path=executable, headless=True,
                                                         args=list(CHROMIUM_FLAGS), timeout=LAUNCH_TIMEOUT_MS)
         try:
-            page = context.new_page()
-            page.set_default_timeout(30_000)
-            yield page
+            yield Browser(context)
         finally:
             context.close()
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator[Page]:
+    """A page of a fresh headless Chromium; closed, and its profile removed, on exit."""
+    with browser() as b:
+        yield b.context.new_page()

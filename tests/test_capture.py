@@ -1,7 +1,7 @@
 """Per-check captures (kvconform.capture, --capture): the pcap writer and TCP flows, the relay, the tcpdump stream,
 the keep rule, and `kvconform run ... --capture` end to end, opened with tshark.
 
-tcpdump and tshark are Debian packages .ci/run installs (the system packages block). Where CI is set, a missing one fails
+tcpdump and tshark are Debian packages .ci/run installs (system packages). Where CI is set, a missing one fails
 these tests (a capture no one can open proves nothing); elsewhere they skip, saying what to install.
 """
 

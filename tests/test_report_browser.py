@@ -3,14 +3,13 @@ Playwright with that executable; `playwright install` is never used), for a refe
 a target that breaks a mandatory rule. What is checked is what is on the screen: the headline, the Identity
 block, the failing requirement first with its whole message, and an evidence link that opens the evidence.
 
-Without /usr/bin/chromium the tests fail under CI (.ci/run installs it) and are skipped, saying why, elsewhere.
+Without /usr/bin/chromium the tests fail under CI (.ci/run installs it) and are skipped, saying why, elsewhere
+(tests/browser.py).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import pytest
 
 from kvconform.reports.identity import file_sha256
+from tests.browser import Browser
+from tests.browser import browser as chromium
 from tests.report_runs import (
     BROKEN_REQUIREMENT,
     ReportRun,
@@ -27,58 +28,11 @@ from tests.report_runs import (
     reference_run,
 )
 
-CHROMIUM = os.environ.get("KVCONFORM_CHROMIUM", "/usr/bin/chromium")
-# As root in a container: no sandbox, no GPU, nothing fetched behind the page's back.
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-TIMEOUT_MS = 30_000
-
-
-def _chromium() -> str:
-    found = shutil.which(CHROMIUM)
-    if found is None:
-        message = (f"Chromium not found at {CHROMIUM} (KVCONFORM_CHROMIUM): the report's browser tests need Debian's "
-                   "chromium package; .ci/run installs it (apt-get install -y chromium)")
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
-
-
-class Browser:
-    """A Chromium context with a fresh profile; every request that is not a file: URL is refused and kept."""
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-        self.outside: list[str] = []
-        context.set_default_timeout(TIMEOUT_MS)
-        context.route(re.compile(r"^(?!file:).*"), self._refuse)
-
-    def _refuse(self, route: Any) -> None:
-        self.outside.append(route.request.url)
-        route.abort()
-
-    def open(self, path: Path) -> Any:
-        page = self.context.new_page()
-        page.goto(path.resolve().as_uri())
-        return page
-
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    executable = _chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:  # it is in the test extra: a missing one is a broken environment, not a reason to skip
-        pytest.fail("the Python package playwright is missing: pip install -e '.[test]'")
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(str(profile), executable_path=executable, headless=True,
-                                                       args=ARGS)
-        try:
-            yield Browser(context)
-        finally:
-            context.close()
+def browser() -> Iterator[Browser]:
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +112,9 @@ def test_broken_target_report_shows_the_failing_requirement_first(browser: Brows
     assert (first.get_attribute("data-requirement"), first.get_attribute("data-verdict")) == (BROKEN_REQUIREMENT,
                                                                                                "fail")
     assert first.is_visible()
-    tables = page.locator("#requirements").bounding_box()
-    assert first.bounding_box()["y"] < tables["y"], "failures come before the per-role tables"
+    tables, box = page.locator("#requirements").bounding_box(), first.bounding_box()
+    assert tables is not None and box is not None, "the failure or the tables are not laid out"
+    assert box["y"] < tables["y"], "failures come before the per-role tables"
     text = first.inner_text()
     assert "RULE (mandatory)" in text
     assert "the reader accepted it: seen 'ok', expected a refusal (format)" in text, "the whole message"
