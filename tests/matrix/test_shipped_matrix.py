@@ -24,7 +24,7 @@ AIOMOQT_CELL = "kvcs--kvconform--aiomoqt--kvconform"
 
 @pytest.mark.timeout(1500)
 def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    base = request.config.getoption("report_dir", None)
+    base = request.config.getoption("kvconform_report_dir", None)
     out = Path(base) / "matrix" if base else tmp_path / "matrix"
     code, doc, output = run_matrix(SHIPPED, out, "-n", "2", timeout=1400)
     validate(doc)
