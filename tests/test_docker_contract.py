@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -197,8 +197,8 @@ def test_optional_placeholders_from_labels() -> None:
 class FakeContainer:
     """What ContainerRun uses of DockerContainer, scripted: how it gets ready (or not) and how it exits."""
 
-    script: dict[str, Any] = {}
-    started: list[FakeContainer] = []
+    script: ClassVar[dict[str, Any]] = {}
+    started: ClassVar[list[FakeContainer]] = []
 
     def __init__(self, spec: dk.ContainerSpec, client: object = None) -> None:
         self.spec = spec
@@ -312,7 +312,7 @@ def test_a_ready_line_naming_another_port_is_unavailable(fake_docker: type[FakeC
 
 def test_an_image_without_the_contract_label_is_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
     class Client:
-        class images:  # noqa: N801 - the SDK's attribute
+        class images:  # the SDK's attribute name
             @staticmethod
             def get(image: str) -> Any:
                 return type("Image", (), {"labels": {"maintainer": "someone"}, "id": "sha256:x"})()
@@ -326,7 +326,7 @@ def test_an_image_without_the_contract_label_is_not_run(monkeypatch: pytest.Monk
     monkeypatch.setattr(dk, "_REAPED", True)
     launcher = dk.ContainerLauncher("python:3.12", "kvcs-publisher")
     assert launcher.takes("relay"), "a required placeholder needs no look at the image"
-    with pytest.raises(dk.DockerUnavailable, match="label org.kvconform.contract is None, expected '1'"):
+    with pytest.raises(dk.DockerUnavailable, match=r"label org\.kvconform\.contract is None, expected '1'"):
         launcher.takes("token")
     with pytest.raises(dk.DockerUnavailable, match="does not declare the kvconform container contract"):
         launcher.launch({"relay": "moqt://127.0.0.1:1", "cache": "/c"}, "publisher")
