@@ -28,6 +28,7 @@ from typing import Literal
 __all__ = [
     "CONTRACT_LABEL",
     "CONTRACT_VERSION",
+    "ITEMS",
     "LANE_ROLES",
     "MOUNT_ROOT",
     "NOT_REACHABLE",
@@ -42,6 +43,7 @@ __all__ = [
     "env_name",
     "exit_meaning",
     "invocation",
+    "item",
     "optional_from_labels",
     "parse_ready",
     "parse_unsupported",
@@ -54,6 +56,27 @@ MOUNT_ROOT = PurePosixPath("/kvconform")
 UNSUPPORTED_EXIT = 127
 ENV_PREFIX = "KVCONFORM_"
 LOOPBACK = "127.0.0.1"
+DOC = "docs/docker-contract.md"
+
+# The items of the contract, each a section of docs/docker-contract.md (tests/test_docker_contract.py keeps the two
+# equal): every message the harness gives about a container that broke the contract names the item it broke.
+ITEMS: dict[str, str] = {
+    "label": "the image carries org.kvconform.contract=1",
+    "roles": "the role names an image may be asked to play",
+    "invocation": "<role> --<name> <value> ... and KVCONFORM_<NAME>, the placeholders of each role",
+    "files": "paths under /kvconform, bind-mounted from the harness's folders",
+    "network": "host networking, 127.0.0.1 only, the harness's uid:gid",
+    "readiness": "a server role prints kvconform-ready [port=N] or its port accepts / is bound",
+    "unsupported": "a role it does not play: kvconform-unsupported role=<role> and exit 127",
+    "stop": "SIGTERM, then SIGKILL after the grace; the container is removed; its output goes to the evidence",
+}
+
+
+def item(name: str) -> str:
+    """How a message names contract item ``name``: ``contract item 'readiness' (docs/docker-contract.md#readiness)``."""
+    if name not in ITEMS:
+        raise KeyError(f"contract item {name!r}: expected one of {', '.join(ITEMS)}")
+    return f"contract item '{name}' ({DOC}#{name})"
 
 Kind = Literal["one-shot", "server", "client"]
 Probe = Literal["tcp", "udp-bound"]

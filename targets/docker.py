@@ -9,7 +9,8 @@ then SIGKILL, removal however the run ends, output kept as bytes). On it, ``Cont
 under the container contract (``targets/contract.py``, docs/docker-contract.md): it is the ``Launcher`` the
 ``cmd:`` drivers of every lane take (one container per export, import, prefill or fetch; one per decode side or
 publisher), and ``ContainerRelay`` is the relay driver of ``moqt-relay`` / ``kvcs-relay``. ``contract_driver``
-is what ``targets/registry.py`` calls for a ``docker:IMAGE`` target.
+is what ``targets/registry.py`` calls for a ``docker:IMAGE`` target; ``play_role`` is the one call for anything else
+(the plugfest matrix) that runs an image in a role: start, ready, logs into the evidence, removed.
 
 The ``docker`` SDK is an optional dependency (extra ``docker``). Without it, or without a reachable
 daemon, or when an image cannot be built, the driver raises :class:`DockerUnavailable`, a
@@ -72,6 +73,7 @@ __all__ = [
     "ensure_image",
     "free_port",
     "main",
+    "play_role",
     "prepare_images",
     "reap_orphans",
     "recipe_digest",
@@ -648,7 +650,7 @@ def contract_spec(image: str, role: str, values: Mapping[str, str], params: Mapp
     try:
         call = contract.invocation(role, values)
     except ValueError as exc:
-        raise DockerUnavailable(f"image {image}: {exc}") from exc
+        raise DockerUnavailable(f"image {image}: {exc} ({contract.item('invocation')})") from exc
     port = values.get("port")
     probe = spec_role.probe if spec_role.kind == "server" and port else None
     readiness = Readiness(log_pattern=r"^kvconform-ready\b" if spec_role.kind == "server" else None,
@@ -671,9 +673,10 @@ class ContainerRun:
 
     ``start()`` waits for a server role to be ready. Where it sees the container exit (``start``, ``running``,
     ``wait``) it reads the exit as the contract says: 127 with ``kvconform-unsupported`` ends the check
-    not-applicable ("the image declares it does not play <role>"), 127 without it is TargetUnavailable, a
-    server role that exits before it is ready is TargetUnavailable; the container is removed before any of these
-    is raised. ``stop()`` never raises and returns the output as bytes."""
+    inconclusive ("the image declares it does not play <role>": not-applicable comes only from declared PICS), 127
+    without it is TargetUnavailable, a server role that exits before it is ready is TargetUnavailable; each message
+    names the contract item broken (``contract.item``); the container is removed, and its output recorded in the
+    evidence, before any of these is raised. ``stop()`` never raises and returns the output as bytes."""
 
     def __init__(self, spec: ContainerSpec, role: str, what: str) -> None:
         self.spec, self.role, self.what = spec, role, what
@@ -692,7 +695,7 @@ class ContainerRun:
     def start(self) -> None:
         declared = _UNSUPPORTED.get((self.spec.image, self.role))
         if declared is not None:
-            _not_applicable(declared)
+            _inconclusive(declared)
         self._started = time.monotonic()
         self._container = DockerContainer(self.spec)
         try:
@@ -711,9 +714,10 @@ class ContainerRun:
             said = contract.parse_ready(line) if line is not None else None
             if said is not None and said.port is not None and wanted is not None and said.port != wanted:
                 result = self.stop()
+                evidence.record("note", f"{self.what} container", result.evidence())
                 raise TargetUnavailable(f"the {self.what} ({self.spec.image}, role {self.role}) said it is ready on "
-                                        f"port {said.port}, but was asked to listen on {wanted}: "
-                                        f"{result.stderr_text[-500:]!r}")
+                                        f"port {said.port}, but was asked to listen on {wanted} "
+                                        f"({contract.item('readiness')}): {result.stderr_text[-500:]!r}")
             evidence.note(f"docker: {self.spec.image} ready as {self.role} ({container.id[:12]})")
             return
         exited = outcome.startswith("exited")
@@ -721,13 +725,14 @@ class ContainerRun:
             container.wait_exit(2.0)  # the log ended: the exit status follows at once
         result = self.stop()
         self._judge(result)
+        evidence.record("note", f"{self.what} container", result.evidence())
         if exited:
             raise TargetUnavailable(f"the {self.what} ({self.spec.image}, role {self.role}) exited "
-                                    f"{result.returncode} before it was ready; stdout {result.stdout_text[-500:]!r}, "
-                                    f"stderr {result.stderr_text[-500:]!r}")
+                                    f"{result.returncode} before it was ready ({contract.item('readiness')}); "
+                                    f"stdout {result.stdout_text[-500:]!r}, stderr {result.stderr_text[-500:]!r}")
         raise TargetUnavailable(f"the {self.what} ({self.spec.image}, role {self.role}) was not ready within "
-                                f"{self.spec.ready.timeout_s:g} s ({outcome}; stopped); stderr "
-                                f"{result.stderr_text[-500:]!r}")
+                                f"{self.spec.ready.timeout_s:g} s ({outcome}; stopped; {contract.item('readiness')}); "
+                                f"stderr {result.stderr_text[-500:]!r}")
 
     def _judge(self, result: ProcessResult) -> None:
         """Raise what an exit 127 means under the contract (after recording how the run ended)."""
@@ -737,14 +742,18 @@ class ContainerRun:
             return
         evidence.record("note", f"{self.what} container", result.evidence())
         if meaning == "unsupported":
+            # Inconclusive, not not-applicable: not-applicable comes only from declared PICS, and a gate run against
+            # an image that plays nothing must not pass. The testbed entry's roles: is where a role is left out.
             reason = (f"the image declares it does not play {self.role} ({self.spec.image} exited "
-                      f"{contract.UNSUPPORTED_EXIT} with kvconform-unsupported)")
+                      f"{contract.UNSUPPORTED_EXIT} with kvconform-unsupported; {contract.item('unsupported')}): "
+                      f"nothing of {self.role} was tested; a testbed entry whose roles: leaves {self.role} out makes "
+                      f"kvconform run refuse the suite instead")
             _UNSUPPORTED[(self.spec.image, self.role)] = reason
-            _not_applicable(reason)
+            _inconclusive(reason)
         raise TargetUnavailable(
             f"{self.spec.image} exited {contract.UNSUPPORTED_EXIT} as {self.role} without printing "
-            f"'kvconform-unsupported role={self.role}': a shell's 'command not found' exits 127 too, so the harness "
-            f"cannot read it as the image's declaration (docs/docker-contract.md); "
+            f"'kvconform-unsupported role={self.role}' ({contract.item('unsupported')}): a shell's 'command not found' "
+            f"exits 127 too, so the harness cannot read it as the image's declaration; "
             f"stderr {result.stderr_text[-500:]!r}")
 
     def running(self) -> bool:
@@ -786,10 +795,10 @@ class ContainerRun:
         return self._result
 
 
-def _not_applicable(reason: str) -> NoReturn:
-    from kvconform.verdicts import not_applicable
+def _inconclusive(reason: str) -> NoReturn:
+    from kvconform.verdicts import inconclusive
 
-    not_applicable(reason)
+    inconclusive(reason)
 
 
 class ContainerLauncher:
@@ -827,7 +836,7 @@ class ContainerLauncher:
                 raise DockerUnavailable(
                     f"image {self.image!r}: label {contract.CONTRACT_LABEL} is {declared!r}, expected "
                     f"{contract.CONTRACT_VERSION!r}: it does not declare the kvconform container contract "
-                    f"(docs/docker-contract.md), so the harness will not guess how to ask it for {self.role}")
+                    f"({contract.item('label')}), so the harness will not guess how to ask it for {self.role}")
             self._labels = labels
         return self._labels
 
@@ -885,6 +894,27 @@ class ContainerRelay:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+@contextlib.contextmanager
+def play_role(image: str, role: str, values: Mapping[str, str], params: Mapping[str, Any] | None = None,
+              what: str = "target") -> Iterator[ContainerRun]:
+    """The one call for "run IMAGE as ROLE": ``with play_role(image, "tlkv-decode", {"port": "5050"}) as run:``.
+
+    Makes the image when missing (``params["build"]``), refuses one without the contract label, starts the container
+    with the role's arguments and ``KVCONFORM_*`` environment (host network, 127.0.0.1, the harness's uid:gid), waits
+    until a server role is ready (bounded), yields the ``ContainerRun``; on leaving it stops the container (SIGTERM,
+    SIGKILL after the grace), records its output in the evidence and removes it, however the block ended. After
+    the block ``run.stop()`` returns the ``ProcessResult`` (exit status, stdout, stderr as bytes). ``values`` are
+    the role's placeholders (``contract.container_role(role)``), ``params`` a target's ``params.docker``. Raises
+    TargetUnavailable (the image, the daemon or readiness; inconclusive) and, for a role the image declares it does
+    not play, ends the running check inconclusive."""
+    run = ContainerLauncher(image, role, params).launch(values, what)
+    try:
+        run.start()
+        yield run
+    finally:
+        evidence.record("note", f"{what} container", run.stop().evidence())
 
 
 def contract_driver(suite: str, target: TargetSpec) -> Any:

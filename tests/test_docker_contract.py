@@ -19,7 +19,7 @@ from kvconform.targets.process import CommandLauncher, ProcessResult
 from kvconform.targets.registry import ROLES, driver_for
 from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import TestbedError, load_testbed
-from kvconform.verdicts import NOT_APPLICABLE_PREFIX
+from kvconform.verdicts import INCONCLUSIVE_PREFIX, NOT_APPLICABLE_PREFIX
 
 ROOT = Path(__file__).parents[1]
 IMAGE = "kvconform/reference:dev"
@@ -245,15 +245,20 @@ def _launch(role: str, tmp_path: Path, image: str = IMAGE) -> dk.ContainerRun:
     return dk.ContainerLauncher(image, role).launch(values, role)
 
 
-def test_exit_127_with_the_declaration_is_not_applicable_once(fake_docker: type[FakeContainer],
-                                                              tmp_path: Path) -> None:
+def test_exit_127_with_the_declaration_is_inconclusive_once(fake_docker: type[FakeContainer],
+                                                            tmp_path: Path) -> None:
     fake_docker.script = {"code": 127, "lines": ["kvconform-unsupported role=tlkv-writer"]}
     run = _launch("tlkv-writer", tmp_path)
     run.start()
     with pytest.raises(pytest.skip.Exception) as info:
         run.wait(5)
-    assert str(info.value.msg) == (NOT_APPLICABLE_PREFIX + f"the image declares it does not play tlkv-writer "
-                                   f"({IMAGE} exited 127 with kvconform-unsupported)")
+    # Inconclusive, never not-applicable (that comes only from declared PICS) and never a pass: a gate run against
+    # an image that plays nothing exits non-zero. The message names the contract item.
+    msg = str(info.value.msg)
+    assert msg.startswith(INCONCLUSIVE_PREFIX + f"the image declares it does not play tlkv-writer ({IMAGE} exited "
+                          "127 with kvconform-unsupported; contract item 'unsupported' "
+                          "(docs/docker-contract.md#unsupported)): nothing of tlkv-writer was tested"), msg
+    assert not msg.startswith(NOT_APPLICABLE_PREFIX)
     assert fake_docker.started[0].closed, "the container is removed before the verdict is raised"
     # The declaration holds for the rest of the run: the next check does not start the image again.
     with pytest.raises(pytest.skip.Exception, match="does not play tlkv-writer"):
@@ -265,7 +270,8 @@ def test_exit_127_without_the_declaration_is_unavailable(fake_docker: type[FakeC
     fake_docker.script = {"code": 127, "lines": ["/entrypoint: 3: tlkv-writer: not found"]}
     run = _launch("tlkv-writer", tmp_path)
     run.start()
-    with pytest.raises(TargetUnavailable, match="without printing 'kvconform-unsupported role=tlkv-writer'"):
+    with pytest.raises(TargetUnavailable, match="without printing 'kvconform-unsupported role=tlkv-writer' "
+                                                r"\(contract item 'unsupported'"):
         run.wait(5)
 
 
@@ -280,21 +286,23 @@ def test_other_exits_are_left_to_the_role_driver(fake_docker: type[FakeContainer
 
 def test_a_server_that_exits_before_ready_is_unavailable(fake_docker: type[FakeContainer], tmp_path: Path) -> None:
     fake_docker.script = {"code": 3, "ready": "exited (tcp probe of 127.0.0.1:4711 failed)", "lines": ["bad"]}
-    with pytest.raises(TargetUnavailable, match="exited 3 before it was ready"):
+    with pytest.raises(TargetUnavailable, match=r"exited 3 before it was ready \(contract item 'readiness'"):
         _launch("tlkv-decode", tmp_path).start()
     assert fake_docker.started[0].closed
 
 
 def test_a_server_that_declares_unsupported_before_ready(fake_docker: type[FakeContainer], tmp_path: Path) -> None:
     fake_docker.script = {"code": 127, "ready": "exited (...)", "lines": ["kvconform-unsupported role=tlkv-decode"]}
-    with pytest.raises(pytest.skip.Exception, match="does not play tlkv-decode"):
+    with pytest.raises(pytest.skip.Exception, match=f"^{INCONCLUSIVE_PREFIX}the image declares it does not play "
+                                                    "tlkv-decode"):
         _launch("tlkv-decode", tmp_path).start()
 
 
 def test_a_server_that_hangs_before_ready_is_stopped_and_unavailable(fake_docker: type[FakeContainer],
                                                                      tmp_path: Path) -> None:
     fake_docker.script = {"ready": "no line matching '^kvconform-ready\\\\b' and tcp probe of 127.0.0.1:4711 failed"}
-    with pytest.raises(TargetUnavailable, match=r"not ready within 30 s \(no line matching"):
+    with pytest.raises(TargetUnavailable, match=r"not ready within 30 s \(no line matching.*stopped; contract "
+                                                r"item 'readiness'"):
         _launch("tlkv-decode", tmp_path).start()
     assert fake_docker.started[0].closed
 
@@ -328,7 +336,8 @@ def test_an_image_without_the_contract_label_is_not_run(monkeypatch: pytest.Monk
     assert launcher.takes("relay"), "a required placeholder needs no look at the image"
     with pytest.raises(dk.DockerUnavailable, match=r"label org\.kvconform\.contract is None, expected '1'"):
         launcher.takes("token")
-    with pytest.raises(dk.DockerUnavailable, match="does not declare the kvconform container contract"):
+    with pytest.raises(dk.DockerUnavailable, match=r"does not declare the kvconform container contract "
+                                                   r"\(contract item 'label'"):
         launcher.launch({"relay": "moqt://127.0.0.1:1", "cache": "/c"}, "publisher")
 
 
@@ -377,3 +386,44 @@ def test_reference_image_declares_what_its_entrypoint_reads() -> None:
 def test_process_results_of_containers_decode_with_replacement() -> None:
     result = ProcessResult(("docker", "run", IMAGE), 1, b"ok \xff", b"", 0.1)
     assert result.evidence()["stdout"] == "ok \ufffd"
+
+
+# ---- play_role: the one call for "run IMAGE as ROLE" --------------------------------------------------------
+
+
+def test_play_role_starts_yields_and_always_removes(fake_docker: type[FakeContainer], tmp_path: Path) -> None:
+    fake_docker.script = {"lines": ["kvconform-ready port=4711", "serving"]}
+    with dk.play_role(IMAGE, "tlkv-decode", {"port": "4711"}, what="decode side") as run:
+        assert run.running() and not fake_docker.started[0].closed
+        assert run.spec.command == ["tlkv-decode", "--port", "4711"]
+    assert fake_docker.started[0].closed
+    assert run.stop().stdout == b"kvconform-ready port=4711\nserving"  # the logs, after the block
+    with pytest.raises(RuntimeError, match="the check failed"), \
+            dk.play_role(IMAGE, "tlkv-decode", {"port": "4711"}):
+        raise RuntimeError("the check failed")
+    assert fake_docker.started[1].closed, "removed when the block raised too"
+
+
+def test_play_role_refuses_values_the_role_does_not_have(fake_docker: type[FakeContainer]) -> None:
+    with pytest.raises(dk.DockerUnavailable, match=r"no value for port \(contract item 'invocation'"), \
+            dk.play_role(IMAGE, "tlkv-decode", {}):
+        pass
+    assert fake_docker.started == []
+
+
+# ---- the contract document -------------------------------------------------------------------------------
+
+
+def test_every_contract_item_is_a_section_of_the_document() -> None:
+    doc = (ROOT / contract.DOC).read_text("utf-8")
+    headings = {line.split("`")[1] for line in doc.splitlines() if line.startswith("## `")}
+    assert headings == set(contract.ITEMS), "docs/docker-contract.md sections vs contract.ITEMS"
+    for suite, role in contract.container_roles().items():
+        assert f"`{suite}`" in doc, suite
+        for name in role.allowed:
+            assert f"`{name}`" in doc, (suite, name)
+    for name in contract.LANE_ROLES:
+        assert f"`{name}`" in doc, name
+    assert f"`{contract.CONTRACT_LABEL}={contract.CONTRACT_VERSION}`" in doc and "127" in doc
+    with pytest.raises(KeyError, match="expected one of label"):
+        contract.item("ready")

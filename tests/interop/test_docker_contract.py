@@ -79,7 +79,7 @@ def _containers_of(pid: int, image: str | None = None) -> list[str]:
 def run_suite(tmp_path: Path, suite: str, target: str, *extra: str) -> tuple[int, dict[str, Any], float]:
     """``kvconform run`` in a process of its own (its pid labels its containers): exit status, coverage, seconds;
     asserts that it left no container behind."""
-    report = tmp_path / f"report-{suite}-{target.replace('/', '_').replace(':', '_')}"
+    report = _report(tmp_path, suite, target)
     argv = [sys.executable, "-m", "kvconform", "run", suite, "--target", target, "--report-dir", str(report), "-q",
             *extra]
     started = time.monotonic()
@@ -105,6 +105,18 @@ def _messages(doc: dict[str, Any]) -> set[str]:
     return {str(t.get("message", "")) for t in doc["tests"]}
 
 
+def _events(report: Path) -> list[dict[str, Any]]:
+    """Every evidence event of a run's report directory."""
+    events: list[dict[str, Any]] = []
+    for path in sorted((report / "evidence").glob("*.json")):
+        events += json.loads(path.read_text("utf-8"))["events"]
+    return events
+
+
+def _report(tmp_path: Path, suite: str, target: str) -> Path:
+    return tmp_path / f"report-{suite}-{target.replace('/', '_').replace(':', '_')}"
+
+
 # ---- the reference image --------------------------------------------------------------------------------
 
 
@@ -112,10 +124,23 @@ def test_reference_image_plays_a_one_shot_and_a_server_role(reference_image: str
     code, doc, _ = run_suite(tmp_path, "tlkv-writer", f"docker:{reference_image}",
                              "--pics-set", "tlkv.writer.versions=[1, 2]", "-k", WRITER_SUBSET)
     assert (code, _verdicts(doc)) == (0, {"pass": 17}), doc["summary"]
+    # The evidence holds each container's run (image id, the contract's arguments) and its whole output.
+    events = _events(_report(tmp_path, "tlkv-writer", f"docker:{reference_image}"))
+    runs = [e["fields"] for e in events if e["kind"] == "docker-run"]
+    assert runs and all(r["network"] == "host" and r["command"][0] == "tlkv-writer" and r["image_id"] for r in runs)
+    assert all(r["environment"]["KVCONFORM_ROLE"] == "tlkv-writer" for r in runs)
+    records = [e["fields"] for e in events if e["kind"] == "writer process"]
+    assert len(records) == len(runs) and all(r["returncode"] == 0 and "stderr" in r for r in records)
+    assert len([e for e in events if e["kind"] == "docker-stopped"]) == len(runs)
     code, doc, _ = run_suite(tmp_path, "tlkv-decode", f"docker:{reference_image}",
                              "--pics-set", "tlkv.decode.versions=[1, 2]")
     assert code == 0 and _verdicts(doc).get("pass", 0) >= 35, doc["summary"]
     assert set(_verdicts(doc)) <= {"pass", "not-applicable"}, doc["summary"]
+    events = _events(_report(tmp_path, "tlkv-decode", f"docker:{reference_image}"))
+    logs = [e["fields"]["line"] for e in events if e["kind"] == "docker-log"]
+    assert any("listening on 127.0.0.1:" in line for line in logs), logs  # the server's log, as it came
+    (server,) = [e["fields"] for e in events if e["kind"] == "decode side process"]
+    assert "listening on 127.0.0.1:" in server["stdout"] + server["stderr"], server
 
 
 def test_reference_image_declares_kbtp_unreachable(reference_image: str, tmp_path: Path) -> None:
@@ -128,15 +153,39 @@ def test_reference_image_declares_kbtp_unreachable(reference_image: str, tmp_pat
 # ---- the broken image: one honest verdict per way of breaking the contract ---------------------------------
 
 
-def test_a_role_the_image_declares_unsupported_is_not_applicable(broken_testbed: Testbed, tmp_path: Path) -> None:
+def test_a_role_the_image_declares_unsupported_is_inconclusive(broken_testbed: Testbed, tmp_path: Path) -> None:
     for suite in ("tlkv-writer", "tlkv-decode"):
         code, doc, _ = run_suite(tmp_path, suite, "broken-unsupported", "--testbed", str(BROKEN_TESTBED))
-        assert code == 0, doc["summary"]  # nothing gates: the image plays no role it claims
-        assert set(_verdicts(doc)) == {"not-applicable"}, doc["summary"]
-        declared = f"the image declares it does not play {suite} ({BROKEN_IMAGE} exited 127 with kvconform-unsupported)"
-        # Checks of an undeclared version end not-applicable by the PICS before the image is asked anything.
-        assert declared in _messages(doc)
-        assert all(m == declared or m.startswith("PICS tlkv.") for m in _messages(doc)), _messages(doc)
+        # Never a pass, never not-applicable (that comes only from declared PICS): a gate against it exits 1.
+        assert code == 1, doc["summary"]
+        verdicts = _verdicts(doc)
+        assert verdicts.get("inconclusive", 0) > 0 and set(verdicts) <= {"inconclusive", "not-applicable"}, verdicts
+        declared = (f"the image declares it does not play {suite} ({BROKEN_IMAGE} exited 127 with "
+                    f"kvconform-unsupported; contract item 'unsupported' (docs/docker-contract.md#unsupported))")
+        inconclusive_msgs = {str(t["message"]) for t in doc["tests"] if t["verdict"] == "inconclusive"}
+        assert inconclusive_msgs and all(declared in m for m in inconclusive_msgs), inconclusive_msgs
+        # Only checks of an undeclared version end not-applicable, by the PICS, before the image is asked anything.
+        assert all(str(t["message"]).startswith("PICS tlkv.") for t in doc["tests"]
+                   if t["verdict"] == "not-applicable"), _messages(doc)
+        unsupported = [e for e in _events(_report(tmp_path, suite, "broken-unsupported"))
+                       if e["kind"].endswith("container") and "kvconform-unsupported" in e["fields"]["stdout"]]
+        assert unsupported, "the declaration is in the evidence"
+
+
+def test_an_exit_127_without_the_declaration_is_inconclusive(broken_testbed: Testbed, tmp_path: Path) -> None:
+    code, doc, _ = run_suite(tmp_path, "tlkv-writer", "broken-exit127", "--testbed", str(BROKEN_TESTBED),
+                             "-k", ONE_WRITER_CHECK)
+    assert code == 1 and _verdicts(doc) == {"inconclusive": 1}, doc["summary"]
+    message = doc["tests"][0]["message"]
+    assert "exited 127 as tlkv-writer without printing 'kvconform-unsupported role=tlkv-writer' (contract item " \
+           "'unsupported'" in message and "vendor-kv-tool: not found" in message, message
+
+
+def test_an_image_without_the_contract_label_is_not_run(docker_images: list[str], tmp_path: Path) -> None:
+    code, doc, _ = run_suite(tmp_path, "tlkv-writer", "docker:kvconform/trixie-base:latest", "-k", ONE_WRITER_CHECK)
+    assert code == 1 and _verdicts(doc) == {"inconclusive": 1}, doc["summary"]
+    message = doc["tests"][0]["message"]
+    assert "label org.kvconform.contract is None, expected '1'" in message and "contract item 'label'" in message
 
 
 def test_an_image_that_exits_3_fails_a_one_shot_role_and_cannot_start_a_server(broken_testbed: Testbed,
@@ -148,7 +197,8 @@ def test_an_image_that_exits_3_fails_a_one_shot_role_and_cannot_start_a_server(b
     code, doc, _ = run_suite(tmp_path, "tlkv-decode", "broken-exit3", "--testbed", str(BROKEN_TESTBED))
     assert code == 1 and set(_verdicts(doc)) == {"inconclusive"}, doc["summary"]  # nothing was exchanged
     first = next(t for t in doc["tests"] if "a shared setup" not in t["message"])
-    assert "exited 3 before it was ready" in first["message"], first["message"]
+    assert "exited 3 before it was ready (contract item 'readiness'" in first["message"], first["message"]
+    assert "broken: exiting 3 as tlkv-decode" in first["message"], "the container's output is in the message"
 
 
 def test_a_server_that_hangs_before_ready_is_inconclusive_within_its_bound(broken_testbed: Testbed,
@@ -156,7 +206,9 @@ def test_a_server_that_hangs_before_ready_is_inconclusive_within_its_bound(broke
     code, doc, elapsed = run_suite(tmp_path, "tlkv-decode", "broken-hang", "--testbed", str(BROKEN_TESTBED))
     assert code == 1 and set(_verdicts(doc)) == {"inconclusive"}, doc["summary"]
     first = next(t for t in doc["tests"] if "a shared setup" not in t["message"])
-    assert "was not ready within 3 s" in first["message"], first["message"]
+    assert "was not ready within 3 s" in first["message"] and "contract item 'readiness'" in first["message"]
+    events = _events(_report(tmp_path, "tlkv-decode", "broken-hang"))
+    assert any(e["kind"] == "docker-log" and e["fields"]["line"] == "broken: hanging as tlkv-decode" for e in events)
     # 3 s of readiness, 2 s of ignored SIGTERM, the run's own start-up: bounded, not the 300 s check bound.
     assert elapsed < 60, f"the run took {elapsed:.0f} s"
 

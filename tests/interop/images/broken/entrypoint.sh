@@ -6,6 +6,9 @@ case "${BROKEN:-}" in
   unsupported)        # a declaration, not a failure: every role is "not played"
     echo "kvconform-unsupported role=$role"
     exit 127 ;;
+  exit127)            # exits 127 without the declaration: what a shell's "command not found" looks like
+    echo "sh: 1: vendor-kv-tool: not found" >&2
+    exit 127 ;;
   exit3)              # gives up at once
     echo "broken: exiting 3 as $role" >&2
     exit 3 ;;
