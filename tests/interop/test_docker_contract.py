@@ -143,6 +143,19 @@ def test_reference_image_plays_a_one_shot_and_a_server_role(reference_image: str
     assert "listening on 127.0.0.1:" in server["stdout"] + server["stderr"], server
 
 
+@pytest.mark.parametrize(("suite", "passes"), [("tlkv-prefill", 30), ("kvcs-publisher", 50), ("kvcs-consumer", 25)])
+def test_reference_image_plays_the_client_roles(reference_image: str, tmp_path: Path, suite: str,
+                                                passes: int) -> None:
+    """A client that reaches the harness's own server, relay or publisher on 127.0.0.1 from the host network."""
+    code, doc, _ = run_suite(tmp_path, suite, f"docker:{reference_image}")
+    verdicts = _verdicts(doc)
+    assert code == 0 and verdicts.get("pass", 0) >= passes, doc["summary"]
+    assert set(verdicts) <= {"pass", "not-applicable"}, doc["summary"]
+    runs = [e["fields"] for e in _events(_report(tmp_path, suite, f"docker:{reference_image}"))
+            if e["kind"] == "docker-run"]
+    assert runs and all(r["command"][0] == suite and r["network"] == "host" for r in runs), runs[:1]
+
+
 def test_reference_image_declares_kbtp_unreachable(reference_image: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kvconform", "run", "kbtp-target", "--target",
                            f"docker:{reference_image}", "--report-dir", str(tmp_path / "r")],
