@@ -66,7 +66,7 @@ def aiomoqt_problem(testbed: Testbed) -> str | None:
     problem = dk.docker_problem()
     if problem:
         return problem
-    image = str(dk.docker_params(parse_target(RELAY_TARGET, testbed), testbed)["image"])
+    image = parse_target(RELAY_TARGET, testbed).value
     client = dk.docker_client(timeout_s=10.0)
     try:
         client.images.get(image)

@@ -76,7 +76,7 @@ class Row:
 
 
 def _image(testbed: Testbed) -> str:
-    return str(dk.docker_params(parse_target(CLIENT_TARGET, testbed), testbed)["image"])
+    return parse_target(CLIENT_TARGET, testbed).value
 
 
 def measure(testbed: Testbed, relay: RelayEndpoint, subscribers: int, object_size: int, seconds: float) -> Row:

@@ -7,6 +7,11 @@ evidence, so one non-UTF-8 byte never fails a check. Every process is marked wit
 naming its run; on timeout and at the end the whole group is sent SIGTERM, then SIGKILL after a grace period,
 and any process still carrying the mark (one that escaped the group with setsid, a double-forked daemon) is
 killed too. Waits are bounded everywhere.
+
+The ``cmd:`` drivers of every lane reach their implementation through a :class:`Launcher`: the values of the
+role's placeholders in, a started-on-demand handle with this module's ``Process`` API out. A ``cmd:`` template
+is a :class:`CommandLauncher`; a ``docker:`` image is ``kvconform.targets.docker.ContainerLauncher`` (the same
+roles, run as containers under the contract of docs/docker-contract.md).
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol, runtime_checkable
 
 from kvconform.targets.drivers import DriverError, TargetUnavailable
 
-__all__ = ["MARK_ENV", "TAIL", "Process", "ProcessResult", "fill_template", "marked_pids", "run_process"]
+__all__ = ["MARK_ENV", "TAIL", "CommandLauncher", "Handle", "Launcher", "Process", "ProcessResult", "as_launcher",
+           "fill_template", "marked_pids", "run_handle", "run_process"]
 
 MARK_ENV = "KVCONFORM_PROCESS_MARK"  # every process the harness spawns carries it, with its run's value
 TERM_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
@@ -230,12 +237,67 @@ def run_process(argv: list[str], timeout: float, *, cwd: str | os.PathLike[str] 
                 env: Mapping[str, str] | None = None, what: str = "target") -> ProcessResult:
     """Run ``argv`` to completion within ``timeout`` s (then it is stopped: ``timed_out``); never raises for
     how it ended, only TargetUnavailable when it cannot be started."""
-    proc = Process(argv, cwd=cwd, env=env, what=what)
-    proc.start()
+    return run_handle(Process(argv, cwd=cwd, env=env, what=what), timeout)
+
+
+def run_handle(handle: Handle, timeout: float) -> ProcessResult:
+    """Start ``handle`` and run it to its end within ``timeout`` s (then it is stopped: ``timed_out``)."""
+    handle.start()
     code: int | None = None
     try:
-        code = proc.wait(timeout)
+        code = handle.wait(timeout)
     finally:  # also when the check's own bound interrupts the wait: the group never outlives it
-        result = proc.stop(timed_out=code is None)
+        result = handle.stop(timed_out=code is None)
     return result
 
+
+# ---- launchers: how a cmd-style driver reaches its implementation -------------------------------------
+
+
+@runtime_checkable
+class Handle(Protocol):
+    """One run of an implementation (a ``Process``, a container): started, watched, always stopped."""
+
+    def start(self) -> None: ...
+
+    def running(self) -> bool: ...
+
+    def wait(self, timeout: float) -> int | None: ...
+
+    def stop(self, *, timed_out: bool = False) -> ProcessResult: ...
+
+    def __enter__(self) -> Handle: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Runs the implementation of one role with the values of its placeholders."""
+
+    def launch(self, values: Mapping[str, str], what: str) -> Handle:
+        """A handle of one run with these placeholder values (not started yet)."""
+        ...
+
+    def takes(self, placeholder: str) -> bool:
+        """Whether the implementation is given ``{placeholder}`` (an optional one a role may leave out)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CommandLauncher:
+    """A ``cmd:`` template: each run is a ``Process`` of the template with its placeholders filled."""
+
+    template: str
+
+    def launch(self, values: Mapping[str, str], what: str) -> Process:
+        return Process(fill_template(self.template, values), what=what)
+
+    def takes(self, placeholder: str) -> bool:
+        return "{" + placeholder + "}" in self.template
+
+
+def as_launcher(target: str | Launcher) -> Launcher:
+    """A launcher from a ``cmd:`` template (the form the drivers have always taken) or a launcher itself."""
+    return CommandLauncher(target) if isinstance(target, str) else target

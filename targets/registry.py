@@ -11,6 +11,10 @@ target never imports aioquic or grpc.
 ``python:<module>:<attr>`` means, for every role, an object implementing the role's Protocol: ``attr`` names
 the object, or a factory (a class or function called with no arguments) that returns one; a subclass of the
 role's reference class (a mutant, a vendor's in-process variant) is run the way the reference is.
+
+``docker:IMAGE[:TAG]`` means an image following the container contract (docs/docker-contract.md,
+``targets/contract.py``): the role's ``cmd:`` driver runs it through a container launcher, and the relay roles
+through a container relay (``targets/docker.py``); the KBTP roles cannot be played by a container yet.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ class Role:
         forms += [f"{s}://host:port" for s in self.url_schemes]
         if self.cmd:
             forms.append("cmd:<template with " + " ".join("{" + p + "}" for p in self.placeholders) + ">")
+        from kvconform.targets.contract import container_roles
+
+        if self.suite in container_roles():
+            forms.append("docker:IMAGE[:TAG]")
         return f"{self.suite}: " + ", ".join(forms)
 
 
@@ -69,7 +77,8 @@ ROLES: dict[str, Role] = {r.suite: r for r in (
     Role("tlkv-reader", f"{_T}:Reader", f"{_T}:ReferenceReader", cmd=f"{_T}:CmdReader",
          placeholders=("envelope", "out"), optional=("pool", "versions")),
     Role("tlkv-decode", f"{_T}:DecodeService", f"{_T}:ReferenceDecode", url_schemes=("grpc",),
-         url=f"{_T}:RemoteDecode.from_url", cmd=f"{_T}:CmdDecode", placeholders=("port",)),
+         url=f"{_T}:RemoteDecode.from_url", cmd=f"{_T}:CmdDecode", placeholders=("port",),
+         optional=("pool", "versions")),
     Role("tlkv-prefill", f"{_T}:Prefill", f"{_T}:ReferencePrefill", cmd=f"{_T}:CmdPrefill",
          placeholders=("decode_addr", "sequence"), optional=("tokens_file",)),
     Role("kbtp-target", f"{_K}:KbtpTarget", f"{_K}:ReferenceTargetDriver"),
@@ -181,4 +190,6 @@ def driver_for(suite: str, target: TargetSpec, **options: Any) -> Any:
         if role.url is None or scheme not in role.url_schemes:
             raise TargetUnavailable(f"target {target.value} cannot play {suite}: {role.describe()}")
         return _load(role.url)(target.value)
+    if target.kind == "docker":
+        return _load("kvconform.targets.docker:contract_driver")(suite, target)
     raise TargetUnavailable(f"target {target.name} ({target.kind}) cannot play {suite}: {role.describe()}")

@@ -1,8 +1,9 @@
 """Target specs: what ``--target`` names and the PICS (declared capabilities) that come with it.
 
 ``reference`` | a URL (``grpc://host:port``, ...) | ``cmd:<command template>`` |
-``python:<module>:<factory>`` | a target name from the testbed. Ad-hoc targets take the testbed's
-``defaults.pics``; a named target its own; ``--pics-set`` overrides are applied last and recorded.
+``python:<module>:<factory>`` | ``docker:IMAGE[:TAG]`` (an image following docs/docker-contract.md) | a target
+name from the testbed. Ad-hoc targets take the testbed's ``defaults.pics``; a named target its own;
+``--pics-set`` overrides are applied last and recorded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
@@ -29,12 +31,13 @@ __all__ = [
     "TargetSpec",
     "apply_pics_overrides",
     "cmd_roles",
+    "docker_roles",
     "parse_pics_override",
     "parse_target",
     "url_roles",
 ]
 
-TargetKind = Literal["reference", "url", "cmd", "python"]
+TargetKind = Literal["reference", "url", "cmd", "python", "docker"]
 
 
 def cmd_roles(command: str) -> set[str]:
@@ -61,7 +64,17 @@ def url_roles(url: str) -> set[str]:
     return found
 
 
+def docker_roles() -> set[str]:
+    """The suites a ``docker:`` image can be asked to play (targets/contract.py; KBTP's cannot yet)."""
+    from kvconform.targets.contract import container_roles
+
+    return set(container_roles())
+
+
 _URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://")
+# An image reference as docker takes it: [registry[:port]/]name[/name...][:tag][@sha256:digest].
+_IMAGE = re.compile(r"^(?:[A-Za-z0-9.-]+(?::\d+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
+                    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
 _PYTHON = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 _MISSING = object()
 
@@ -225,6 +238,35 @@ def _url_params(url: str) -> dict[str, Any]:
     return params
 
 
+def _docker_image(text: str, where: str) -> str:
+    image = text.strip()
+    if not image:
+        raise TargetError(f"{where}: expected an image after 'docker:' (docker:IMAGE[:TAG])")
+    if not _IMAGE.match(image):
+        raise TargetError(f"{where}: image {image!r} is not a docker image reference (expected "
+                          f"[REGISTRY/]NAME[:TAG][@sha256:DIGEST], lower-case name)")
+    return image
+
+
+def docker_params(image: str, params: Mapping[str, Any], testbed: Testbed) -> dict[str, Any]:
+    """A docker target's ``params.docker``: the testbed's ``defaults.params.docker`` run settings under the
+    target's own, and the build recipe of its image (its own ``build``, else the testbed's
+    ``defaults.params.docker.images[IMAGE]``), with paths made absolute from the testbed file's folder."""
+    defaults = dict(testbed.defaults.get("params", {}).get("docker", {}))
+    recipes = defaults.pop("images", {})
+    defaults.pop("base", None)
+    merged: dict[str, Any] = {**defaults, **params.get("docker", {})}
+    build = merged.get("build") or recipes.get(image)
+    if build:
+        root = Path(testbed.path).resolve().parent
+        build = dict(build)
+        for key in ("context", "script"):
+            if key in build:
+                build[key] = str(root / build[key])
+        merged["build"] = build
+    return merged
+
+
 def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
     driver: TargetKind = entry["driver"]
     value = "reference" if driver == "reference" else str(entry[driver])
@@ -235,6 +277,11 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
         if roles is None:
             roles = url_roles(value)
     params.update(entry.get("params", {}))
+    if driver == "docker":
+        value = _docker_image(value, f"testbed {testbed.path} targets.{name}.docker")
+        params["docker"] = docker_params(value, params, testbed)
+        if roles is None:
+            roles = docker_roles()
     return TargetSpec(
         name=name,
         kind=driver,
@@ -273,6 +320,10 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
         if not command:
             raise TargetError("--target cmd:: expected a command line after 'cmd:'")
         spec = TargetSpec(text, "cmd", command, cmd_roles(command), copy.deepcopy(testbed.default_pics), {}, defaults)
+    elif text.startswith("docker:"):
+        image = _docker_image(text[len("docker:"):], f"--target {text!r}")
+        spec = TargetSpec(text, "docker", image, docker_roles(), copy.deepcopy(testbed.default_pics),
+                          {"docker": docker_params(image, {}, testbed)}, defaults)
     elif text.startswith("python:"):
         ref = text[len("python:"):]
         if not _PYTHON.match(ref):
@@ -286,8 +337,8 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
     else:
         known = ", ".join(sorted(testbed.targets)) or "none"
         raise TargetError(
-            f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory> or a target of testbed "
-            f"{testbed.path} (its targets: {known})"
+            f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory>, docker:IMAGE[:TAG] or a target of "
+            f"testbed {testbed.path} (its targets: {known})"
         )
     # An ad-hoc target's PICS are the testbed's defaults: the report marks each value that was not declared.
     if spec.source == defaults:

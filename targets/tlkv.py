@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from kvconform.fixtures import evidence
 from kvconform.targets.drivers import DriverError, TargetUnavailable
-from kvconform.targets.process import Process, ProcessResult, fill_template
+from kvconform.targets.process import Handle, Launcher, ProcessResult, as_launcher
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
@@ -207,10 +207,10 @@ class RemoteDecode:
 CMD_TIMEOUT = 30.0
 
 
-def _run(template: str, timeout: float, what: str, **values: str) -> ProcessResult:
-    """Fill the template, run it within ``timeout`` s, record how it ended as evidence. The process (and
-    everything it started) is stopped however the wait ends, the check's own bound cutting it included."""
-    with Process(fill_template(template, values), what=what) as proc:
+def _run(launcher: Launcher, timeout: float, what: str, **values: str) -> ProcessResult:
+    """Launch one run with these values, within ``timeout`` s, and record how it ended as evidence. The process
+    (and everything it started) is stopped however the wait ends, the check's own bound cutting it included."""
+    with launcher.launch(values, what) as proc:
         code = proc.wait(timeout)
         result = proc.stop(timed_out=code is None)
     evidence.record("received", f"{what} process", result.evidence())
@@ -228,10 +228,11 @@ def _field(result: dict[str, Any], name: str, kind: type, where: str) -> Any:
 
 
 class CmdWriter:
-    """A writer spawned per export: `{sequence}` is a sequence file (kvconform.tlkv.content), `{out}` the envelope."""
+    """A writer spawned per export: `{sequence}` is a sequence file (kvconform.tlkv.content), `{out}` the envelope.
+    ``template`` is a cmd: template or any ``Launcher`` (a docker image) of the same contract."""
 
-    def __init__(self, template: str, timeout: float = CMD_TIMEOUT) -> None:
-        self.template, self.timeout = template, timeout
+    def __init__(self, template: str | Launcher, timeout: float = CMD_TIMEOUT) -> None:
+        self.launcher, self.timeout = as_launcher(template), timeout
 
     def export(self, geometry: Geometry, version: int, tokens: Sequence[int],
                kv: npt.NDArray[np.float16]) -> bytes:
@@ -240,7 +241,7 @@ class CmdWriter:
         with tempfile.TemporaryDirectory(prefix="kvconform-writer-") as tmp:
             seq, out = Path(tmp) / "sequence.json", Path(tmp) / "envelope.bin"
             write_sequence(seq, geometry=geometry, version=version, tokens=list(tokens), kv=kv, request_id="export")
-            proc = _run(self.template, self.timeout, "writer", sequence=str(seq), out=str(out))
+            proc = _run(self.launcher, self.timeout, "writer", sequence=str(seq), out=str(out))
             if proc.returncode != 0 or not out.exists():
                 raise DriverError(f"writer exited {proc.returncode} {'without' if not out.exists() else 'with'} "
                                   f"{out.name}: {proc.stderr_text.strip()[-500:]}")
@@ -258,16 +259,17 @@ class CmdReaderSession:
     DriverError naming the field (a finding), never a crash.
     """
 
-    def __init__(self, template: str, geometry: Geometry, versions: frozenset[int],
+    def __init__(self, template: str | Launcher, geometry: Geometry, versions: frozenset[int],
                  timeout: float = CMD_TIMEOUT) -> None:
-        self.template, self.geometry, self.versions, self.timeout = template, geometry, versions, timeout
+        self.launcher, self.geometry, self.versions = as_launcher(template), geometry, versions
+        self.timeout = timeout
         self._allocated: int | None = 0  # no import has run: no process, no pool, nothing allocated
 
     def import_envelope(self, data: bytes) -> ImportOutcome:
         with tempfile.TemporaryDirectory(prefix="kvconform-reader-") as tmp:
             env, out = Path(tmp) / "envelope.bin", Path(tmp) / "result.json"
             env.write_bytes(data)
-            proc = _run(self.template, self.timeout, "reader", envelope=str(env), out=str(out),
+            proc = _run(self.launcher, self.timeout, "reader", envelope=str(env), out=str(out),
                         pool=str(self.geometry), versions=",".join(str(v) for v in sorted(self.versions)))
             if not out.exists():
                 raise DriverError(f"reader exited {proc.returncode} without a result: "
@@ -325,39 +327,41 @@ class CmdReaderSession:
 class CmdReader:
     """Opens spawned-reader sessions; every import is a fresh process."""
 
-    def __init__(self, template: str) -> None:
-        self.template = template
+    def __init__(self, template: str | Launcher) -> None:
+        self.launcher = as_launcher(template)
 
     def open(self, geometry: Geometry, versions: frozenset[int]) -> ReaderSession:
-        return CmdReaderSession(self.template, geometry, versions)
+        return CmdReaderSession(self.launcher, geometry, versions)
 
 
 class CmdPrefill:
     """A prefill side spawned per transfer: `{decode_addr}`, `{sequence}` (alias `{tokens_file}`)."""
 
-    def __init__(self, template: str) -> None:
-        self.template = template
+    def __init__(self, template: str | Launcher) -> None:
+        self.launcher = as_launcher(template)
 
     def prefill(self, decode_addr: str, sequence_file: Path, timeout: float) -> None:
-        proc = _run(self.template, timeout, "prefill side", decode_addr=decode_addr, sequence=str(sequence_file),
+        proc = _run(self.launcher, timeout, "prefill side", decode_addr=decode_addr, sequence=str(sequence_file),
                     tokens_file=str(sequence_file))
         if proc.returncode != 0:
             raise DriverError(f"prefill exited {proc.returncode}: {proc.stderr_text.strip()[-500:]}")
 
 
 class CmdDecode:
-    """A decode side the harness starts: `{port}` (a free port on 127.0.0.1 it must listen on); ready once the
-    port accepts a TCP connection (bounded), stopped with its whole process group at the end."""
+    """A decode side the harness starts: `{port}` (a free port on 127.0.0.1 it must listen on), optionally
+    `{pool}` (B,L,Hkv,D of the declared geometry) and `{versions}` (1,2); ready once the port accepts a TCP
+    connection (bounded), stopped with its whole process group at the end."""
 
     READY_TIMEOUT = 30.0
 
-    def __init__(self, template: str) -> None:
-        self.template = template
-        self._proc: Process | None = None
+    def __init__(self, template: str | Launcher) -> None:
+        self.launcher = as_launcher(template)
+        self._proc: Handle | None = None
 
     def start(self, geometry: Geometry, versions: frozenset[int]) -> str:
         port = free_tcp_port()
-        self._proc = Process(fill_template(self.template, {"port": str(port)}), what="decode side")
+        values = {"port": str(port), "pool": str(geometry), "versions": ",".join(str(v) for v in sorted(versions))}
+        self._proc = self.launcher.launch(values, "decode side")
         self._proc.start()
         deadline = time.monotonic() + self.READY_TIMEOUT
         while time.monotonic() < deadline:

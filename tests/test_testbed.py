@@ -39,8 +39,8 @@ def test_errors_name_file_and_json_path(tmp_path: Path) -> None:
     with pytest.raises(tb.TestbedError) as info:
         tb.load_testbed(path)
     assert f"{path}: $.targets.x: 'url' is a required property" in str(info.value)
-    path.write_text("name: bad\ntargets: {x: {driver: docker}}\n")
-    with pytest.raises(tb.TestbedError, match=r"\$.targets.x.driver: 'docker' is not one of"):
+    path.write_text("name: bad\ntargets: {x: {driver: ssh}}\n")
+    with pytest.raises(tb.TestbedError, match=r"\$.targets.x.driver: 'ssh' is not one of"):
         tb.load_testbed(path)
     with pytest.raises(tb.TestbedError, match="cannot read"):
         tb.load_testbed(tmp_path / "missing.yaml")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kvconform.targets.drivers import TargetUnavailable
-from kvconform.targets.process import fill_template, run_process
+from kvconform.targets.process import Launcher, as_launcher, run_handle
 
 __all__ = ["GRACE", "SUITE", "CmdConsumer", "ConsumerDriver", "ConsumerRun", "FetchRequest", "InProcessConsumer",
            "adapt_consumer", "reference_consumer"]
@@ -140,13 +140,14 @@ class InProcessConsumer:
 
 class CmdConsumer:
     """A spawned consumer: one process per fetch (``kvconform.targets.process``: its own session, output to files,
-    the whole group stopped past its bound and at the end)."""
+    the whole group stopped past its bound and at the end), or by any ``Launcher`` of the same contract (a docker
+    image, which says in its labels which optional placeholders it takes)."""
 
-    def __init__(self, template: str) -> None:
-        self.template = template
+    def __init__(self, template: str | Launcher) -> None:
+        self.launcher = as_launcher(template)
 
     def supports(self, capability: str) -> bool:
-        return "{" + capability + "}" in self.template
+        return self.launcher.takes(capability)
 
     @staticmethod
     def _range_values(request: FetchRequest) -> dict[str, str]:
@@ -168,11 +169,10 @@ class CmdConsumer:
                   "cache": str(request.cache), "out": str(out), "token": request.token or "",
                   "budget": f"{request.budget:g}",
                   "producer_key": ",".join(f"{kid}={path}" for kid, path in request.producer_keys.items())}
-        if "{layers}" in self.template or "{blocks}" in self.template:
+        if self.launcher.takes("layers") or self.launcher.takes("blocks"):
             values.update(self._range_values(request))
-        argv = fill_template(self.template, values)
         bound = request.budget + GRACE
-        proc = run_process(argv, bound, what="consumer")
+        proc = run_handle(self.launcher.launch(values, "consumer"), bound)
         stdout, stderr = proc.stdout_text[-OUTPUT_TAIL:], proc.stderr_text[-OUTPUT_TAIL:]
         if proc.timed_out:
             return ConsumerRun(None, None, proc.elapsed, stdout, stderr,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kvconform.targets.drivers import TargetUnavailable
-from kvconform.targets.process import Process, fill_template
+from kvconform.targets.process import Handle, Launcher, as_launcher
 
 __all__ = ["SUITE", "CmdPublisher", "InProcessPublisher", "PublisherDriver", "PublisherExit", "adapt_publisher",
            "reference_publisher"]
@@ -108,15 +108,15 @@ class InProcessPublisher:
 
 class CmdPublisher:
     """A spawned publisher, run by ``kvconform.targets.process`` (its own session, so SIGTERM reaches a wrapper's
-    children too; output to files; the whole group and anything that escaped it stopped at the end)."""
+    children too; output to files; the whole group and anything that escaped it stopped at the end), or by any
+    ``Launcher`` of the same contract (a docker image)."""
 
-    def __init__(self, template: str) -> None:
-        self.template = template
-        self._proc: Process | None = None
+    def __init__(self, template: str | Launcher) -> None:
+        self.launcher = as_launcher(template)
+        self._proc: Handle | None = None
 
     def start(self, relay_url: str, cache: Path, token: str) -> None:
-        argv = fill_template(self.template, {"relay": relay_url, "cache": str(cache), "token": token})
-        self._proc = Process(argv, what="publisher")
+        self._proc = self.launcher.launch({"relay": relay_url, "cache": str(cache), "token": token}, "publisher")
         self._proc.start()
 
     def running(self) -> bool:

@@ -25,7 +25,6 @@ from .peers import (
     aiomoqt_testbed,
     our_relay,
     run_aiomoqt_client,
-    write_certificates,
 )
 from .tap import TapPoint
 
@@ -86,17 +85,11 @@ def docker_images(interop_testbed: Testbed) -> list[str]:
         inconclusive(f"the aiomoqt image cannot be made: {exc}")
 
 
-@pytest.fixture(scope="session")
-def relay_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_certificates(tmp_path_factory.mktemp("certs"))
-
-
 @pytest.fixture(scope="module")
-def aiomoqt_relay_endpoint(docker_images: list[str], interop_testbed: Testbed,
-                           relay_certs: Path) -> Iterator[RelayEndpoint]:
+def aiomoqt_relay_endpoint(docker_images: list[str], interop_testbed: Testbed) -> Iterator[RelayEndpoint]:
     """aiomoqt's relay, one container per test module."""
     try:
-        with aiomoqt_relay(interop_testbed, relay_certs) as endpoint:
+        with aiomoqt_relay(interop_testbed) as endpoint:
             yield endpoint
     except TargetUnavailable as exc:
         inconclusive(f"aiomoqt relay: {exc}")

@@ -1,8 +1,11 @@
 """The two relays and the third-party client of the interop lane, each started and stopped with a bound.
 
-- aiomoqt's relay: ``testbeds/aiomoqt.yaml`` target ``aiomoqt-relay`` in docker (host network, 127.0.0.1);
+- aiomoqt's relay: ``testbeds/aiomoqt.yaml`` target ``aiomoqt-relay``, the image asked for role ``moqt-relay``
+  under the container contract (docs/docker-contract.md) by the same driver ``--target aiomoqt-relay`` uses
+  (host network, 127.0.0.1);
 - our relay: ``kvconform serve moqt-relay`` as a subprocess on 127.0.0.1;
-- aiomoqt's moq-interop-runner client: target ``aiomoqt-client``, one container per test case.
+- aiomoqt's moq-interop-runner client: target ``aiomoqt-client``, role ``moqt-interop-client``, one container
+  per test case.
 
 Used by the lane's fixtures (``conftest.py``) and by ``bench/bench_moqt_relay.py``.
 """
@@ -16,7 +19,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from typing import Any
 from kvconform.fixtures import evidence
 from kvconform.targets import docker as dk
 from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.targets.registry import driver_for
 from kvconform.targets.spec import TargetSpec, parse_target
 from kvconform.targets.testbed import Testbed, default_testbed_path, load_testbed
 
@@ -45,7 +48,6 @@ __all__ = [
     "run_aiomoqt_client",
     "suite_report_dir",
     "suite_verdicts",
-    "write_certificates",
 ]
 
 TESTBED_FILE = Path(default_testbed_path()).parent / "aiomoqt.yaml"
@@ -100,34 +102,20 @@ def aiomoqt_testcases(testbed: Testbed | None = None) -> list[str]:
     return list(bed.targets[CLIENT_TARGET]["params"]["testcases"])
 
 
-def write_certificates(folder: Path) -> Path:
-    """The harness's self-signed test certificate as ``cert.pem`` + ``priv.key`` (world-readable: the
-    container's user reads them through a read-only bind mount)."""
-    from kvconform.moqt.tls import test_certificate
-
-    cert = test_certificate()
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, pem in (("cert.pem", cert.certificate_pem), ("priv.key", cert.private_key_pem)):
-        path = folder / name
-        path.write_bytes(pem)
-        path.chmod(0o644)
-    return folder
-
-
 def _target(testbed: Testbed, name: str) -> TargetSpec:
     return parse_target(name, testbed)
 
 
 @contextlib.contextmanager
-def aiomoqt_relay(testbed: Testbed, certs: Path | None = None) -> Iterator[RelayEndpoint]:
-    """aiomoqt's relay in docker on a free UDP port of 127.0.0.1, ready (log line + port bound)."""
-    with contextlib.ExitStack() as stack:
-        if certs is None:
-            certs = write_certificates(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvc-certs-"))))
-        port = dk.free_port("udp")
-        spec = dk.container_spec(_target(testbed, RELAY_TARGET), testbed, {"port": str(port), "certs": str(certs)})
-        stack.enter_context(dk.running(spec))
-        yield RelayEndpoint("aiomoqt", port)
+def aiomoqt_relay(testbed: Testbed) -> Iterator[RelayEndpoint]:
+    """aiomoqt's relay in docker on a free UDP port of 127.0.0.1, ready (port bound), with the harness's test
+    certificate; it authorizes nothing, so the policy it is given allows all."""
+    relay = driver_for("moqt-relay", _target(testbed, RELAY_TARGET))
+    url = relay.start({"version": 1, "allow_all": True})
+    try:
+        yield RelayEndpoint("aiomoqt", int(url.rpartition(":")[2]))
+    finally:
+        relay.stop()
 
 
 def run_aiomoqt_client(testbed: Testbed, testcase: str, relay_url: str,
@@ -136,8 +124,9 @@ def run_aiomoqt_client(testbed: Testbed, testcase: str, relay_url: str,
     Exit 127 (the client does not support the case) ends the test not-applicable."""
     from kvconform.verdicts import not_applicable
 
-    spec = dk.container_spec(_target(testbed, CLIENT_TARGET), testbed,
-                             {"relay_url": relay_url, "testcase": testcase})
+    target = _target(testbed, CLIENT_TARGET)
+    spec = dk.contract_spec(target.value, "moqt-interop-client", {"relay": relay_url, "testcase": testcase},
+                            dk.docker_params(target))
     result = dk.run_to_completion(spec, timeout_s)
     if result.exit_code == 127:
         not_applicable(f"aiomoqt client does not support test case {testcase!r}: {result.stdout[-300:]}")

@@ -48,10 +48,11 @@ def test_containers_of_killed_runs_are_reaped(docker_images: list[str]) -> None:
     dead_pid = dead.stdout.strip()
     client = dk.docker_client()
     try:
+        # Each container gets a name of its own from _run_kwargs (a failed start can still be found by it).
         kwargs = dk._run_kwargs(dk.ContainerSpec(IMAGE, ["sleep", "60"]))
         orphan = client.containers.run(IMAGE, **{**kwargs, "labels": {dk.HARNESS_LABEL: "1",
                                                                       dk.OWNER_LABEL: dead_pid}})
-        ours = client.containers.run(IMAGE, **kwargs)
+        ours = client.containers.run(IMAGE, **dk._run_kwargs(dk.ContainerSpec(IMAGE, ["sleep", "60"])))
         try:
             removed = dk.reap_orphans(client)
             assert orphan.name in removed and ours.name not in removed

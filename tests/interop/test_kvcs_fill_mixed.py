@@ -57,10 +57,12 @@ def test_aiomoqt_publisher_relay_our_subscriber_exactly_once(relay: str, request
     prefill, per_group = int(target.params["prefill_groups"]), int(target.params["group_size"])
     size = int(target.params["object_size"])
     namespace, track = f"kvconform-fill-{secrets.token_hex(3)}", "t"
-    spec = dk.container_spec(target, interop_testbed,
-                             {"relay_url": endpoint.url, "namespace": namespace, "track": track})
+    spec = dk.contract_spec(target.value, "moqt-publisher",
+                            {"relay": endpoint.url, "namespace": namespace, "track": track, "object_size": str(size),
+                             "group_size": str(per_group), "prefill_groups": str(prefill)}, dk.docker_params(target))
     last_group = prefill + LIVE_GROUPS
-    with dk.running(spec):
+    with dk.running(spec) as publisher:
+        publisher.wait_for_line("waiting for subscriber", TIMEOUT_S * 3)  # announced, prefill groups published
         sub = asyncio.run(_subscribe(endpoint.url, namespace, track.encode(), last_group))
 
     summary: dict[str, Any] = {"largest": str(sub.largest), "fills": sub.fills,

@@ -16,6 +16,8 @@ from kvconform.targets.spec import parse_target
 from .peers import CLIENT_TARGET, OUR_RELAY_TARGET, RELAY_TARGET, aiomoqt_testbed, aiomoqt_testcases
 from .tap import TapError, parse_tap
 
+PUBLISHER_TARGET = "aiomoqt-publisher"
+
 TAP = """TAP version 14
 # date: 2026-11-29T15:29:19Z
 1..2
@@ -56,27 +58,45 @@ def test_tap_without_header_or_plan_is_refused(text: str) -> None:
         parse_tap(text)
 
 
-def test_relay_target_becomes_a_host_network_container(tmp_path: Path) -> None:
+def test_relay_target_becomes_a_contract_container(tmp_path: Path) -> None:
     bed = aiomoqt_testbed()
-    spec = dk.container_spec(parse_target(RELAY_TARGET, bed), bed, {"port": "4433", "certs": str(tmp_path)})
+    target = parse_target(RELAY_TARGET, bed)
+    assert (target.kind, target.value, target.roles) == ("docker", "kvconform/aiomoqt:0.13.3",
+                                                          {"moqt-relay", "kvcs-relay"})
+    policy = tmp_path / "policy.yaml"
+    spec = dk.contract_spec(target.value, "moqt-relay", {"port": "4433", "certs": str(tmp_path / "certs"),
+                                                         "policy": str(policy)}, dk.docker_params(target))
     assert spec.image == "kvconform/aiomoqt:0.13.3"
-    # The certificate folder is mounted read-only at /certs and the command names it there.
-    assert spec.mounts == {str(tmp_path): "/certs"}
-    assert spec.command[:4] == ["moq-interop-relay", "--quic", "--draft", "22"]
-    assert spec.command[spec.command.index("--cert") + 1] == "/certs/cert.pem"
-    assert spec.command[spec.command.index("--port") + 1] == "4433"
-    assert spec.ready.probe == "udp-bound" and spec.ready.probe_port == 4433
-    assert spec.ready.log_pattern is not None and "4433" in spec.ready.log_pattern
+    # The contract: the role and its values as arguments and KVCONFORM_* variables, files under /kvconform.
+    assert spec.command == ["moqt-relay", "--certs", "/kvconform/0", "--policy", "/kvconform/1/policy.yaml",
+                            "--port", "4433"]
+    assert spec.environment["KVCONFORM_ROLE"] == "moqt-relay" and spec.environment["KVCONFORM_PORT"] == "4433"
+    assert spec.writable == {str(tmp_path / "certs"): "/kvconform/0", str(tmp_path): "/kvconform/1"}
+    assert spec.ready.probe == "udp-bound" and spec.ready.probe_port == 4433 and spec.ready.any_of
     assert spec.build is not None and (spec.build.context / spec.build.dockerfile).is_file()
     kwargs = dk._run_kwargs(spec)
     assert kwargs["network_mode"] == "host" and "ports" not in kwargs
-    assert kwargs["volumes"] == {str(tmp_path): {"bind": "/certs", "mode": "ro"}}
+    assert kwargs["volumes"][str(tmp_path)] == {"bind": "/kvconform/1", "mode": "rw"}
 
 
-def test_missing_placeholder_is_refused() -> None:
+def test_client_and_publisher_targets_play_lane_roles() -> None:
     bed = aiomoqt_testbed()
-    with pytest.raises(dk.DockerUnavailable, match=r"\{testcase\}"):
-        dk.container_spec(parse_target(CLIENT_TARGET, bed), bed, {"relay_url": "moqt://127.0.0.1:1"})
+    client = parse_target(CLIENT_TARGET, bed)
+    spec = dk.contract_spec(client.value, "moqt-interop-client", {"relay": "moqt://127.0.0.1:1", "testcase": "fetch"})
+    assert spec.command == ["moqt-interop-client", "--relay", "moqt://127.0.0.1:1", "--testcase", "fetch"]
+    assert spec.ready.log_pattern is None and spec.ready.probe is None  # a one-shot run: no readiness
+    with pytest.raises(dk.DockerUnavailable, match="no value for testcase"):
+        dk.contract_spec(client.value, "moqt-interop-client", {"relay": "moqt://127.0.0.1:1"})
+    publisher = parse_target(PUBLISHER_TARGET, bed)
+    assert publisher.roles == {"moqt-publisher"} and publisher.params["prefill_groups"] == 2
+
+
+def test_aiomoqt_entrypoint_maps_the_contract_roles() -> None:
+    """The image's entrypoint declares every contract role it does not play (127 + kvconform-unsupported)."""
+    script = (Path(__file__).parents[2] / "testbeds/docker/aiomoqt/kvconform-entrypoint.sh").read_text()
+    for role in ("moqt-relay|kvcs-relay", "moqt-interop-client", "moqt-publisher"):
+        assert f"  {role})" in script
+    assert 'echo "kvconform-unsupported role=$role"' in script and "exit 127" in script
 
 
 def test_testbed_declares_both_relays_and_the_client_cases() -> None:

@@ -316,7 +316,7 @@ def test_in_process_driver_with_an_unusable_spec_is_unavailable(tmp_path: Path) 
 def test_cmd_driver_leaves_no_process_behind(tmp_path: Path) -> None:
     """A publisher that ignores SIGTERM, keeps a child in its group and daemonises another (setsid): after
     stop() none of them is left (targets/process.py kills the group, then whatever carries its mark)."""
-    from kvconform.targets.process import marked_pids
+    from kvconform.targets.process import Process, marked_pids
 
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
@@ -332,7 +332,7 @@ def test_cmd_driver_leaves_no_process_behind(tmp_path: Path) -> None:
     driver.start("moqt://127.0.0.1:9", tmp_path / "cache.json", "tok")
     assert _wait_ready(fifo, TIMEOUT) == "ready"
     proc = driver._proc
-    assert proc is not None
+    assert isinstance(proc, Process)
     mark = proc.mark
     assert len(marked_pids(mark)) == 3
     ended = driver.stop()
