@@ -20,7 +20,7 @@ from kvconform.matrix.registry import RegistryError, RunForm, load_registry
 from kvconform.targets import docker as dk
 from kvconform.targets.process import ProcessResult
 
-from .helpers import write_registry
+from .helpers import SHIPPED, write_registry
 
 IMAGE = "vendor/kv-decode:1.2"
 DECODE_PICS = {"tlkv": {"decode": {"versions": [1, 2],
@@ -49,6 +49,22 @@ def test_an_image_entry_is_the_contract_form(tmp_path: Path) -> None:
     assert entry.run.describe() == f"image (container contract): {IMAGE}"
     assert RunForm.from_dict(entry.run.as_dict()) == entry.run, "a cell's request carries the form whole"
     assert not registry.implementations["ref"].roles["tlkv-decode"].run.in_docker
+
+
+def test_the_shipped_registry_runs_aiomoqt_and_the_reference_image_by_the_contract() -> None:
+    registry = load_registry(SHIPPED)
+    relay = registry.implementations["aiomoqt"].roles["kvcs-relay"].run
+    assert (relay.kind, relay.value, relay.docker) == ("image", "kvconform/aiomoqt:0.13.3", None)
+    assert relay.contract == {"build": {"context": "docker/aiomoqt", "dockerfile": "Dockerfile"},
+                              "ready_timeout_s": 30}
+    # the image's entrypoint plays the relay role under the contract (and declares the rest unsupported)
+    entrypoint = (SHIPPED.parent / "docker" / "aiomoqt" / "kvconform-entrypoint.sh").read_text("utf-8")
+    assert "moqt-relay|kvcs-relay)" in entrypoint and '--port "$KVCONFORM_PORT"' in entrypoint
+    image = registry.implementations["kvconform-image"]
+    assert set(image.roles) == {"tlkv-decode"} and not image.reference
+    decode = image.roles["tlkv-decode"].run
+    assert (decode.kind, decode.value) == ("image", "kvconform/reference:dev")
+    assert image.roles["tlkv-decode"].pics == registry.implementations["kvconform"].roles["tlkv-decode"].pics
 
 
 @pytest.mark.parametrize(("decode", "expected"), [
