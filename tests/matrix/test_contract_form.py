@@ -177,3 +177,20 @@ def test_a_declared_unsupported_role_makes_the_cell_inconclusive(tmp_path: Path,
     assert said in doc["message"], doc["message"]
     assert doc["traceback"] is None, "not a harness error"
     assert not any(step["what"] == "verified" for step in doc["steps"])
+
+
+def test_without_docker_an_image_participant_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real transfer exchange, its decode side an image: no daemon makes the cell inconclusive naming it."""
+    def no_daemon(timeout_s: float = 60.0) -> Any:
+        raise dk.DockerUnavailable("the docker daemon is not reachable: (test)")
+
+    monkeypatch.setattr(dk, "docker_client", no_daemon)
+    request = {"id": "tlkv-transfer--ref--vendor", "kind": "tlkv-transfer", "dir": str(tmp_path / "cell"), "seed": 5,
+               "run": "0" * 16, "registry_dir": str(tmp_path), "participants": {
+                   "tlkv-prefill": {"implementation": "ref", "run": RunForm("reference", "reference").as_dict(),
+                                    "versions": [1, 2], "reference": True},
+                   "tlkv-decode": {"implementation": "vendor", "run": RunForm("image", IMAGE, contract={}).as_dict(),
+                                   "versions": [1, 2], "pics": DECODE_PICS}}}
+    doc = cell_module.run_cell(request)
+    assert (doc["outcome"], doc["unavailable"], doc["suspects"]) == ("inconclusive", "tlkv-decode", []), doc
+    assert "the docker daemon is not reachable" in doc["message"], doc["message"]
