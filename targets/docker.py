@@ -79,6 +79,7 @@ __all__ = [
     "recipe_digest",
     "run_to_completion",
     "running",
+    "unsupported_declaration",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -389,7 +390,8 @@ class DockerContainer:
                                                 "command": list(self.spec.command),
                                                 "environment": dict(self.spec.environment),
                                                 "mounts": {**self.spec.mounts, **self.spec.writable},
-                                                "user": self.spec.user, "network": "host"})
+                                                "user": self.spec.user, "network": "host",
+                                                "labels": dict(self.spec.labels)})
         try:
             with _LIVE_LOCK:
                 _LIVE.add(self)
@@ -644,7 +646,8 @@ def contract_spec(image: str, role: str, values: Mapping[str, str], params: Mapp
     """The container that asks ``image`` to play ``role`` with these placeholder values, under the contract
     (targets/contract.py): arguments, KVCONFORM_* environment, the folders of its files mounted read-write
     under /kvconform, the harness's uid:gid, readiness by the kvconform-ready line or the role's port probe.
-    ``params`` are the target's ``params.docker`` (build, environment, user, ready_timeout_s, stop_timeout_s)."""
+    ``params`` are the target's ``params.docker`` (build, environment, user, ready_timeout_s, stop_timeout_s,
+    labels)."""
     params = params or {}
     spec_role = contract.container_role(role)
     try:
@@ -664,7 +667,9 @@ def contract_spec(image: str, role: str, values: Mapping[str, str], params: Mapp
         stop_timeout_s=int(params.get("stop_timeout_s", STOP_TIMEOUT_S)), user=None if user == "image" else user,
         # A long-lived role's lines go to the evidence of the check running when it prints them; a one-shot
         # run's output is recorded whole by its driver.
-        labels={ROLE_LABEL: role}, log_events=spec_role.kind != "one-shot",
+        # params labels: a caller's own (the plugfest matrix labels its run's and cell's containers)
+        labels={**{str(k): str(v) for k, v in params.get("labels", {}).items()}, ROLE_LABEL: role},
+        log_events=spec_role.kind != "one-shot",
         name=f"kvconform-{role}-{uuid.uuid4().hex[:8]}")
 
 
@@ -795,6 +800,12 @@ class ContainerRun:
         return self._result
 
 
+def unsupported_declaration(image: str, role: str) -> str | None:
+    """Why the checks of ``role`` are inconclusive when ``image`` declared (exit 127 + ``kvconform-unsupported``) in
+    this process that it does not play it; None when it did not."""
+    return _UNSUPPORTED.get((image, role))
+
+
 def _inconclusive(reason: str) -> NoReturn:
     from kvconform.verdicts import inconclusive
 
@@ -863,6 +874,7 @@ class ContainerRelay:
         self.launcher = launcher
         self._run: ContainerRun | None = None
         self._folder: str | None = None
+        self.result: ProcessResult | None = None  # how the last container ended (after stop())
 
     def start(self, policy: dict[str, Any]) -> str:
         import yaml
@@ -889,7 +901,8 @@ class ContainerRelay:
 
     def stop(self) -> None:
         if self._run is not None:
-            evidence.record("note", "relay container", self._run.stop().evidence())
+            self.result = self._run.stop()
+            evidence.record("note", "relay container", self.result.evidence())
             self._run = None
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)

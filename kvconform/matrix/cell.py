@@ -13,7 +13,8 @@ What the outcome says (the verdict policy, applied to a whole exchange):
 - ``fail``: a participant broke it (crashed, exited, hung past a bound, refused, delivered or reported the
   wrong content); ``suspects`` names the roles the evidence points at, for the runner to judge by isolation;
 - ``inconclusive``: a participant could not be started or reached before anything was exchanged
-  (``unavailable`` names it), or the harness itself failed ("harness error", traceback kept).
+  (``unavailable`` names it; an ``image:`` one that declares it does not play its role, exit 127 with
+  ``kvconform-unsupported``, is one), or the harness itself failed ("harness error", traceback kept).
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def _process_logs(ctx: CellContext, transcript: evidence.Transcript) -> None:
             ctx.log_process(suite, event["kind"], event["fields"])
 
 
+def _inconclusive_reason(exc: BaseException) -> str | None:
+    """The reason when ``exc`` is ``kvconform.verdicts.inconclusive``'s (pytest's skip where pytest is imported,
+    else ``Inconclusive``): a driver ending what it does inconclusive, e.g. under the container contract an image
+    that declares it does not play its role."""
+    from kvconform.verdicts import INCONCLUSIVE_PREFIX, Inconclusive
+
+    if isinstance(exc, Inconclusive):
+        return str(exc)
+    skip = getattr(sys.modules.get("pytest"), "skip", None)
+    if skip is not None and isinstance(exc, skip.Exception):
+        return str(getattr(exc, "msg", exc)).removeprefix(INCONCLUSIVE_PREFIX)
+    return None
+
+
 def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     """Run one cell as the request describes; the result document (also written to the cell's folder)."""
     folder = Path(request["dir"])
@@ -80,11 +95,26 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         outcome, message = "inconclusive", f"the exchange cannot be verified: {exc}"
     except Broken as exc:
         outcome, message, suspects = "fail", str(exc), exc.suspects
-    except Exception as exc:  # kvconform's own failure is never a verdict on a participant
-        outcome, message, trace = "inconclusive", f"harness error: {type(exc).__name__}: {exc}", traceback.format_exc()
+    except BaseException as exc:
+        reason = _inconclusive_reason(exc)
+        if reason is not None:
+            from kvconform.matrix.participants import declared_unsupported
+
+            # an image: participant that said it does not play its role (nothing of it was tested), or a
+            # driver that could not observe what it needed
+            declared = declared_unsupported(participants)
+            unavailable = declared[0] if declared is not None else None
+            outcome = "inconclusive"
+            message = (f"{unavailable} could not be started or reached: {declared[1]}" if declared is not None
+                       else f"a driver ended the exchange inconclusive: {reason}")
+        elif isinstance(exc, Exception):  # kvconform's own failure is never a verdict on a participant
+            outcome, message = "inconclusive", f"harness error: {type(exc).__name__}: {exc}"
+            trace = traceback.format_exc()
+        else:
+            raise
     finally:
         evidence.activate(None)
-        with_docker = [p for p in participants.values() if p.run.docker]
+        with_docker = [p for p in participants.values() if p.run.in_docker]
         if with_docker:
             from kvconform.matrix.participants import remove_containers
 

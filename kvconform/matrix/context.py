@@ -58,8 +58,7 @@ class Participant:
 
     @classmethod
     def from_request(cls, suite: str, data: dict[str, Any]) -> Participant:
-        run = data["run"]
-        form = RunForm(run["kind"], run["value"], run.get("docker"), dict(run.get("ready", {})))
+        form = RunForm.from_dict(data["run"])
         return cls(suite, data["implementation"], form, dict(data.get("pics", {})), list(data.get("versions", [])),
                    bool(data.get("reference")))
 
@@ -89,7 +88,8 @@ class CellContext:
         return self.participants[suite]
 
     def spec(self, suite: str) -> TargetSpec:
-        """The TargetSpec of the participant playing ``suite`` (docker made into ``docker run``)."""
+        """The TargetSpec of the participant playing ``suite`` (an ``image:`` a docker target of the contract, a
+        ``cmd:`` in ``docker:`` its ``docker run``; containers labelled with the cell and the run)."""
         from kvconform.matrix.participants import target_spec
 
         p = self.participants[suite]
@@ -99,7 +99,7 @@ class CellContext:
     def not_started(self, suite: str, code: int | None) -> bool:
         """Whether exit status ``code`` of the participant playing ``suite`` says it could not be run at all
         (the cell is then inconclusive: nothing of it was exchanged, nobody is blamed)."""
-        return code in (DOCKER_NOT_STARTED if self.participants[suite].run.docker else NOT_STARTED)
+        return code in (DOCKER_NOT_STARTED if self.participants[suite].run.in_docker else NOT_STARTED)
 
     def step(self, what: str, **fields: Any) -> None:
         """One step of the exchange, in order, with the time since the cell started."""

@@ -8,6 +8,11 @@ its conformance suite does. Two things the drivers do not do live here:
   command through the one process driver (``kvconform.targets.process``) and waits, bounded, for its
   readiness (a log line and/or the port bound); ``url:`` relays are used as they are, reference and
   ``python:`` relays run in-process with an open policy.
+- **Images under the container contract** (``image:``, docs/docker-contract.md): the role is played as
+  ``--target docker:IMAGE`` plays it (``kvconform.targets.docker``: ``contract_driver``, ``ContainerRelay``), the
+  registry's ``contract:`` parameters as the target's ``params.docker``, every container labelled with the cell
+  and the matrix run (``remove_containers`` finds them). A role the image declares it does not play (exit 127
+  and ``kvconform-unsupported``) makes the cell inconclusive (``declared_unsupported``), never a pass.
 - **Docker**: a ``cmd:`` with ``docker: {image}`` runs as ``docker run --rm --network host`` of that image
   (127.0.0.1 only, never the bridge; labelled like every container of ``kvconform.targets.docker``), with the
   cell's folder mounted at the same path so file placeholders mean the same inside. The image is made by
@@ -33,8 +38,8 @@ from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import Process, ProcessResult, fill_template
 from kvconform.targets.spec import TargetSpec
 
-__all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "RUN_LABEL", "Relay", "docker_template", "remove_containers",
-           "start_relay", "target_spec", "write_certificates"]
+__all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "RUN_LABEL", "Relay", "contract_params", "declared_unsupported",
+           "docker_template", "remove_containers", "start_relay", "target_spec", "write_certificates"]
 
 LOOPBACK = "127.0.0.1"
 CELL_LABEL = "org.kvconform.matrix.cell"
@@ -85,6 +90,33 @@ def docker_template(form: RunForm, mounts: list[Path], cell: str, registry_dir: 
     return shlex.join([*prefix, image]) + " " + form.value
 
 
+def contract_params(form: RunForm, registry_dir: Path, cell: str, run: str) -> dict[str, Any]:
+    """The ``params.docker`` of an ``image:`` form: its ``contract:`` parameters (build paths made absolute from
+    the registry's folder) and the labels naming the cell and the matrix run."""
+    params = dict(form.contract or {})
+    build = params.get("build")
+    if build:
+        params["build"] = {**build, **{key: str((registry_dir / build[key]).resolve())
+                                       for key in ("context", "script") if key in build}}
+    params["labels"] = {CELL_LABEL: cell, RUN_LABEL: run}
+    return params
+
+
+def declared_unsupported(participants: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(suite, why) of the first ``image:`` participant whose image declared, in this process, that it does not
+    play its role (exit 127 with ``kvconform-unsupported``), or None. ``participants``: suite -> anything with a
+    ``run`` RunForm."""
+    from kvconform.targets.docker import unsupported_declaration
+
+    for suite, participant in participants.items():
+        form: RunForm = participant.run
+        if form.kind == "image":
+            why = unsupported_declaration(form.value, suite)
+            if why is not None:
+                return suite, why
+    return None
+
+
 def remove_containers(run: str, cell: str | None = None) -> list[str]:
     """Remove every container of the matrix run ``run`` (of its cell or suite ``cell`` when given) that is
     still there (its ``docker run`` was killed, or SIGTERM did not stop it); their names. Only that run's:
@@ -108,7 +140,8 @@ def remove_containers(run: str, cell: str | None = None) -> list[str]:
 
 def target_spec(name: str, suite: str, form: RunForm, pics: dict[str, Any], *, mounts: list[Path] | None = None,
                 cell: str = "", registry_dir: Path | None = None, run: str = "") -> TargetSpec:
-    """The TargetSpec the role's driver takes for ``form`` (docker made into its ``docker run`` template)."""
+    """The TargetSpec the role's driver takes for ``form``: an ``image:`` a ``docker`` target (the contract), a
+    ``cmd:`` inside ``docker:`` its ``docker run`` template."""
     from kvconform.targets.spec import _url_params
 
     source = f"implementations registry: {name} ({suite})"
@@ -118,6 +151,9 @@ def target_spec(name: str, suite: str, form: RunForm, pics: dict[str, Any], *, m
         return TargetSpec(name, "python", form.value, {suite}, dict(pics), {}, source)
     if form.kind == "url":
         return TargetSpec(name, "url", form.value, {suite}, dict(pics), _url_params(form.value), source)
+    if form.kind == "image":
+        params = contract_params(form, registry_dir or Path.cwd(), cell, run)
+        return TargetSpec(name, "docker", form.value, {suite}, dict(pics), {"docker": params}, source)
     template = form.value
     if form.docker:
         template = docker_template(form, mounts or [], cell, registry_dir or Path.cwd(), run)
@@ -157,7 +193,7 @@ class Relay:
 
     url: str
     process: Process | None = None
-    driver: Any = None  # an in-process RelayDriver
+    driver: Any = None  # a RelayDriver: in-process, or a ContainerRelay (an image: relay)
     argv: list[str] | None = None
     result: ProcessResult | None = None
 
@@ -170,6 +206,7 @@ class Relay:
             self.result = self.process.stop()
         if self.driver is not None:
             self.driver.stop()
+            self.result = getattr(self.driver, "result", None)  # a ContainerRelay's container: its output
             self.driver = None
         return self.result
 
@@ -209,9 +246,10 @@ def start_relay(spec: TargetSpec, ready: dict[str, Any], certs: Path, *,
     TargetUnavailable when it cannot be started or is not ready."""
     if spec.kind == "url":
         return Relay(spec.value)
-    if spec.kind in ("reference", "python"):
+    if spec.kind in ("reference", "python", "docker"):
         from kvconform.targets.registry import driver_for
 
+        # docker: a ContainerRelay (the contract: the policy file, the certificate, a free port, readiness)
         driver = driver_for("kvcs-relay", spec)
         url = driver.start({"version": 1, "allow_all": True})  # every cell's scope is new: an open policy
         return Relay(str(url), driver=driver)

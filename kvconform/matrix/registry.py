@@ -45,6 +45,7 @@ SERVER_ROLES = frozenset({"kvcs-relay", "tlkv-decode"})
 # Roles whose run forms the harness has no driver for, per form.
 _NO_CMD = frozenset({"kbtp-initiator", "kbtp-target"})
 _URL_SCHEMES = {"kvcs-relay": "moqt", "tlkv-decode": "grpc"}
+_SUITES = frozenset(f"{protocol}-{role}" for protocol, roles in MATRIX_ROLES.items() for role in roles)
 
 
 class RegistryError(ValueError):
@@ -53,24 +54,44 @@ class RegistryError(ValueError):
 
 @dataclass(frozen=True)
 class RunForm:
-    """How the harness reaches a role: exactly one of ``cmd`` (optionally inside ``docker``), ``url``,
+    """How the harness reaches a role: exactly one of ``cmd`` (optionally inside ``docker``), ``image`` (an image
+    following the container contract, docs/docker-contract.md, with its ``contract`` parameters), ``url``,
     ``python`` or ``reference``."""
 
-    kind: str  # "cmd" | "url" | "python" | "reference"
-    value: str  # the template, URL, module:factory, or "reference"
-    docker: dict[str, Any] | None = None
+    kind: str  # "cmd" | "image" | "url" | "python" | "reference"
+    value: str  # the template, IMAGE[:TAG], URL, module:factory, or "reference"
+    docker: dict[str, Any] | None = None  # cmd: the image it runs inside ({image, build})
     ready: dict[str, Any] = field(default_factory=dict)
+    # image: the contract's parameters, those of a testbed target's params.docker (build, environment, user,
+    # ready_timeout_s, stop_timeout_s); build paths relative to the registry file
+    contract: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, entry: dict[str, Any]) -> RunForm:
+        if "image" in entry:
+            return cls("image", str(entry["image"]), contract=dict(entry.get("contract", {})))
         for kind in ("cmd", "url", "python"):
             if kind in entry:
                 return cls(kind, str(entry[kind]), entry.get("docker"), dict(entry.get("ready", {})))
         return cls("reference", "reference")
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunForm:
+        """The inverse of ``as_dict`` (a cell's request)."""
+        contract = data.get("contract")
+        return cls(str(data["kind"]), str(data["value"]), data.get("docker"), dict(data.get("ready", {})),
+                   dict(contract) if contract is not None else None)
+
+    @property
+    def in_docker(self) -> bool:
+        """Whether the harness runs this role in containers (which it must remove, whatever happens)."""
+        return self.kind == "image" or bool(self.docker)
+
     def describe(self) -> str:
         if self.kind == "cmd" and self.docker:
             return f"cmd (in docker image {self.docker['image']}): {self.value}"
+        if self.kind == "image":
+            return f"image (container contract): {self.value}"
         return self.value if self.kind == "reference" else f"{self.kind}: {self.value}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -79,6 +100,8 @@ class RunForm:
             out["docker"] = self.docker
         if self.ready:
             out["ready"] = self.ready
+        if self.contract is not None:
+            out["contract"] = self.contract
         return out
 
 
@@ -190,6 +213,14 @@ def _where(error: Any) -> str:
 
 
 def _check_form(path: Path, where: str, suite: str, form: RunForm) -> None:
+    if form.kind == "image":
+        from kvconform.targets.contract import NOT_REACHABLE, container_roles
+
+        if suite not in container_roles():
+            why = NOT_REACHABLE if suite in _NO_CMD else "it is not a role of the container contract"
+            raise RegistryError(f"{path}: {where}.image: {form.value!r} cannot play {suite}: {why}; expected "
+                                f"one of {', '.join(sorted(set(container_roles()) & _SUITES))}")
+        return
     if form.kind == "cmd" and suite in _NO_CMD:
         raise RegistryError(f"{path}: {where}.cmd: {suite} runs on the harness's emulated fabric; "
                             f"expected python: <module>:<factory> or reference: true")
@@ -197,7 +228,7 @@ def _check_form(path: Path, where: str, suite: str, form: RunForm) -> None:
         scheme = _URL_SCHEMES.get(suite)
         if scheme is None:
             raise RegistryError(f"{path}: {where}.url: {suite} is started by the harness for each cell; "
-                                f"expected cmd:, python: or reference: true, got url {form.value!r}")
+                                f"expected cmd:, image:, python: or reference: true, got url {form.value!r}")
         if not form.value.startswith(f"{scheme}://"):
             raise RegistryError(f"{path}: {where}.url: got {form.value!r}, expected {scheme}://host:port")
     if form.kind == "cmd":

@@ -110,8 +110,8 @@ def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict
     argv = [sys.executable, "-m", "kvconform.matrix.cell", str(folder / "request.json")]
     started = time.monotonic()
     proc = run_process(argv, opts.cell_timeout_s, env=env, what="cell worker")
-    # A worker stopped at its bound never ran its own clean-up: what its `docker run`s started may still run.
-    left = (_remove_left(run_id, cell.id) if any(e.run.docker for e in cell.participants.values()) else [])
+    # A worker stopped at its bound never ran its own clean-up: the containers it started may still run.
+    left = (_remove_left(run_id, cell.id) if any(e.run.in_docker for e in cell.participants.values()) else [])
     (folder / "worker.log").write_text(f"$ {shlex.join(argv)}\nexit {proc.returncode}\n---- stdout\n"
                                        f"{proc.stdout.decode('utf-8', 'replace')}\n---- stderr\n"
                                        f"{proc.stderr.decode('utf-8', 'replace')}\n", "utf-8")

@@ -4,7 +4,9 @@ Each run gets a testbed file of its own naming the implementation as a target wi
 registry declares for the role, and reports to ``<out>/suites/<implementation>/<suite>/`` (coverage.json,
 coverage.html, junit.xml, evidence). A relay the harness starts (``cmd:``) is started for the suite (its
 ``suite:`` form when the registry gives one: e.g. with the authorization policy its PICS describe) and the
-suite reaches it at its ``moqt://127.0.0.1:PORT``. The suite's outcome, for the cells:
+suite reaches it at its ``moqt://127.0.0.1:PORT``. An ``image:`` role is the run's ``docker`` target (the container
+contract, its containers labelled with the matrix run); an ``image:`` relay is started by the suite itself, with
+the policy its PICS describe. The suite's outcome, for the cells:
 
 - ``pass``: every gating (MUST / RULE) check passed or was not applicable;
 - ``fail``: a gating check failed (the requirements it blamed are listed);
@@ -57,11 +59,14 @@ class SuiteRun:
         return asdict(self)
 
 
-def _testbed_target(entry: RoleEntry, form_kind: str, value: str) -> dict[str, Any]:
+def _testbed_target(entry: RoleEntry, form_kind: str, value: str,
+                    params: dict[str, Any] | None = None) -> dict[str, Any]:
     target: dict[str, Any] = {"driver": form_kind, "description": f"{entry.label}, from the implementations registry",
                               "roles": [entry.suite], "pics": entry.pics}
     if form_kind != "reference":
         target[form_kind] = value
+    if params:
+        target["params"] = params
     return target
 
 
@@ -116,13 +121,15 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
                 relay = start_relay(spec, form.ready, write_certificates(tmp / "certs"), env=env)
                 kind, value = "url", relay.url
             else:
+                # an image: relay too: the suite's own ContainerRelay starts it with the policy its PICS describe
                 kind, value = spec.kind, spec.value
         except TargetUnavailable as exc:
             run.message = f"{entry.label} could not be started for its suite: {exc}"
             return run
         testbed = folder / "testbed.yaml"
         testbed.write_text(yaml.safe_dump({"name": f"matrix-{entry.implementation}-{entry.suite}", "targets": {
-            entry.implementation: _testbed_target(entry, kind, value)}}, sort_keys=False), "utf-8")
+            entry.implementation: _testbed_target(entry, kind, value, spec.params if kind == "docker" else None)}},
+            sort_keys=False), "utf-8")
         run.target = f"{entry.implementation} ({kind}: {value})" if kind != "reference" else entry.implementation
         argv = [sys.executable, "-m", "kvconform", "run", entry.suite, "--testbed", str(testbed), "--target",
                 entry.implementation, "--report-dir", str(report), "--suite-budget", f"{budget_s:g}",
@@ -149,7 +156,7 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
             run.message = f"the suite wrote no report ({why}): {tail}"
         return run
     finally:
-        if entry.suite_run.docker:
+        if entry.suite_run.in_docker:
             from kvconform.matrix.participants import remove_containers
 
             try:

@@ -1,18 +1,25 @@
 """CI's real matrix (``.ci/interop``, the matrix block): ``kvconform matrix`` of the shipped registry, the
-reference and aiomoqt's relay in docker, with every role suite; then its page in a browser.
+reference, the reference image's decode side and aiomoqt's relay, both images run by the container contract
+(registry ``image:``), with every role suite; then its page in a browser.
 
-What must hold: every cell between kvconform's own implementations passes; the cache crosses aiomoqt's relay
-intact (the exchange passes); aiomoqt's kvcs-relay suite fails exactly the known disagreements
+What must hold: every cell between kvconform's own implementations passes, the prefill side's transfer into the
+reference image's container too (the contract image passes its tlkv-decode suite); the cache crosses aiomoqt's
+relay intact (the exchange passes); aiomoqt's kvcs-relay suite fails exactly the known disagreements
 (``tests/interop/disagreements.py``, docs/interop-aiomoqt.md), so its cells fail and name aiomoqt's relay,
-nobody else. Without docker the aiomoqt cells are inconclusive and this test fails: CI has docker.
+nobody else; every container carried the run's and its cell's labels and none is left. Without docker the
+image cells are inconclusive and this test fails: CI has docker.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kvconform.matrix.participants import CELL_LABEL, RUN_LABEL
+from kvconform.targets.docker import ROLE_LABEL
 from tests.browser import browser_page, require_browser
 from tests.interop.disagreements import KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
 
@@ -20,6 +27,13 @@ from .helpers import SHIPPED, blamed, cells, containers_of_run, run_matrix, vali
 
 pytestmark = pytest.mark.interop
 AIOMOQT_CELL = "kvcs--kvconform--aiomoqt--kvconform"
+IMAGE_CELL = "tlkv-transfer--kvconform--kvconform-image"
+
+
+def container_labels(out: Path, cell: dict[str, Any]) -> list[dict[str, str]]:
+    """The labels of every container the cell's exchange started (its transcript's docker-run events)."""
+    transcript = json.loads((out / cell["dir"] / "transcript.json").read_text("utf-8"))
+    return [e["fields"]["labels"] for e in transcript["events"] if e["kind"] == "docker-run"]
 
 
 @pytest.mark.timeout(1500)
@@ -40,6 +54,15 @@ def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path)
     assert failing == set(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT), (
         f"aiomoqt's kvcs-relay suite failed {sorted(failing)}; known: {sorted(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT)}")
     assert through["outcome"] == "fail" and blamed(through) == {("aiomoqt", "kvcs-relay")}, through["blame"]
+    image = by_id[IMAGE_CELL]
+    assert image["outcome"] == "pass", (image["exchange"], image["suites"], image["blame"])
+    assert image["suites"]["tlkv-decode"]["outcome"] == "pass", image["suites"]
+    assert set(by_id) == {*(c["id"] for c in ours), AIOMOQT_CELL, IMAGE_CELL}, sorted(by_id)
+    run_id = doc["meta"]["run_id"]
+    for cell, role in ((through, "kvcs-relay"), (image, "tlkv-decode")):
+        labels = container_labels(out, cell)
+        assert labels and all(lab == {RUN_LABEL: run_id, CELL_LABEL: cell["id"], ROLE_LABEL: role} for lab in labels), (
+            cell["id"], labels)
     assert code == 1, output[-2000:]
     assert doc["meta"]["containers_left"] == [], "every cell and suite removed its own containers"
     assert containers_of_run(doc["meta"]["run_id"]) == []
@@ -50,6 +73,8 @@ def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path)
         table = page.locator("section.table", has=page.locator("h2", has_text="relay aiomoqt"))
         assert table.locator("th.row").all_inner_texts() == ["kvconform"]
         assert table.locator("th.col").all_inner_texts() == ["kvconform"]
+        transfer = page.locator("section.table#tlkv-transfer")
+        assert transfer.locator("th.col").all_inner_texts() == ["kvconform", "kvconform-image"]
         td = page.locator(f'td[data-cell="{AIOMOQT_CELL}"]')
         assert td.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(243, 166, 166)"
         assert "exchange ✓" in td.inner_text() and "relay ✗" in td.inner_text()
