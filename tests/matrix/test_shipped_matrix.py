@@ -39,7 +39,7 @@ def container_labels(out: Path, cell: dict[str, Any]) -> list[dict[str, str]]:
 @pytest.mark.timeout(1500)
 def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     base = request.config.getoption("kvconform_report_dir", None)
-    out = Path(base) / "matrix" if base else tmp_path / "matrix"
+    out = (Path(base) / "matrix").resolve() if base else tmp_path / "matrix"
     code, doc, output = run_matrix(SHIPPED, out, "-n", "2", timeout=1400)
     validate(doc)
     by_id = cells(doc)
