@@ -87,7 +87,11 @@ def test_a_relay_that_cannot_be_reached_is_inconclusive_never_a_refusal(tmp_path
     run = _run("moqt-relay", f"moqt://127.0.0.1:{port}", tmp_path, "test_authorization", "test_malformed")
     tests = _tests(run)
     assert tests and {t["verdict"] for t in tests} == {"inconclusive"}, (_verdicts(run), run.output)
-    assert all("nothing listens there" in t["message"] for t in tests), tests[0]["message"]
+    # The kernel's port-unreachable answer says nothing listens there; when its global ICMP rate limit drops it
+    # (many tests dial closed ports at once), the handshake's bound runs out instead: unreachable either way.
+    unreachable = ("nothing listens there", f"no QUIC handshake with the relay at moqt://127.0.0.1:{port} within")
+    other = [t["message"] for t in tests if not any(u in t["message"] for u in unreachable)]
+    assert not other, other
     assert run.code == 1
 
 
