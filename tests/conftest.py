@@ -10,7 +10,22 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
+
 from kvconform.fixtures.plugin import PROTOCOL_FIXTURE_MODULES
+from tests.report_runs import ReportRun, broken_run, reference_run
 
 for _name in PROTOCOL_FIXTURE_MODULES:
     importlib.import_module(_name)
+
+
+# The two report runs the report tests read (schema, browser): made once per worker, never written to.
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
+    return reference_run(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="session")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
+    return broken_run(tmp_path_factory.mktemp("broken"))
+

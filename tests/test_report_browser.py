@@ -22,10 +22,8 @@ from tests.browser import browser as chromium
 from tests.report_runs import (
     BROKEN_REQUIREMENT,
     ReportRun,
-    broken_run,
     given_report_dirs,
     load_given,
-    reference_run,
 )
 
 
@@ -33,16 +31,6 @@ from tests.report_runs import (
 def browser() -> Iterator[Browser]:
     with chromium() as b:
         yield b
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
-    return reference_run(tmp_path_factory.mktemp("reference"))
-
-
-@pytest.fixture(scope="module")
-def broken(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
-    return broken_run(tmp_path_factory.mktemp("broken"))
 
 
 def _identity_on_screen(page: Any, run: ReportRun) -> None:

@@ -26,21 +26,9 @@ from tests.report_runs import (
     BROKEN_REQUIREMENT,
     BROKEN_TARGET,
     ReportRun,
-    broken_run,
     given_report_dirs,
     load_given,
-    reference_run,
 )
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
-    return reference_run(tmp_path_factory.mktemp("reference"))
-
-
-@pytest.fixture(scope="module")
-def broken(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
-    return broken_run(tmp_path_factory.mktemp("broken"))
 
 
 def _head_commit() -> str | None:

@@ -18,6 +18,7 @@ from kvconform.targets import docker as dk
 from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.testbed import Testbed
 from kvconform.verdicts import inconclusive
+from tests.lanes import deselect_lane
 
 from .peers import (
     RelayEndpoint,
@@ -32,18 +33,8 @@ IMAGE_TIMEOUT_S = 600.0
 _OUTCOME = pytest.StashKey[str]()
 
 
-def _selected(config: pytest.Config) -> bool:
-    return "interop" in (config.getoption("markexpr", "") or "")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _selected(config):
-        return
-    here = Path(__file__).parent
-    lane = [item for item in items if item.get_closest_marker("interop") and here in item.path.parents]
-    if lane:
-        config.hook.pytest_deselected(items=lane)
-        items[:] = [item for item in items if item not in lane]
+    deselect_lane(config, items, Path(__file__).parent)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.lanes import deselect_lane
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "interop" in (config.getoption("markexpr", "") or ""):
-        return
-    here = Path(__file__).parent
-    lane = [item for item in items if item.get_closest_marker("interop") and here in item.path.parents]
-    if lane:
-        config.hook.pytest_deselected(items=lane)
-        items[:] = [item for item in items if item not in lane]
+    deselect_lane(config, items, Path(__file__).parent)
