@@ -108,8 +108,9 @@ def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict
     request = _request(cell, registry, folder, opts.seed, opts.consumer_budget_s, run_id)
     (folder / "request.json").write_text(json.dumps(request, indent=1, default=str) + "\n", "utf-8")
     argv = [sys.executable, "-m", "kvconform.matrix.cell", str(folder / "request.json")]
-    started = time.monotonic()
+    started, wall = time.monotonic(), time.time()
     proc = run_process(argv, opts.cell_timeout_s, env=env, what="cell worker")
+    window = [round(wall, 3), round(time.time(), 3)]  # when the worker ran: cells may reuse a port, never at once
     # A worker stopped at its bound never ran its own clean-up: the containers it started may still run.
     left = (_remove_left(run_id, cell.id) if any(e.run.in_docker for e in cell.participants.values()) else [])
     (folder / "worker.log").write_text(f"$ {shlex.join(argv)}\nexit {proc.returncode}\n---- stdout\n"
@@ -129,6 +130,7 @@ def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict
                "identifiers": {}, "logs": {}, "transcript": None, "traceback": None,
                "duration_s": round(time.monotonic() - started, 3)}
     doc["worker_log"] = "worker.log"
+    doc["window"] = window
     if left:
         doc.setdefault("steps", []).append({"t": doc.get("duration_s"), "what": "containers the worker left were "
                                             "removed by the runner", "containers": left})
@@ -237,7 +239,7 @@ def _cell_entry(cell: CellPlan, result: dict[str, Any], registry: Registry, suit
                      "unavailable": ({"role": unavailable,
                                       "implementation": cell.participants[unavailable].implementation}
                                      if unavailable in cell.participants else None),
-                     "duration_s": result.get("duration_s")},
+                     "duration_s": result.get("duration_s"), "window": result.get("window")},
         "suites": part_suites,
         "blame": blame,
         "identifiers": result.get("identifiers", {}),
