@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         pytest_args += ["--kvconform-testbed", args.testbed]
     if args.strict:
         pytest_args.append("--kvconform-strict")
-    pytest_args += ["--kvconform-suite-budget", str(args.suite_budget)]
+    pytest_args += ["--kvconform-suite-budget", str(args.suite_budget), "--kvconform-sweep", args.sweep]
     pytest_args += ["--kvconform-capture", args.capture, "--kvconform-capture-with", args.capture_with]
     if args.seed is not None:
         pytest_args += ["--kvconform-seed", str(args.seed)]
@@ -450,6 +450,9 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--suite-budget", type=positive_float, default=DEFAULT_SUITE_BUDGET, metavar="SECONDS",
                      help="bound on each suite's checks per worker: the checks left when it is spent end "
                           f"inconclusive (default {DEFAULT_SUITE_BUDGET:g})")
+    run.add_argument("--sweep", choices=("boundary", "wide"), default="boundary",
+                     help="geometries each suite sweeps: boundary (default: the values where wrong implementations "
+                          "differ) or wide (more besides, within --suite-budget); docs/boundaries.md lists them")
     _capture_arguments(run)
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)

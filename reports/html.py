@@ -188,6 +188,7 @@ def _identity(doc: Mapping[str, Any]) -> list[str]:
         ("suites", escape(", ".join(run.get("suites", [])))),
         ("seed", f"<code>{escape(str(run.get('seed')))}</code> (replays with --seed)"),
         ("strict", escape(str(run.get("strict")))),
+        ("sweep", escape(str(run.get("sweep", "boundary")))),
         ("started / finished", escape(f"{run.get('started')} / {run.get('finished')}")),
         ("exit status", escape(str(run.get("exit_code")))),
         ("host", escape(f"{host.get('name')} ({host.get('platform')}, {host.get('cpus')} CPUs)")),

@@ -147,7 +147,7 @@ def _implementation(target: TargetSpec) -> dict[str, Any]:
 
 def build_identity(*, target: TargetSpec, testbed: Testbed, catalog: Catalog, protocols: Iterable[str],
                    suites: Iterable[str], command: str | None, argv: Sequence[str], cwd: str, seed: int,
-                   strict: bool, started: str, finished: str, exit_code: int | None,
+                   strict: bool, sweep: str, started: str, finished: str, exit_code: int | None,
                    versions: Mapping[str, str]) -> dict[str, Any]:
     """The Identity block of the certification report (coverage.json ``identity``)."""
     from kvconform import __version__
@@ -164,7 +164,7 @@ def build_identity(*, target: TargetSpec, testbed: Testbed, catalog: Catalog, pr
         "harness": {"name": "kvconform", "version": versions.get("kvconform", __version__),
                     "commit": harness_commit(), "versions": dict(versions)},
         "run": {**replay_command(command, argv), "cwd": cwd, "suites": sorted(suites), "seed": seed,
-                "strict": strict, "started": started, "finished": finished, "exit_code": exit_code},
+                "strict": strict, "sweep": sweep, "started": started, "finished": finished, "exit_code": exit_code},
         "host": {"name": platform.node() or UNKNOWN, "platform": platform.platform(),
                  "python": platform.python_version(), "cpus": os.cpu_count()},
     }

@@ -81,12 +81,14 @@ def test_an_identity_without_spec_texts_says_not_available(tmp_path: Path, monke
     target = parse_target("cmd:tool --sequence {sequence} --out {out}", bed, ["tlkv.writer.versions=[1, 2]"])
     ident = build_identity(target=target, testbed=bed, catalog=load_catalogs(folder), protocols=["demo"],
                            suites=["demo-r"], command=None, argv=["-q", "x"], cwd=str(tmp_path), seed=3,
-                           strict=False, started="s", finished="f", exit_code=0, versions={"kvconform": "0"})
+                           strict=False, sweep="wide", started="s", finished="f", exit_code=0,
+                           versions={"kvconform": "0"})
     (spec,) = ident["specs"]
     assert spec["text"]["available"] is False and spec["text"]["sha256"] is None
     assert "not available" in spec["text"]["note"] and SPEC_DIR_ENV in spec["text"]["note"]
     assert ident["run"] == {"command": "pytest -q x", "replayable": False, "cwd": str(tmp_path), "suites": ["demo-r"],
-                            "seed": 3, "strict": False, "started": "s", "finished": "f", "exit_code": 0}
+                            "seed": 3, "strict": False, "sweep": "wide", "started": "s", "finished": "f",
+                            "exit_code": 0}
     assert ident["implementation"]["declared"] is False
     assert ident["testbed"]["file"] == str(default_testbed_path())
 
