@@ -718,6 +718,17 @@ class SlotsNeverConsumed(ReferenceTargetDriver):
     target_class = _NeverConsumes
 
 
+# ---- kbtp-target, issue 11 (suite power; helper kbtp-target): classes ------------------------------------
+
+
+class WrapsToZeroFromGenerationOne(ReferenceTargetDriver):
+    """KBTP-GEN-NONZERO: entries start at Generation 1 (no preset near the wrap) and the Generation wraps
+    from 0xFFFF to 0: only a drive through all 2^16 values reaches it."""
+
+    target_class = _GenerationZero
+    start_generation = None
+
+
 # ---- initiators -----------------------------------------------------------------------------------------
 
 
@@ -1053,6 +1064,8 @@ MUTANTS: dict[str, Mutant] = {
     "SequenceBeforeBlock": Mutant("kbtp-target", "KBTP-FREE-SLOT-ORDER", ("test_free_writes_block_before_sequence",)),
     "SlotsNeverConsumed": Mutant("kbtp-target", "KBTP-QUOTA-ALLOC-BOUNDED", ("test_seeded_interleavings",)),
     "EntryBeforeData": Mutant("kbtp-target", "KBTP-ALLOC-ENTRY-ORDER", ("test_entry_written_after_data",)),
+    # kbtp-target, issue 11 (suite power; helper kbtp-target)
+    "WrapsToZeroFromGenerationOne": Mutant("kbtp-target", "KBTP-GEN-NONZERO", ("test_generation_wrap",)),
     # kbtp-initiator
     "HelloWithRequestId": Mutant("kbtp-initiator", "KBTP-HELLO-HEADER-ZERO", ("test_hello",)),
     "ConstantInitiatorId": Mutant("kbtp-initiator", "KBTP-HELLO-ID-ENTROPY", ("test_initiator_id_entropy",)),
