@@ -323,8 +323,16 @@ def _judge(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     bed.run_one(scenario())
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.req(c.req), id=c.id) for c in PATH_CASES])
-@pytest.mark.req("KBTP-VAL-NO-EFFECT", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+def _params(cases: list[Case]) -> list[Any]:
+    """Each case cites its rule, the no-effect rule when it is a refusal, and the allocation bound when it
+    prepares handles (what its assertions evaluate)."""
+    def reqs(c: Case) -> tuple[str, ...]:
+        return (c.req, *((R_EFFECT,) if c.expected != Status.OK else ()), "KBTP-HELLO-FIRST",
+                *(("KBTP-QUOTA-ALLOC-BOUNDED",) if c.needs else ()))
+    return [pytest.param(c, marks=pytest.mark.req(*reqs(c)), id=c.id) for c in cases]
+
+
+@pytest.mark.parametrize("case", _params(PATH_CASES))
 def test_rule_on_every_path(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A rule broken on each path it applies to (inline and RDMA Read for stores, a guarded larger buffer for
     loads) completes with the rule's Status and has no other effect: prepared handles, guard octets, the
@@ -332,8 +340,7 @@ def test_rule_on_every_path(case: Case, kbtp_target: TargetUnderTest, seed: int)
     _judge(case, kbtp_target, seed)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.req(c.req), id=c.id) for c in VALUE_CASES])
-@pytest.mark.req("KBTP-VAL-NO-EFFECT", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@pytest.mark.parametrize("case", _params(VALUE_CASES))
 def test_field_value_classes(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """Each request field through its value classes (off by one, zero, all ones, values a narrowed comparison
     confuses with a legal one, the legal boundary itself): the Status the text gives that value, and no
@@ -344,11 +351,14 @@ def test_field_value_classes(case: Case, kbtp_target: TargetUnderTest, seed: int
 # ---- BIND (Direct Modes): the validation every request gets -------------------------------------------------
 
 DA = Features.DIRECT_ALLOC
+BIND_ALSO = ("KBTP-VAL-NO-EFFECT", "KBTP-HELLO-FIRST", "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT")
 
 
-@pytest.mark.parametrize("rule", ["handle-outside-range", "handle-past-range", "length-over-block"])
-@pytest.mark.req("KBTP-VAL-HANDLE", "KBTP-VAL-LENGTH", "KBTP-VAL-NO-EFFECT", "KBTP-HELLO-FIRST",
-                 "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT")
+@pytest.mark.parametrize("rule", [
+    pytest.param(rule, marks=pytest.mark.req(req, *BIND_ALSO), id=rule)
+    for rule, req in (("handle-outside-range", "KBTP-VAL-HANDLE"), ("handle-past-range", "KBTP-VAL-HANDLE"),
+                      ("length-over-block", "KBTP-VAL-LENGTH"))
+])
 def test_bind_refusals(rule: str, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A BIND with the right ticket and Block Offset but a handle outside the initiator's range (or one past
     its end), or a Data Length over Block Size, is refused with INVALID_HANDLE / TOO_LARGE, binds nothing and
