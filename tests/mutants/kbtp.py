@@ -883,6 +883,25 @@ class EmptySlotsNotInitialisedEmpty(ReferenceTargetDriver):
     target_class = _EmptySlotsNotEmpty
 
 
+class _TailUnwrapped(FreeRing):
+    def __init__(self, node: Any, name: str, block_offsets: Any, **kw: Any) -> None:
+        super().__init__(node, name, block_offsets, **kw)
+        if self.layout.masked:  # Slot Offset 16 * F, not 16 * (F mod N): the same as the text's when F < N
+            f = len(block_offsets)
+            self.buffer.write_u64(self._tail_at, (f << 32) | (RING_SLOT_SIZE * f))
+
+
+class _TailUnwrappedTarget(ReferenceTarget):
+    ring_class = _TailUnwrapped
+
+
+class TailNotWrappedWhenFull(ReferenceTargetDriver):
+    """KBTP-RING-NO-LOSS: the Tail starts at Slot Offset 16 * F instead of 16 * (F mod N), so on a ring with
+    F == N the first free lands past the last slot and its block never comes back."""
+
+    target_class = _TailUnwrappedTarget
+
+
 # ---- initiators -----------------------------------------------------------------------------------------
 
 
@@ -1233,6 +1252,7 @@ MUTANTS: dict[str, Mutant] = {
     "BindLengthUnchecked": Mutant("kbtp-target", "KBTP-VAL-LENGTH", ("test_bind_refusals",)),
     "BindHandleUnchecked": Mutant("kbtp-target", "KBTP-VAL-HANDLE", ("test_bind_refusals",)),
     "EmptySlotsNotInitialisedEmpty": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
+    "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
     # kbtp-initiator
     "HelloWithRequestId": Mutant("kbtp-initiator", "KBTP-HELLO-HEADER-ZERO", ("test_hello",)),
     "ConstantInitiatorId": Mutant("kbtp-initiator", "KBTP-HELLO-ID-ENTROPY", ("test_initiator_id_entropy",)),
