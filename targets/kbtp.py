@@ -69,6 +69,9 @@ class TargetParams:
     ticket_timeout_ms: int = 1000
     cross_initiator_load: bool = True
     interleavings: int = 100
+    # Bind/free cycles the Generation-wrap check may drive on one handle (2 Generation steps each): 32768
+    # reach 0xFFFF -> next from any starting Generation; fewer make the check inconclusive when it misses it.
+    generation_cycles: int = 32768
     # Per-Initiator-ID quotas a scenario asks for (the text's deferred-free example: X 1, Y 3); a target
     # that cannot honour them raises TargetUnavailable and the check is inconclusive.
     quotas: tuple[tuple[bytes, int], ...] = field(default=())
@@ -95,6 +98,7 @@ class TargetParams:
             ticket_timeout_ms=int(raw.get("ticket_timeout_ms", d.ticket_timeout_ms)),
             cross_initiator_load=bool(raw.get("cross_initiator_load", d.cross_initiator_load)),
             interleavings=int(raw.get("interleavings", d.interleavings)),
+            generation_cycles=int(raw.get("generation_cycles", d.generation_cycles)),
         )
 
     def with_(self, **changes: Any) -> TargetParams:

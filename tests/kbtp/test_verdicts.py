@@ -24,6 +24,7 @@ from tests.mutants.runner import Run, run_suite
 
 TARGET = "python:tests.kbtp.independent_target:"
 NO_FEATURES = "kbtp.target.features=[]"  # it offers none; the mutants testbed's defaults would claim some
+WRAP_ONCE = ("not test_generation_wrap",)
 SHARED_RING_OF_2 = "kbtp.target.pool={block_size: 4096, blocks: 22, shared_blocks: 2, ring_slots: 2}"
 
 
@@ -55,7 +56,9 @@ def _blamed(run: Run) -> dict[str, list[str]]:
     pytest.param(("kbtp.target.max_initiators=1",), id="one-initiator"),
 ])
 def test_a_correct_independent_target_passes(pics: tuple[str, ...], tmp_path: Path) -> None:
-    run = _run("IndependentTarget", tmp_path, *pics)
+    # Its entries start at Generation 1: the drive through the 16-bit wrap (~12 s) runs once, in the testbed
+    # geometry (no other geometry changes the Generation rule).
+    run = _run("IndependentTarget", tmp_path, *pics, checks=WRAP_ONCE if pics else ())
     assert run.coverage, run.output
     assert run.code == 0 and not _bad(run), f"{pics}: exit {run.code}, {_bad(run)}\n{run.output}"
     verdicts = run.coverage["summary"]["verdicts"]

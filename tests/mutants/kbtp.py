@@ -718,6 +718,190 @@ class SlotsNeverConsumed(ReferenceTargetDriver):
     target_class = _NeverConsumes
 
 
+# ---- kbtp-target, issue 11 (suite power; helper kbtp-target): classes ------------------------------------
+
+
+class WrapsToZeroFromGenerationOne(ReferenceTargetDriver):
+    """KBTP-GEN-NONZERO: entries start at Generation 1 (no preset near the wrap) and the Generation wraps
+    from 0xFFFF to 0: only a drive through all 2^16 values reaches it."""
+
+    target_class = _GenerationZero
+    start_generation = None
+
+
+class _SealedInlineOnly(ReferenceTarget):
+    def rule_not_sealed(self, ctx: Any) -> Status | None:
+        return super().rule_not_sealed(ctx) if ctx.msg.inline is not None else None
+
+
+class SealedCheckedOnInlineStoresOnly(ReferenceTargetDriver):
+    """KBTP-STORE-UNSEALED: a STORE by RDMA Read into a sealed block is carried out (only inline STOREs are
+    refused SEALED)."""
+
+    target_class = _SealedInlineOnly
+
+
+class _PartialLoad(ReferenceTarget):
+    def rule_load_fits(self, ctx: Any) -> Status | None:
+        status = super().rule_load_fits(ctx)
+        if status is not None and ctx.msg.data.length:  # the descriptor's worth of the block goes out first
+            s, e = ctx.session, self.table.entry(ctx.msg.handle)
+            base = s.slot * self.config.block_size
+            s.staging.write(base, self.pool.read(e.block_offset, ctx.msg.data.length))
+            s.conn.post_write(s.staging.sge(base, ctx.msg.data.length), ctx.msg.data.stag,
+                              ctx.msg.data.tagged_offset, signaled=False)
+        return status
+
+
+class LoadWritesBeforeTooLarge(ReferenceTargetDriver):
+    """KBTP-VAL-NO-EFFECT: a LOAD refused TOO_LARGE first writes the descriptor's Length of the block into the
+    initiator's buffer."""
+
+    target_class = _PartialLoad
+
+
+class _RefusedFreeReleases(ReferenceTarget):
+    def rule_generation(self, ctx: Any) -> Status | None:
+        status = super().rule_generation(ctx)
+        if status is not None and ctx.opcode.name == "FREE":
+            ctx.record.bound.discard(ctx.msg.handle)  # the refused FREE still gives the quota unit back
+        return status
+
+
+class RefusedFreeReleasesQuota(ReferenceTargetDriver):
+    """KBTP-VAL-NO-EFFECT: a FREE refused STALE_GENERATION releases the handle's unit of quota usage."""
+
+    target_class = _RefusedFreeReleases
+
+
+class _TicketBeforeLength(ReferenceTarget):
+    def rule_store_fits(self, ctx: Any) -> Status | None:
+        status = super().rule_store_fits(ctx)
+        ring = self.ring_for(ctx.record)
+        if status is not None and ctx.opcode.name == "ALLOC_STORE" and ring is not None:
+            ring.fetch_add_head()  # a ticket taken before the length check, and never consumed
+        return status
+
+
+class OversizeAllocStrandsTicket(ReferenceTargetDriver):
+    """KBTP-VAL-NO-EFFECT: an ALLOC_STORE refused TOO_LARGE has already taken a ring ticket, whose slot is never
+    consumed: a block is stranded, and once the ring comes round a free waits on that slot for ever."""
+
+    target_class = _TicketBeforeLength
+
+
+class _Length16(ReferenceTarget):
+    def rule_store_fits(self, ctx: Any) -> Status | None:
+        if ctx.msg.inline is None and (ctx.msg.data.length & 0xFFFF) <= self.config.block_size:
+            return None  # the length compared in 16 bits
+        return super().rule_store_fits(ctx)
+
+
+class LengthComparedIn16Bits(ReferenceTargetDriver):
+    """KBTP-VAL-LENGTH: a Data Descriptor Length is compared with Block Size in its low 16 bits only."""
+
+    target_class = _Length16
+
+
+class _RangeInclusive(ReferenceTarget):
+    def rule_handle_owned(self, ctx: Any) -> Status | None:
+        h, r = ctx.msg.handle, ctx.record
+        return None if r.handle_base <= h <= r.handle_base + r.handle_count and self.table.contains(h) \
+            else Status.INVALID_HANDLE
+
+
+class HandleRangeOffByOne(ReferenceTargetDriver):
+    """KBTP-ALLOC-OWN-RANGE: the handle one past the end of the initiator's range counts as its own."""
+
+    target_class = _RangeInclusive
+
+
+class _GenerationLowOctet(ReferenceTarget):
+    def rule_generation(self, ctx: Any) -> Status | None:
+        g = ctx.msg.generation
+        return Status.STALE_GENERATION if g and (g ^ self.table.entry(ctx.msg.handle).generation) & 0xFF else None
+
+
+class GenerationComparedOnLowOctet(ReferenceTargetDriver):
+    """KBTP-VAL-GENERATION: the request Generation is compared with the entry's in its low octet only."""
+
+    target_class = _GenerationLowOctet
+
+
+class _ZeroLengthLoad(ReferenceTarget):
+    def rule_load_fits(self, ctx: Any) -> Status | None:
+        return None if ctx.msg.data.length == 0 else super().rule_load_fits(ctx)
+
+
+class ZeroLengthLoadUnchecked(ReferenceTargetDriver):
+    """KBTP-LOAD-FITS: a LOAD descriptor Length of zero is taken as "no limit": the block is written anyway."""
+
+    target_class = _ZeroLengthLoad
+
+
+class _BindLength(ReferenceTarget):
+    def rule_bind_fits(self, ctx: Any) -> Status | None:
+        return None
+
+
+class BindLengthUnchecked(ReferenceTargetDriver):
+    """KBTP-VAL-LENGTH: a BIND's Data Length is not compared with Block Size."""
+
+    target_class = _BindLength
+
+
+class _BindAnyHandle(ReferenceTarget):
+    def rules_for(self, opcode: Any) -> list[Any]:
+        rules = super().rules_for(opcode)
+        if opcode.name == "BIND":
+            return [r for r in rules if r.__name__ != "rule_handle_owned"]
+        return rules
+
+
+class BindHandleUnchecked(ReferenceTargetDriver):
+    """KBTP-VAL-HANDLE: a BIND's handle is not checked against the initiator's range."""
+
+    target_class = _BindAnyHandle
+
+
+class _EmptySlotsHoldABlock(FreeRing):
+    def __init__(self, node: Any, name: str, block_offsets: Any, **kw: Any) -> None:
+        super().__init__(node, name, block_offsets, **kw)
+        for s in range(len(block_offsets), self.slots):  # {Sequence s, the first block}: not marked empty
+            self.write_slot_block(s * RING_SLOT_SIZE, block_offsets[0])
+            self.write_slot_sequence(s * RING_SLOT_SIZE, s)
+
+
+class _EmptySlotsNotEmpty(ReferenceTarget):
+    ring_class = _EmptySlotsHoldABlock
+
+
+class EmptySlotsNotInitialisedEmpty(ReferenceTargetDriver):
+    """KBTP-RING-NO-LOSS: slots F..N-1 start as {Sequence s, the first block} instead of {s - N, all ones}, so
+    with F < N the allocation of ticket F hands out the first block a second time."""
+
+    target_class = _EmptySlotsNotEmpty
+
+
+class _TailUnwrapped(FreeRing):
+    def __init__(self, node: Any, name: str, block_offsets: Any, **kw: Any) -> None:
+        super().__init__(node, name, block_offsets, **kw)
+        if self.layout.masked:  # Slot Offset 16 * F, not 16 * (F mod N): the same as the text's when F < N
+            f = len(block_offsets)
+            self.buffer.write_u64(self._tail_at, (f << 32) | (RING_SLOT_SIZE * f))
+
+
+class _TailUnwrappedTarget(ReferenceTarget):
+    ring_class = _TailUnwrapped
+
+
+class TailNotWrappedWhenFull(ReferenceTargetDriver):
+    """KBTP-RING-NO-LOSS: the Tail starts at Slot Offset 16 * F instead of 16 * (F mod N), so on a ring with
+    F == N the first free lands past the last slot and its block never comes back."""
+
+    target_class = _TailUnwrappedTarget
+
+
 # ---- initiators -----------------------------------------------------------------------------------------
 
 
@@ -1053,6 +1237,22 @@ MUTANTS: dict[str, Mutant] = {
     "SequenceBeforeBlock": Mutant("kbtp-target", "KBTP-FREE-SLOT-ORDER", ("test_free_writes_block_before_sequence",)),
     "SlotsNeverConsumed": Mutant("kbtp-target", "KBTP-QUOTA-ALLOC-BOUNDED", ("test_seeded_interleavings",)),
     "EntryBeforeData": Mutant("kbtp-target", "KBTP-ALLOC-ENTRY-ORDER", ("test_entry_written_after_data",)),
+    # kbtp-target, issue 11 (suite power; helper kbtp-target)
+    "WrapsToZeroFromGenerationOne": Mutant("kbtp-target", "KBTP-GEN-NONZERO", ("test_generation_wrap",)),
+    "SealedCheckedOnInlineStoresOnly": Mutant("kbtp-target", "KBTP-STORE-UNSEALED", ("test_rule_on_every_path",)),
+    "LoadWritesBeforeTooLarge": Mutant("kbtp-target", "KBTP-VAL-NO-EFFECT", ("test_rule_on_every_path",
+                                                                             "test_field_value_classes")),
+    "RefusedFreeReleasesQuota": Mutant("kbtp-target", "KBTP-VAL-NO-EFFECT", ("test_rule_on_every_path",)),
+    "OversizeAllocStrandsTicket": Mutant("kbtp-target", "KBTP-VAL-NO-EFFECT", ("test_rule_on_every_path",
+                                                                               "test_field_value_classes")),
+    "LengthComparedIn16Bits": Mutant("kbtp-target", "KBTP-VAL-LENGTH", ("test_field_value_classes",)),
+    "HandleRangeOffByOne": Mutant("kbtp-target", "KBTP-ALLOC-OWN-RANGE", ("test_field_value_classes",)),
+    "GenerationComparedOnLowOctet": Mutant("kbtp-target", "KBTP-VAL-GENERATION", ("test_field_value_classes",)),
+    "ZeroLengthLoadUnchecked": Mutant("kbtp-target", "KBTP-LOAD-FITS", ("test_field_value_classes",)),
+    "BindLengthUnchecked": Mutant("kbtp-target", "KBTP-VAL-LENGTH", ("test_bind_refusals",)),
+    "BindHandleUnchecked": Mutant("kbtp-target", "KBTP-VAL-HANDLE", ("test_bind_refusals",)),
+    "EmptySlotsNotInitialisedEmpty": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
+    "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
     # kbtp-initiator
     "HelloWithRequestId": Mutant("kbtp-initiator", "KBTP-HELLO-HEADER-ZERO", ("test_hello",)),
     "ConstantInitiatorId": Mutant("kbtp-initiator", "KBTP-HELLO-ID-ENTROPY", ("test_initiator_id_entropy",)),

@@ -366,7 +366,8 @@ def test_sealed_block_is_immutable(kbtp_target: TargetUnderTest, seed: int) -> N
                  "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
 def test_generation_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
     """Bind / free cycles of one handle: each bind and each free changes the Generation by one, skipping
-    zero, through the 16-bit wrap when the target starts near it (the reference does: see the driver)."""
+    zero (through the 16-bit wrap only when the target starts near it, as the reference driver's preset does;
+    test_widths.py::test_generation_wrap drives the wrap from any start)."""
     bed = kbtp_target.bed(seed, label="generations")
     a = bed.initiator("A")
     cycles = 40
