@@ -947,7 +947,7 @@ class _UnmaskedOnRdmap(ReferenceInitiator):
 
 
 class UnmaskedFetchAddOnRdmap(ReferenceInitiatorDriver):
-    """KBTP-RDMAP-MASKED-FETCHADD: on RDMAP the initiator FetchAdds its Head with the unmasked InfiniBand Add Data."""
+    """KBTP-DALLOC-FETCHADD: on RDMAP the initiator FetchAdds its Head with the unmasked InfiniBand Add Data."""
 
     initiator_class = _UnmaskedOnRdmap
 
@@ -1209,7 +1209,7 @@ MUTANTS: dict[str, Mutant] = {
     "ReusesOneStag": Mutant("kbtp-initiator", "KBTP-SEC-SINGLE-USE-STAG", ("test_single_use_stags",)),
     "SingleEntryRead": Mutant("kbtp-initiator", "KBTP-DLOAD-SEQUENCE", ("test_direct_load_sequence",)),
     "IgnoresGenerationChange": Mutant("kbtp-initiator", "KBTP-DLOAD-VALIDITY", ("test_direct_load_detects_free",)),
-    "UnmaskedFetchAddOnRdmap": Mutant("kbtp-initiator", "KBTP-RDMAP-MASKED-FETCHADD", ("test_direct_alloc_fetchadd",)),
+    "UnmaskedFetchAddOnRdmap": Mutant("kbtp-initiator", "KBTP-DALLOC-FETCHADD", ("test_direct_alloc_fetchadd",)),
     "NoSlotConfirmation": Mutant("kbtp-initiator", "KBTP-DALLOC-SLOT-READ", ("test_direct_alloc_slot_reads",)),
     "BindBeforeWrite": Mutant("kbtp-initiator", "KBTP-DALLOC-WRITE-THEN-BIND", ("test_direct_alloc_write_then_bind",)),
     "WritesRingSlot": Mutant("kbtp-initiator", "KBTP-DALLOC-NO-SLOT-WRITE",
