@@ -1119,6 +1119,31 @@ class AllOnesGenerationAsAny(ReferenceInitiatorDriver):
     initiator_class = _AllOnesAsAny
 
 
+class _BindsOutsideRange(ReferenceInitiator):
+    def bind(self, handle: int, ticket: int, data_length: int, block_offset: int, generation: int = 0) -> Any:
+        assert self.ack is not None
+        return (yield from super().bind(handle + self.ack.handle_count, ticket, data_length, block_offset, generation))
+
+
+class BindsOutsideItsRange(ReferenceInitiatorDriver):
+    """KBTP-HANDLE-OWN-RANGE: direct allocations BIND handles past the end of the initiator's range (its
+    ALLOC_STOREs stay in range)."""
+
+    initiator_class = _BindsOutsideRange
+
+
+class _IgnoresSealed(ReferenceInitiator):
+    def read_entry(self, handle: int) -> Any:
+        entry = yield from super().read_entry(handle)
+        return dataclasses.replace(entry, flags=entry.flags | 0x0002) if entry.flags & 0x0001 else entry
+
+
+class DirectLoadsUnsealed(ReferenceInitiatorDriver):
+    """KBTP-DLOAD-VALIDITY: a direct load accepts an entry that is VALID but not SEALED."""
+
+    initiator_class = _IgnoresSealed
+
+
 _IB = ("kbtp.target.binding=ib-rc", "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]")
 _DECLARED_QUOTA = ("kbtp.target.quota=2",)  # a declared value (testbed defaults are no claim)
 
@@ -1225,6 +1250,9 @@ MUTANTS: dict[str, Mutant] = {
     "BigEndianDescriptorsUnderAddrLe": Mutant("kbtp-initiator", "KBTP-ADDRLE-INITIATOR", ("test_addr_le_requests",)),
     "StoreStagKept": Mutant("kbtp-initiator", "KBTP-SEC-SINGLE-USE-STAG", ("test_single_use_stags",)),
     "AllOnesGenerationAsAny": Mutant("kbtp-initiator", "KBTP-HDR-GEN-REQUEST", ("test_request_generations",)),
+    "BindsOutsideItsRange": Mutant("kbtp-initiator", "KBTP-HANDLE-OWN-RANGE",
+                                   ("test_direct_alloc_binds_in_own_range",)),
+    "DirectLoadsUnsealed": Mutant("kbtp-initiator", "KBTP-DLOAD-VALIDITY", ("test_direct_load_refuses_unsealed",)),
 }
 
 # Checks no mutant is required to fail, and why.

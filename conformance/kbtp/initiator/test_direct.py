@@ -176,6 +176,7 @@ class AllocRun:
     binds: list[tuple[int, Bind]]
     masked: bool
     first_ticket: int
+    statuses: list[int]  # of each direct allocation, as the initiator reported it
 
     def ticket(self, k: int) -> int:
         """The ticket of allocation k (they are consecutive modulo 2^32 from the Head's first one)."""
@@ -201,6 +202,7 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
     bed = kbtp_initiator.bed(session_seed, label="direct-alloc", tickets_before_wrap=TICKETS_BEFORE_WRAP)
     ep = bed.endpoint
     count = {"n": 0}
+    statuses: list[int] = []
 
     def scenario() -> Gen:
         yield from _hello(bed, DA)
@@ -208,7 +210,8 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
         count["n"] = ack.direct_alloc.ring.count + 2  # type: ignore[union-attr]
         for i in range(count["n"]):
             data = bytes([0x60 + i]) * (40 + i)
-            yield from bed.op(ep.direct_alloc(ep.handle_base + i, data))
+            r = yield from bed.op(ep.direct_alloc(ep.handle_base + i, data))
+            statuses.append(int(r.status))
             yield from bed.op(ep.load(ep.handle_base + i, 4096, allow_unsealed=True))
             yield from bed.op(ep.free(ep.handle_base + i))
 
@@ -216,7 +219,8 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
     ack: HelloAck = bed.ack  # type: ignore[assignment]
     binds = [(rec.step, rec.message) for rec in bed.messages() if isinstance(rec.message, Bind)]
     return AllocRun(bed, ack, ack.direct_alloc, count["n"], bed.remote_ops(), binds,  # type: ignore[arg-type]
-                    kbtp_initiator.target_params.profile.masked_atomics, bed.target.first_ticket)
+                    kbtp_initiator.target_params.profile.masked_atomics, bed.target.first_ticket,
+                    statuses)
 
 
 @pytest.mark.req("KBTP-DALLOC-FETCHADD", "KBTP-HELLO-FIRST")
@@ -321,8 +325,57 @@ def test_direct_alloc_ticket_wrap(alloc_run: AllocRun) -> None:
                      f"{run.first_ticket:#x}: the boundary was not reached")
     bound = [bind.ticket for _, bind in run.binds]
     for k, (orig, t) in enumerate(zip(taken, tickets, strict=True)):
+        refused = [(j, expect.status_name(st)) for j, st in enumerate(run.statuses[:k]) if st != Status.OK]
+        if t not in bound and refused:  # the ring held no block for it: an earlier failure, judged by its own rule
+            inconclusive(f"allocation {k} (Ticket {t:#010x}) cannot be judged: earlier allocations failed {refused}")
         check(t in bound, f"allocation {k}: its FetchAdd returned Ticket {t:#010x} (Head {orig:#018x}), and no BIND "
               f"carried it (BIND Tickets: {[hex(b) for b in bound]})", req="KBTP-RING-COUNTER-FIELDS")
     ok = run.bed.target.counters.count(Opcode.BIND, Status.OK)
     expect.equal(f"BINDs completed OK of {run.count} allocations across the wrap", ok, run.count, req="KBTP-RING-WRAP")
     run.bed.settle(req="KBTP-RING-WRAP")
+
+
+@pytest.mark.req("KBTP-HANDLE-OWN-RANGE", "KBTP-HELLO-FIRST")
+def test_direct_alloc_binds_in_own_range(alloc_run: AllocRun) -> None:
+    """Every BIND (the direct allocation's way to bind a handle) names a handle of the initiator's own range,
+    like its ALLOC_STOREs (test_requests_in_own_range)."""
+    alloc_run.session()
+    run = alloc_run
+    lo, hi = run.ack.handle_base, run.ack.handle_base + run.ack.handle_count
+    if not run.binds:
+        inconclusive("the initiator sent no BIND: the rule was not exercised on it")
+    for k, (_, bind) in enumerate(run.binds):
+        check(lo <= bind.handle < hi, f"BIND {k} names handle {bind.handle:#x}, outside the range [{lo:#x}, {hi:#x})",
+              req="KBTP-HANDLE-OWN-RANGE")
+    run.bed.settle(req="KBTP-HANDLE-OWN-RANGE")
+
+
+@pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-HELLO-FIRST")
+def test_direct_load_refuses_unsealed(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
+    """The entry classes a direct load can read: VALID without SEALED (an unsealed block) and unbound are not
+    accepted; VALID and SEALED is, with the block's data (the Generation change is test_direct_load_detects_free's
+    class)."""
+    kbtp_initiator.require(DL)
+    bed = kbtp_initiator.bed(seed, label="direct-load-unsealed")
+    ep = bed.endpoint
+    h = {"handle": 0}
+
+    def scenario() -> Gen:
+        yield from _hello(bed, DL)
+        h["handle"] = ep.handle_base + 5
+        unbound = yield from bed.op(ep.direct_load(h["handle"], 4096))
+        check(unbound.status != Status.OK, "a direct load of an unbound handle (entry not VALID) was accepted",
+              req="KBTP-DLOAD-VALIDITY", seen=expect.status_name(unbound.status), expected="not OK")
+        r = yield from bed.op(ep.alloc_store(h["handle"], b"unsealed" * 8, seal=False))
+        expect.status_is(r, Status.OK, req="KBTP-DLOAD-VALIDITY", what="ALLOC_STORE (unsealed)")
+        d = yield from bed.op(ep.direct_load(h["handle"], 4096))
+        check(d.status != Status.OK, "a direct load of an unsealed block (entry VALID, not SEALED) was accepted",
+              req="KBTP-DLOAD-VALIDITY", seen=expect.status_name(d.status), expected="not OK")
+        r = yield from bed.op(ep.store(h["handle"], b"sealed" * 8, seal=True))
+        expect.status_is(r, Status.OK, req="KBTP-DLOAD-VALIDITY", what="STORE sealing the block")
+        d = yield from bed.op(ep.direct_load(h["handle"], 4096))
+        expect.status_is(d, Status.OK, req="KBTP-DLOAD-VALIDITY", what="direct load of the sealed block")
+        expect.equal("direct-loaded data of the sealed block", d.data, b"sealed" * 8, req="KBTP-DLOAD-VALIDITY")
+
+    bed.run_one(scenario())
+    bed.settle(req="KBTP-DLOAD-VALIDITY")
