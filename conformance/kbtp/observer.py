@@ -63,6 +63,7 @@ class Received:
     error: str = ""
     error_requirement: str = ""  # the requirement the codec names for why it does not decode
     exposed: tuple[Exposed, ...] = ()  # the initiator's remotely accessible STags when the message arrived
+    posted: int | None = None  # receive buffers the initiator had posted then (None: not observable)
 
 
 @dataclass
@@ -81,7 +82,7 @@ class ObservingTarget(ReferenceTarget):
     """The reference target that also keeps what each connection's initiator sent."""
 
     def __init__(self, *args: Any, advertised_credits: int | None = None, tickets_before_wrap: int = 0,
-                 exposed: Any = None, **kwargs: Any) -> None:
+                 exposed: Any = None, posted: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.received: list[Received] = []
         self.acks: list[tuple[str, HelloAck]] = []
@@ -89,6 +90,7 @@ class ObservingTarget(ReferenceTarget):
         self.tickets_before_wrap = tickets_before_wrap
         self.first_ticket = 0  # of the last partition ring it set up
         self.exposed = exposed  # () -> the initiator node's remotely accessible STags, when the bed knows them
+        self.posted = posted  # () -> receive buffers posted on the initiator's connection, when the bed knows them
 
     def partition_for(self, quota: int, slot: int) -> Any:
         """A fresh partition's ring as if it had gone round to ``tickets_before_wrap`` (rounded up to whole laps)
@@ -110,8 +112,9 @@ class ObservingTarget(ReferenceTarget):
         except KbtpDecodeError as exc:
             msg, err, err_req = None, str(exc), exc.requirement
         exposed = tuple(self.exposed()) if self.exposed is not None else ()
+        posted = self.posted() if self.posted is not None else None
         self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err,  # type: ignore[attr-defined]
-                                      err_req, exposed))
+                                      err_req, exposed, posted))
         evidence.record("received", "kbtp", {"at": "harness target", "message": type(msg).__name__ if msg else err},
                         raw=raw)
         yield from super().on_message(s, raw)
@@ -138,6 +141,12 @@ def _restart_ring(ring: FreeRing, start: int) -> None:
 def stags_observable(node: Any) -> bool:
     """Whether the harness can list ``node``'s STags (it can on its own emulated fabric, not on a device)."""
     return hasattr(node, "_stags")
+
+
+def posted_receives(conn: Any) -> int | None:
+    """Receive buffers posted on ``conn`` (an emulated connection) and not yet consumed."""
+    rq = getattr(conn, "rq", None)
+    return None if rq is None else len(rq)
 
 
 def exposed_stags(node: Any) -> list[Exposed]:
@@ -176,14 +185,14 @@ class InitiatorBed:
         if self.request_credits is not None:
             config = dataclasses.replace(config, request_credits=self.request_credits + CREDIT_SLACK)
         inode = self.initiator_node = self.fabric.node("I")
+        t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
         self.target = ObservingTarget(self.fabric, tnode, config, advertised_credits=self.request_credits,
                                       tickets_before_wrap=self.tickets_before_wrap,
-                                      exposed=lambda: exposed_stags(inode))
+                                      exposed=lambda: exposed_stags(inode), posted=lambda: posted_receives(i_conn))
         if self.start_generation is not None:
             table = self.target.table
             for h in range(table.base_handle, table.base_handle + table.entries):
                 table.write_state(h, EntryFlags(0), self.start_generation)
-        t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
         self.target_conn = t_conn.name
         self.target.accept(t_conn)
         self.endpoint = self.driver.start(self.fabric, inode, i_conn, self.params)

@@ -1144,6 +1144,19 @@ class DirectLoadsUnsealed(ReferenceInitiatorDriver):
     initiator_class = _IgnoresSealed
 
 
+class _OverstatedCredits(ReferenceInitiator):
+    def send_raw(self, raw: bytes) -> None:
+        if raw[1] == 0x01:  # HELLO: Completion Credits (offset 26) four times the receive buffers it posts
+            raw = raw[:26] + (4 * self.credits).to_bytes(2, "big") + raw[28:]
+        super().send_raw(raw)
+
+
+class OverstatesCompletionCredits(ReferenceInitiatorDriver):
+    """KBTP-HELLO-LAYOUT: HELLO's Completion Credits claims more receive buffers than the initiator posted."""
+
+    initiator_class = _OverstatedCredits
+
+
 _IB = ("kbtp.target.binding=ib-rc", "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]")
 _DECLARED_QUOTA = ("kbtp.target.quota=2",)  # a declared value (testbed defaults are no claim)
 
@@ -1253,6 +1266,7 @@ MUTANTS: dict[str, Mutant] = {
     "BindsOutsideItsRange": Mutant("kbtp-initiator", "KBTP-HANDLE-OWN-RANGE",
                                    ("test_direct_alloc_binds_in_own_range",)),
     "DirectLoadsUnsealed": Mutant("kbtp-initiator", "KBTP-DLOAD-VALIDITY", ("test_direct_load_refuses_unsealed",)),
+    "OverstatesCompletionCredits": Mutant("kbtp-initiator", "KBTP-HELLO-LAYOUT", ("test_hello",)),
 }
 
 # Checks no mutant is required to fail, and why.

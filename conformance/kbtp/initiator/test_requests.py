@@ -39,8 +39,9 @@ def _ack(bed: InitiatorBed, req: str) -> HelloAck:
                  "KBTP-HELLO-LAYOUT")
 def test_hello(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     """The first message, sent as a Send, is a well-formed HELLO: Version 1, zero Request ID, Block Handle,
-    Generation and Status, and Completion Credits > 0 (judged from its octets first, so a HELLO the harness
-    target refused is blamed on the field that made it refuse)."""
+    Generation and Status, and Completion Credits > 0 and no more than the receive buffers the initiator had
+    posted when it arrived (judged from its octets first, so a HELLO the harness target refused is blamed on
+    the field that made it refuse)."""
     bed = kbtp_initiator.bed(seed, label="hello")
     granted = bed.run_one(bed.op(bed.endpoint.hello()))
     messages = bed.messages()
@@ -58,6 +59,10 @@ def test_hello(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
           first.error_requirement, "KBTP-HDR-LAYOUT"), seen=raw[:48])
     check(msg.completion_credits > 0, "HELLO Completion Credits is 0", req="KBTP-HELLO-LAYOUT",  # type: ignore[union-attr]
           seen=msg.completion_credits)  # type: ignore[union-attr]
+    if first.posted is not None:  # the receive buffers it says it posted for COMPLETION messages are there
+        check(first.posted >= msg.completion_credits,  # type: ignore[union-attr]
+              f"HELLO Completion Credits at offset 26 claims {msg.completion_credits} receive buffers, and the "  # type: ignore[union-attr]
+              f"initiator had posted {first.posted} when it arrived", req="KBTP-HELLO-LAYOUT")
     check(granted is not None, "the harness target refused the initiator's HELLO", req="KBTP-HELLO-FIRST")
     bed.settle(req="KBTP-HELLO-FIRST")
 
