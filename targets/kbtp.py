@@ -186,7 +186,9 @@ class KbtpTarget(Protocol):
 class InitiatorEndpoint(Protocol):
     """An initiator bound to one connection. Every operation is an actor (generator) returning an OpResult
     (``hello`` returns the granted Features, or None when refused); the suites spawn them on the fabric.
-    ``generation``: the Generation the caller expects (0: any), which the initiator puts in the request."""
+    ``generation``: the Generation the caller expects (0: any), which the initiator puts in the request.
+    A suite may spawn several operations at once (kbtp-initiator's Request Credits check does): the initiator
+    serves them however it likes (queued or pipelined) within the Request Credits HELLO_ACK granted."""
 
     def hello(self) -> ActorGen: ...
     def alloc_store(self, handle: int, data: bytes, *, seal: bool = True) -> ActorGen: ...
@@ -274,12 +276,33 @@ class ReferenceInitiatorEndpoint:
     The reference initiator leaves its Allocation Quota to its caller; this driver is that caller, so it
     keeps the usage (bound handles + tickets in flight) and refuses locally, with NO_SPACE, an
     allocation that would exceed the quota (KBTP-QUOTA-INITIATOR) instead of sending it.
+
+    Operations may be spawned by several actors at once; the reference initiator keeps one request
+    outstanding, so each operation waits (bounded) until the previous one has finished: it never has more
+    requests outstanding than any Request Credits a target grants (KBTP-INIT-REQUEST-CREDITS).
     """
 
     def __init__(self, ini: Any) -> None:
         self.ini = ini
         self.bound: set[int] = set()
         self.in_flight = 0
+        self.busy = False
+
+    def serial(self, op: ActorGen) -> ActorGen:
+        """Run ``op`` once no other operation of this endpoint is running."""
+        from kvconform.kbtp.initiator import InitiatorError
+        from kvconform.rdma.fabric import wait_until
+
+        while self.busy:  # re-checked on waking: several waiters may wake when one operation ends
+            idle = yield from wait_until(lambda: not self.busy, name="initiator-idle", timeout=self.ini.timeout_s)
+            if not idle:
+                raise InitiatorError(f"the previous operation did not finish within {self.ini.timeout_s} s of fabric "
+                                     "time")
+        self.busy = True
+        try:
+            return (yield from op)
+        finally:
+            self.busy = False
 
     @property
     def initiator_id(self) -> bytes:
@@ -305,10 +328,34 @@ class ReferenceInitiatorEndpoint:
         return OpResult(r.status, r.generation, r.data_length, r.block_offset, r.data)
 
     def hello(self) -> ActorGen:
+        return self.serial(self._hello())
+
+    def alloc_store(self, handle: int, data: bytes, *, seal: bool = True) -> ActorGen:
+        return self.serial(self._alloc_store(handle, data, seal=seal))
+
+    def store(self, handle: int, data: bytes, *, seal: bool = True, generation: int = 0) -> ActorGen:
+        return self.serial(self._store(handle, data, seal=seal, generation=generation))
+
+    def load(self, handle: int, length: int, *, allow_unsealed: bool = False, generation: int = 0) -> ActorGen:
+        return self.serial(self._load(handle, length, allow_unsealed=allow_unsealed, generation=generation))
+
+    def free(self, handle: int, *, generation: int = 0) -> ActorGen:
+        return self.serial(self._free(handle, generation=generation))
+
+    def direct_load(self, handle: int, length: int) -> ActorGen:
+        return self.serial(self._direct_load(handle, length))
+
+    def direct_alloc(self, handle: int, data: bytes) -> ActorGen:
+        return self.serial(self._direct_alloc(handle, data))
+
+    def goodbye(self, release: bool = False) -> ActorGen:
+        return self.serial(self._goodbye(release))
+
+    def _hello(self) -> ActorGen:
         ack = yield from self.ini.hello()
         return Features(ack.features) if ack.status == Status.OK else None
 
-    def alloc_store(self, handle: int, data: bytes, *, seal: bool = True) -> ActorGen:
+    def _alloc_store(self, handle: int, data: bytes, *, seal: bool = True) -> ActorGen:
         if not self._room():
             return OpResult(Status.NO_SPACE, detail="refused locally: the Allocation Quota is used up")
         self.in_flight += 1
@@ -320,26 +367,26 @@ class ReferenceInitiatorEndpoint:
             self.bound.add(handle)
         return self._result(r)
 
-    def store(self, handle: int, data: bytes, *, seal: bool = True, generation: int = 0) -> ActorGen:
+    def _store(self, handle: int, data: bytes, *, seal: bool = True, generation: int = 0) -> ActorGen:
         r = yield from self.ini.store(handle, data, generation, seal=seal)
         return self._result(r)
 
-    def load(self, handle: int, length: int, *, allow_unsealed: bool = False, generation: int = 0) -> ActorGen:
+    def _load(self, handle: int, length: int, *, allow_unsealed: bool = False, generation: int = 0) -> ActorGen:
         r = yield from self.ini.load(handle, generation, length=length, allow_unsealed=allow_unsealed)
         return self._result(r)
 
-    def free(self, handle: int, *, generation: int = 0) -> ActorGen:
+    def _free(self, handle: int, *, generation: int = 0) -> ActorGen:
         r = yield from self.ini.free(handle, generation)
         if r.ok:
             self.bound.discard(handle)
         return self._result(r)
 
-    def direct_load(self, handle: int, length: int) -> ActorGen:
+    def _direct_load(self, handle: int, length: int) -> ActorGen:
         r = yield from self.ini.direct_load(handle)
         gen = r.second.generation if r.second is not None else 0
         return OpResult(r.status, gen, len(r.data or b""), 0, r.data)
 
-    def direct_alloc(self, handle: int, data: bytes) -> ActorGen:
+    def _direct_alloc(self, handle: int, data: bytes) -> ActorGen:
         if not self._room():
             return OpResult(Status.NO_SPACE, detail="refused locally: the Allocation Quota is used up")
         self.in_flight += 1
@@ -353,7 +400,7 @@ class ReferenceInitiatorEndpoint:
             self.bound.add(handle)
         return self._result(r.bind)
 
-    def goodbye(self, release: bool = False) -> ActorGen:
+    def _goodbye(self, release: bool = False) -> ActorGen:
         yield from self.ini.goodbye(release)
         if release:
             self.bound.clear()

@@ -1,21 +1,46 @@
 """The harness's target for the kbtp-initiator suite: the reference target, recording every message an
 initiator sends and every one-sided RDMA operation it performs (from the emulated fabric's step trace),
 so a check can judge what the initiator did: which handles, which Generations, which STags, in which
-order, and never anything outside what it was granted."""
+order, and never anything outside what it was granted.
+
+Its geometry puts the initiator at the boundaries where wrong initiators differ (DESIGN.md principle 8):
+every entry's Generation starts just below the 16-bit wrap (the first binding is 0xFFFF, all ones), the
+DIRECT_ALLOC Head can start whole laps of its ring below the 32-bit ticket wrap (``tickets_before_wrap``),
+and it advertises ``request_credits`` Request Credits while posting ``CREDIT_SLACK`` receive buffers more,
+so an initiator that sends beyond its credits is observed (and judged) instead of having its connection
+terminated."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.conformance.kbtp.bed import MAX_STEPS, make_fabric, with_hint
 from kvconform.conformance.kbtp.client import HarnessInitiator
 from kvconform.fixtures import evidence
+from kvconform.kbtp.constants import EntryFlags
+from kvconform.kbtp.freering import FreeRing
 from kvconform.kbtp.messages import HelloAck, KbtpDecodeError, Message, decode
+from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import ActorFailed, ActorGen
+from kvconform.rdma.fabric import Access
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
 from kvconform.verdicts import HarnessBug, Violation, check
+
+START_GENERATION = 0xFFFE  # the first binding of every entry gets 0xFFFF (all ones), its free 1 (zero skipped)
+CREDIT_SLACK = 8  # receive buffers posted beyond the advertised Request Credits, to observe an overrun
+
+
+@dataclass(frozen=True)
+class Exposed:
+    """A remotely accessible STag of the initiator's node: what it names and the rights it grants."""
+
+    stag: int
+    to: int
+    length: int
+    access: int
 
 
 class _InitiatorFailed(Exception):
@@ -37,6 +62,8 @@ class Received:
     message: Message | None
     error: str = ""
     error_requirement: str = ""  # the requirement the codec names for why it does not decode
+    exposed: tuple[Exposed, ...] = ()  # the initiator's remotely accessible STags when the message arrived
+    posted: int | None = None  # receive buffers the initiator had posted then (None: not observable)
 
 
 @dataclass
@@ -54,10 +81,29 @@ class RemoteOp:
 class ObservingTarget(ReferenceTarget):
     """The reference target that also keeps what each connection's initiator sent."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, advertised_credits: int | None = None, tickets_before_wrap: int = 0,
+                 exposed: Any = None, posted: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.received: list[Received] = []
         self.acks: list[tuple[str, HelloAck]] = []
+        self.advertised_credits = advertised_credits
+        self.tickets_before_wrap = tickets_before_wrap
+        self.first_ticket = 0  # of the last partition ring it set up
+        self.exposed = exposed  # () -> the initiator node's remotely accessible STags, when the bed knows them
+        self.posted = posted  # () -> receive buffers posted on the initiator's connection, when the bed knows them
+
+    def partition_for(self, quota: int, slot: int) -> Any:
+        """A fresh partition's ring as if it had gone round to ``tickets_before_wrap`` (rounded up to whole laps)
+        below the 32-bit wrap."""
+        p = super().partition_for(quota, slot)
+        if p is not None and self.tickets_before_wrap and p.next_unseen == 0 and not p.seen \
+                and p.ring.head_ticket() == 0:
+            laps = -(-self.tickets_before_wrap // p.ring.slots)
+            _restart_ring(p.ring, TICKET_MODULUS - laps * p.ring.slots)
+            p.next_unseen = p.ring.head_ticket()
+        if p is not None:
+            self.first_ticket = p.ring.head_ticket()
+        return p
 
     def on_message(self, s: Any, raw: bytes) -> Any:
         try:
@@ -65,16 +111,52 @@ class ObservingTarget(ReferenceTarget):
             err, err_req = "", ""
         except KbtpDecodeError as exc:
             msg, err, err_req = None, str(exc), exc.requirement
+        exposed = tuple(self.exposed()) if self.exposed is not None else ()
+        posted = self.posted() if self.posted is not None else None
         self.received.append(Received(self.fabric.steps, s.conn.name, bytes(raw), s.addr_le, msg, err,  # type: ignore[attr-defined]
-                                      err_req))
+                                      err_req, exposed, posted))
         evidence.record("received", "kbtp", {"at": "harness target", "message": type(msg).__name__ if msg else err},
                         raw=raw)
         yield from super().on_message(s, raw)
 
     def hello_ack(self, s: Any, record: Any, granted: Any) -> HelloAck:
         ack = super().hello_ack(s, record, granted)
+        if self.advertised_credits is not None and ack.status == 0:
+            ack = dataclasses.replace(ack, request_credits=self.advertised_credits)
         self.acks.append((s.conn.name, ack))
         return ack
+
+
+def _restart_ring(ring: FreeRing, start: int) -> None:
+    """Re-initialise a fresh ring so its tickets begin at ``start`` (a multiple of N, so every ticket t keeps
+    slot t mod N in both counter layouts): the state its Initialization rule gives after ``start`` tickets."""
+    layout = ring.layout
+    blocks = [slot.block_offset for slot in (ring.read_slot(16 * i) for i in range(ring.free_blocks))]
+    for i, slot in enumerate(layout.initial_slots(blocks, start)):
+        ring.slots_region.write(i * 16, slot.pack(ring.addr_le))
+    ring.head_region.write_u64(0, layout.initial_head(start))
+    ring.buffer.write_u64(ring._tail_at, layout.initial_tail(len(blocks), start))
+
+
+def stags_observable(node: Any) -> bool:
+    """Whether the harness can list ``node``'s STags (it can on its own emulated fabric, not on a device)."""
+    return hasattr(node, "_stags")
+
+
+def posted_receives(conn: Any) -> int | None:
+    """Receive buffers posted on ``conn`` (an emulated connection) and not yet consumed."""
+    rq = getattr(conn, "rq", None)
+    return None if rq is None else len(rq)
+
+
+def exposed_stags(node: Any) -> list[Exposed]:
+    """The STags of ``node`` (an emulated node) that grant any remote access, with the range each names."""
+    out = []
+    for stag, obj in sorted(getattr(node, "_stags", {}).items()):
+        access = int(obj.access)
+        if access & int(Access.REMOTE_READ | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC):
+            out.append(Exposed(stag, obj.to(0), obj.length, access))
+    return out
 
 
 @dataclass
@@ -87,6 +169,9 @@ class InitiatorBed:
     seed: int
     label: str = "initiator"
     scheduler: Any = None
+    request_credits: int | None = None  # advertised by the harness target (None: its configured 8)
+    tickets_before_wrap: int = 0  # DIRECT_ALLOC Heads start this far (whole laps) below the wrap; 0: at ticket 0
+    start_generation: int | None = START_GENERATION
     fabric: Any = field(init=False)
     target: ObservingTarget = field(init=False)
     endpoint: InitiatorEndpoint = field(init=False)
@@ -96,9 +181,18 @@ class InitiatorBed:
     def __post_init__(self) -> None:
         self.fabric = make_fabric(self.target_params, self.seed, self.scheduler, trace=True)
         tnode = self.tnode = self.fabric.node("target")
-        self.target = ObservingTarget(self.fabric, tnode, target_config(self.target_params))
+        config = target_config(self.target_params)
+        if self.request_credits is not None:
+            config = dataclasses.replace(config, request_credits=self.request_credits + CREDIT_SLACK)
         inode = self.initiator_node = self.fabric.node("I")
         t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
+        self.target = ObservingTarget(self.fabric, tnode, config, advertised_credits=self.request_credits,
+                                      tickets_before_wrap=self.tickets_before_wrap,
+                                      exposed=lambda: exposed_stags(inode), posted=lambda: posted_receives(i_conn))
+        if self.start_generation is not None:
+            table = self.target.table
+            for h in range(table.base_handle, table.base_handle + table.entries):
+                table.write_state(h, EntryFlags(0), self.start_generation)
         self.target_conn = t_conn.name
         self.target.accept(t_conn)
         self.endpoint = self.driver.start(self.fabric, inode, i_conn, self.params)

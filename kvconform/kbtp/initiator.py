@@ -147,7 +147,7 @@ class ReferenceInitiator:
         self._next_request = 0
         self.recv = node.register(node.alloc(completion_credits * _RECV_SIZE), Access.LOCAL_WRITE)
         self.scratch = node.register(node.alloc(_SCRATCH), Access.LOCAL_WRITE)
-        self.records = node.register(node.alloc(COMPLETION_RECORD_SIZE), Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        self._records: Region | None = None  # registered on the first RECORD request (exposes nothing before)
         self.data: Region | None = None
         self._posted = False
 
@@ -197,6 +197,15 @@ class ReferenceInitiator:
         raw = self.recv.read(slot * _RECV_SIZE, wc.byte_len)
         self.conn.post_recv(self.recv.sge(slot * _RECV_SIZE, _RECV_SIZE), wr_id=slot)
         return decode(raw), raw, wc.invalidated_stag, None
+
+    @property
+    def records(self) -> Region:
+        """The completion record slot, remotely writable: registered only once a request names it, since the
+        initiator exposes only the buffers its descriptors name (KBTP "Security Considerations")."""
+        if self._records is None:
+            self._records = self.node.register(self.node.alloc(COMPLETION_RECORD_SIZE),
+                                               Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        return self._records
 
     def _data_region(self) -> Region:
         if self.data is None:

@@ -15,7 +15,7 @@ from typing import Any
 from kvconform.kbtp.constants import RING_SLOT_SIZE, EntryFlags, Features, RequestFlags, Status
 from kvconform.kbtp.freering import FreeRing, TakenTicket
 from kvconform.kbtp.initiator import ReferenceInitiator
-from kvconform.kbtp.messages import AllocStore, Hello, HelloAck, Message, Store
+from kvconform.kbtp.messages import AllocStore, Free, Hello, HelloAck, Load, Message, Store
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import Access, Command, Window, pause
 from kvconform.targets.kbtp import OpResult, ReferenceInitiatorDriver, ReferenceInitiatorEndpoint, ReferenceTargetDriver
@@ -1160,6 +1160,187 @@ class SkipsFreeOfDirectBlocks(ReferenceInitiatorDriver):
         return _SkipsDirectFrees(ep.ini)  # type: ignore[attr-defined]
 
 
+# ---- initiators: issue 11 (kbtp-initiator) --------------------------------------------------------------
+
+
+class _Pipelined(ReferenceInitiator):
+    """Matches answers to requests by Request ID, so any number of its requests can be outstanding."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._answers: dict[int, Any] = {}
+        self._pumping = False
+        self._preset: Any = None
+
+    def next_answer(self) -> Any:
+        if self._preset is not None:
+            answer, self._preset = self._preset, None
+            return answer
+        return (yield from super().next_answer())
+
+    def _finish(self, request_id: int, stag: int | None) -> Any:
+        from kvconform.kbtp.initiator import InitiatorError
+        from kvconform.rdma.fabric import wait_until
+
+        while request_id not in self._answers:
+            if self._pumping:  # another request's actor is reading the completion queue
+                ok = yield from wait_until(lambda: request_id in self._answers or not self._pumping,
+                                           timeout=self.timeout_s)
+                if not ok:
+                    raise InitiatorError(f"no answer to request {request_id}")
+                continue
+            self._pumping = True
+            try:
+                answer = yield from super().next_answer()
+            finally:
+                self._pumping = False
+            msg, _, _, record = answer
+            rid = record.request_id if record is not None else msg.request_id  # type: ignore[union-attr]
+            self._answers[int(rid)] = answer
+        self._preset = self._answers.pop(request_id)
+        return (yield from super()._finish(request_id, stag))
+
+
+class _UnqueuedEndpoint(ReferenceInitiatorEndpoint):
+    def serial(self, op: Any) -> Any:
+        return (yield from op)
+
+
+class PipelinesBeyondCredits(ReferenceInitiatorDriver):
+    """KBTP-INIT-REQUEST-CREDITS: every operation asked for is sent at once, whatever Request Credits were granted."""
+
+    initiator_class = _Pipelined
+
+    def start(self, fabric: Any, node: Any, conn: Any, params: Any) -> Any:
+        ep = super().start(fabric, node, conn, params)
+        return _UnqueuedEndpoint(ep.ini)  # type: ignore[attr-defined]
+
+
+class _WholeBufferWindow(ReferenceInitiator):
+    def window(self, length: int, access: Access) -> Window:
+        region = self._data_region()
+        return self.node.bind_window(region, 0, region.length, access, self.conn)
+
+
+class WindowWiderThanDescriptor(ReferenceInitiatorDriver):
+    """KBTP-SEC-EXPOSE-DESCRIBED: each request's STag covers the whole data buffer, not the Length it names."""
+
+    initiator_class = _WholeBufferWindow
+
+
+class _EagerRecordSlot(ReferenceInitiator):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        assert self.records.stag  # registered (remotely writable) before any request names it
+
+
+class ExposesUnnamedRecordSlot(ReferenceInitiatorDriver):
+    """KBTP-SEC-EXPOSE-DESCRIBED: a remotely writable completion record slot is registered though no request
+    ever names it."""
+
+    initiator_class = _EagerRecordSlot
+
+
+class _SignedTicket(ReferenceInitiator):
+    def take_ticket(self) -> Any:
+        ticket, offset = yield from super().take_ticket()
+        return (ticket - (1 << 32) if ticket >= 1 << 31 else ticket), offset  # an int32_t ticket
+
+
+class SignedTickets(ReferenceInitiatorDriver):
+    """KBTP-RING-COUNTER-FIELDS: the Ticket is kept as a signed 32-bit integer, so a ticket with bit 31 set never
+    matches its slot's Sequence."""
+
+    initiator_class = _SignedTicket
+
+
+class _BigEndianDescriptors(ReferenceInitiator):
+    def send(self, msg: Message) -> None:
+        raw = msg.encode_raw(addr_le=self.addr_le)
+        if self.addr_le and isinstance(msg, Load | Store | AllocStore):
+            raw = raw[:24] + msg.data.pack(False) + raw[40:]  # the Data Descriptor follows the 24-octet header
+        self.send_raw(raw)
+
+
+class BigEndianDescriptorsUnderAddrLe(ReferenceInitiatorDriver):
+    """KBTP-ADDRLE-INITIATOR: under ADDR_LE the Block Handle is little-endian but the Data Descriptor big-endian."""
+
+    initiator_class = _BigEndianDescriptors
+
+
+class _StoreStagKept(ReferenceInitiator):
+    _keep = False
+
+    def store(self, handle: int, data: bytes, generation: int = 0, **kwargs: Any) -> Any:
+        self._keep = True
+        try:
+            return (yield from super().store(handle, data, generation, **{**kwargs, "invalidate": False}))
+        finally:
+            self._keep = False
+
+    def revoke(self, stag: int | None, invalidated: int | None) -> None:
+        if not self._keep:
+            super().revoke(stag, invalidated)
+
+
+class StoreStagKept(ReferenceInitiatorDriver):
+    """KBTP-SEC-SINGLE-USE-STAG: a mapped STORE by RDMA Read leaves its STag valid (loads and unmapped stores do
+    not)."""
+
+    initiator_class = _StoreStagKept
+
+
+class _AllOnesAsAny(ReferenceInitiator):
+    def send(self, msg: Message) -> None:
+        if isinstance(msg, Load | Store | Free) and msg.generation == 0xFFFF:
+            msg = dataclasses.replace(msg, generation=0)  # all ones taken for "no Generation"
+        super().send(msg)
+
+
+class AllOnesGenerationAsAny(ReferenceInitiatorDriver):
+    """KBTP-HDR-GEN-REQUEST: an expected Generation of 0xFFFF (all ones) is sent as 0, "any"."""
+
+    initiator_class = _AllOnesAsAny
+
+
+class _BindsOutsideRange(ReferenceInitiator):
+    def bind(self, handle: int, ticket: int, data_length: int, block_offset: int, generation: int = 0) -> Any:
+        assert self.ack is not None
+        return (yield from super().bind(handle + self.ack.handle_count, ticket, data_length, block_offset, generation))
+
+
+class BindsOutsideItsRange(ReferenceInitiatorDriver):
+    """KBTP-HANDLE-OWN-RANGE: direct allocations BIND handles past the end of the initiator's range (its
+    ALLOC_STOREs stay in range)."""
+
+    initiator_class = _BindsOutsideRange
+
+
+class _IgnoresSealed(ReferenceInitiator):
+    def read_entry(self, handle: int) -> Any:
+        entry = yield from super().read_entry(handle)
+        return dataclasses.replace(entry, flags=entry.flags | 0x0002) if entry.flags & 0x0001 else entry
+
+
+class DirectLoadsUnsealed(ReferenceInitiatorDriver):
+    """KBTP-DLOAD-VALIDITY: a direct load accepts an entry that is VALID but not SEALED."""
+
+    initiator_class = _IgnoresSealed
+
+
+class _OverstatedCredits(ReferenceInitiator):
+    def send_raw(self, raw: bytes) -> None:
+        if raw[1] == 0x01:  # HELLO: Completion Credits (offset 26) four times the receive buffers it posts
+            raw = raw[:26] + (4 * self.credits).to_bytes(2, "big") + raw[28:]
+        super().send_raw(raw)
+
+
+class OverstatesCompletionCredits(ReferenceInitiatorDriver):
+    """KBTP-HELLO-LAYOUT: HELLO's Completion Credits claims more receive buffers than the initiator posted."""
+
+    initiator_class = _OverstatedCredits
+
+
 _IB = ("kbtp.target.binding=ib-rc", "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]")
 _DECLARED_QUOTA = ("kbtp.target.quota=2",)  # a declared value (testbed defaults are no claim)
 
@@ -1272,6 +1453,20 @@ MUTANTS: dict[str, Mutant] = {
     "WritesRingSlot": Mutant("kbtp-initiator", "KBTP-DALLOC-NO-SLOT-WRITE",
                              ("test_direct_alloc_leaves_the_ring_alone",)),
     "SkipsFreeOfDirectBlocks": Mutant("kbtp-initiator", "KBTP-DALLOC-FREE", ("test_direct_alloc_frees",)),
+    # kbtp-initiator, issue 11: credits, exposure, the 32-bit ticket and 16-bit Generation wraps, every path
+    "PipelinesBeyondCredits": Mutant("kbtp-initiator", "KBTP-INIT-REQUEST-CREDITS", ("test_request_credits",)),
+    "WindowWiderThanDescriptor": Mutant("kbtp-initiator", "KBTP-SEC-EXPOSE-DESCRIBED",
+                                        ("test_exposes_only_described_buffers",)),
+    "ExposesUnnamedRecordSlot": Mutant("kbtp-initiator", "KBTP-SEC-EXPOSE-DESCRIBED",
+                                       ("test_exposes_only_described_buffers",)),
+    "SignedTickets": Mutant("kbtp-initiator", "KBTP-RING-COUNTER-FIELDS", ("test_direct_alloc_ticket_wrap",)),
+    "BigEndianDescriptorsUnderAddrLe": Mutant("kbtp-initiator", "KBTP-ADDRLE-INITIATOR", ("test_addr_le_requests",)),
+    "StoreStagKept": Mutant("kbtp-initiator", "KBTP-SEC-SINGLE-USE-STAG", ("test_single_use_stags",)),
+    "AllOnesGenerationAsAny": Mutant("kbtp-initiator", "KBTP-HDR-GEN-REQUEST", ("test_request_generations",)),
+    "BindsOutsideItsRange": Mutant("kbtp-initiator", "KBTP-HANDLE-OWN-RANGE",
+                                   ("test_direct_alloc_binds_in_own_range",)),
+    "DirectLoadsUnsealed": Mutant("kbtp-initiator", "KBTP-DLOAD-VALIDITY", ("test_direct_load_refuses_unsealed",)),
+    "OverstatesCompletionCredits": Mutant("kbtp-initiator", "KBTP-HELLO-LAYOUT", ("test_hello",)),
 }
 
 # Checks no mutant is required to fail, and why.

@@ -19,6 +19,7 @@ from kvconform.conformance.kbtp.observer import InitiatorBed, RemoteOp
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Opcode, Status
 from kvconform.kbtp.messages import Bind, DirectAlloc, Free, HelloAck
+from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.rdma import masked_add, pause
 from kvconform.rdma.scheduler import PctScheduler
 from kvconform.verdicts import HarnessBug, check, inconclusive, violation
@@ -157,9 +158,15 @@ def _direct_load_race(kbtp_initiator: InitiatorUnderTest, seed: int, i: int) -> 
 # ---- direct allocations, run once and judged by each check ------------------------------------------------
 
 
+# The harness target's Head starts one lap (N tickets) below the 32-bit wrap, so the N + 2 allocations cross
+# it (..., 2^32 - 1, 0, 1): an initiator that keeps tickets narrower or signed fails there (principle 8).
+TICKETS_BEFORE_WRAP = 1  # rounded up to a whole lap of the ring
+
+
 @dataclass
 class AllocRun:
-    """N + 2 direct allocations of the initiator under test, each loaded and freed."""
+    """N + 2 direct allocations of the initiator under test, each loaded and freed, the first ticket N below the
+    32-bit wrap."""
 
     bed: InitiatorBed
     ack: HelloAck
@@ -168,6 +175,12 @@ class AllocRun:
     ops: list[RemoteOp]
     binds: list[tuple[int, Bind]]
     masked: bool
+    first_ticket: int
+    statuses: list[int]  # of each direct allocation, as the initiator reported it
+
+    def ticket(self, k: int) -> int:
+        """The ticket of allocation k (they are consecutive modulo 2^32 from the Head's first one)."""
+        return (self.first_ticket + k) % TICKET_MODULUS
 
     def session(self) -> None:
         """The initiator had its session (a check's own assertion of it, wherever the run happened)."""
@@ -186,9 +199,10 @@ class AllocRun:
 @pytest.fixture(scope="module")
 def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun:
     kbtp_initiator.require(DA)
-    bed = kbtp_initiator.bed(session_seed, label="direct-alloc")
+    bed = kbtp_initiator.bed(session_seed, label="direct-alloc", tickets_before_wrap=TICKETS_BEFORE_WRAP)
     ep = bed.endpoint
     count = {"n": 0}
+    statuses: list[int] = []
 
     def scenario() -> Gen:
         yield from _hello(bed, DA)
@@ -196,7 +210,8 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
         count["n"] = ack.direct_alloc.ring.count + 2  # type: ignore[union-attr]
         for i in range(count["n"]):
             data = bytes([0x60 + i]) * (40 + i)
-            yield from bed.op(ep.direct_alloc(ep.handle_base + i, data))
+            r = yield from bed.op(ep.direct_alloc(ep.handle_base + i, data))
+            statuses.append(int(r.status))
             yield from bed.op(ep.load(ep.handle_base + i, 4096, allow_unsealed=True))
             yield from bed.op(ep.free(ep.handle_base + i))
 
@@ -204,7 +219,8 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
     ack: HelloAck = bed.ack  # type: ignore[assignment]
     binds = [(rec.step, rec.message) for rec in bed.messages() if isinstance(rec.message, Bind)]
     return AllocRun(bed, ack, ack.direct_alloc, count["n"], bed.remote_ops(), binds,  # type: ignore[arg-type]
-                    kbtp_initiator.target_params.profile.masked_atomics)
+                    kbtp_initiator.target_params.profile.masked_atomics, bed.target.first_ticket,
+                    statuses)
 
 
 @pytest.mark.req("KBTP-DALLOC-FETCHADD", "KBTP-HELLO-FIRST")
@@ -237,9 +253,9 @@ def test_direct_alloc_slot_reads(alloc_run: AllocRun) -> None:
     for k, _, mine in run.per_allocation():
         slot_to = run.da.ring.tagged_offset + RING_SLOT_SIZE * (k % n)
         reads = [op for op in mine if op.kind == "rdma_read" and op.stag == run.da.ring.stag]
-        check(len(reads) >= 2, f"allocation {k} (ticket {k}): {len(reads)} slot read(s), expected at least two (one "
-              "showing the ticket, one confirming it)", req="KBTP-DALLOC-SLOT-READ")
-        check(all(op.to == slot_to for op in reads), f"allocation {k} (ticket {k}): slot reads at "
+        check(len(reads) >= 2, f"allocation {k} (ticket {run.ticket(k):#x}): {len(reads)} slot read(s), expected at "
+              "least two (one showing the ticket, one confirming it)", req="KBTP-DALLOC-SLOT-READ")
+        check(all(op.to == slot_to for op in reads), f"allocation {k} (ticket {run.ticket(k):#x}): slot reads at "
               f"{[hex(op.to) for op in reads]}, expected all at {slot_to:#x} (slot {k % n}, wrapping after N = {n})",
               req="KBTP-DALLOC-SLOT-READ")
         _reads_in_order(run.bed, reads, "KBTP-DALLOC-SLOT-READ")
@@ -260,7 +276,7 @@ def test_direct_alloc_write_then_bind(alloc_run: AllocRun) -> None:
               f"allocation {k}: partition writes {[(hex(w.to), w.step) for w in writes]} are not one write after "
               "the slot reads, before the BIND", req="KBTP-DALLOC-WRITE-THEN-BIND")
         expect.equal(f"allocation {k}: BIND Opcode", bind.OPCODE, Opcode.BIND, req="KBTP-BIND-LAYOUT")
-        expect.equal(f"allocation {k}: BIND Ticket", bind.ticket, k, req="KBTP-BIND-LAYOUT")
+        expect.equal(f"allocation {k}: BIND Ticket", bind.ticket, run.ticket(k), req="KBTP-BIND-LAYOUT")
         expect.equal(f"allocation {k}: BIND Block Offset (the written block)", bind.block_offset, writes[0].to,
                      req="KBTP-BIND-LAYOUT")
         expect.equal(f"allocation {k}: BIND Data Length", bind.data_length, 40 + k, req="KBTP-BIND-LAYOUT")
@@ -293,3 +309,73 @@ def test_direct_alloc_frees(alloc_run: AllocRun) -> None:
     frees = [rec.message for rec in run.bed.messages() if isinstance(rec.message, Free)]
     expect.equal("FREE messages for direct-allocated handles", len(frees), run.count, req="KBTP-DALLOC-FREE")
     run.bed.settle(req="KBTP-DALLOC-FREE")
+
+
+@pytest.mark.req("KBTP-RING-COUNTER-FIELDS", "KBTP-RING-WRAP", "KBTP-HELLO-FIRST")
+def test_direct_alloc_ticket_wrap(alloc_run: AllocRun) -> None:
+    """The harness target's Head starts a lap below the 32-bit wrap, so the direct allocations take tickets
+    2^32 - N, ..., 2^32 - 1, 0, 1: each BIND carries the whole 32-bit Ticket its FetchAdd returned (bits 63-32,
+    its top bit set or not), and the allocations after the wrap are bound like those before it."""
+    alloc_run.session()
+    run = alloc_run
+    taken = [int(eff["orig"]) for rec in run.bed.fabric.trace for eff in rec["effects"] if eff.get("do") == "fetch_add"]
+    tickets = [orig >> 32 & 0xFFFF_FFFF for orig in taken]
+    if not (any(t >= 1 << 31 for t in tickets) and 0 in tickets):
+        inconclusive(f"the initiator's tickets {[hex(t) for t in tickets]} did not cross the 32-bit wrap from "
+                     f"{run.first_ticket:#x}: the boundary was not reached")
+    bound = [bind.ticket for _, bind in run.binds]
+    for k, (orig, t) in enumerate(zip(taken, tickets, strict=True)):
+        refused = [(j, expect.status_name(st)) for j, st in enumerate(run.statuses[:k]) if st != Status.OK]
+        if t not in bound and refused:  # the ring held no block for it: an earlier failure, judged by its own rule
+            inconclusive(f"allocation {k} (Ticket {t:#010x}) cannot be judged: earlier allocations failed {refused}")
+        check(t in bound, f"allocation {k}: its FetchAdd returned Ticket {t:#010x} (Head {orig:#018x}), and no BIND "
+              f"carried it (BIND Tickets: {[hex(b) for b in bound]})", req="KBTP-RING-COUNTER-FIELDS")
+    ok = run.bed.target.counters.count(Opcode.BIND, Status.OK)
+    expect.equal(f"BINDs completed OK of {run.count} allocations across the wrap", ok, run.count, req="KBTP-RING-WRAP")
+    run.bed.settle(req="KBTP-RING-WRAP")
+
+
+@pytest.mark.req("KBTP-HANDLE-OWN-RANGE", "KBTP-HELLO-FIRST")
+def test_direct_alloc_binds_in_own_range(alloc_run: AllocRun) -> None:
+    """Every BIND (the direct allocation's way to bind a handle) names a handle of the initiator's own range,
+    like its ALLOC_STOREs (test_requests_in_own_range)."""
+    alloc_run.session()
+    run = alloc_run
+    lo, hi = run.ack.handle_base, run.ack.handle_base + run.ack.handle_count
+    if not run.binds:
+        inconclusive("the initiator sent no BIND: the rule was not exercised on it")
+    for k, (_, bind) in enumerate(run.binds):
+        check(lo <= bind.handle < hi, f"BIND {k} names handle {bind.handle:#x}, outside the range [{lo:#x}, {hi:#x})",
+              req="KBTP-HANDLE-OWN-RANGE")
+    run.bed.settle(req="KBTP-HANDLE-OWN-RANGE")
+
+
+@pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-HELLO-FIRST")
+def test_direct_load_refuses_unsealed(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
+    """The entry classes a direct load can read: VALID without SEALED (an unsealed block) and unbound are not
+    accepted; VALID and SEALED is, with the block's data (the Generation change is test_direct_load_detects_free's
+    class)."""
+    kbtp_initiator.require(DL)
+    bed = kbtp_initiator.bed(seed, label="direct-load-unsealed")
+    ep = bed.endpoint
+    h = {"handle": 0}
+
+    def scenario() -> Gen:
+        yield from _hello(bed, DL)
+        h["handle"] = ep.handle_base + 5
+        unbound = yield from bed.op(ep.direct_load(h["handle"], 4096))
+        check(unbound.status != Status.OK, "a direct load of an unbound handle (entry not VALID) was accepted",
+              req="KBTP-DLOAD-VALIDITY", seen=expect.status_name(unbound.status), expected="not OK")
+        r = yield from bed.op(ep.alloc_store(h["handle"], b"unsealed" * 8, seal=False))
+        expect.status_is(r, Status.OK, req="KBTP-DLOAD-VALIDITY", what="ALLOC_STORE (unsealed)")
+        d = yield from bed.op(ep.direct_load(h["handle"], 4096))
+        check(d.status != Status.OK, "a direct load of an unsealed block (entry VALID, not SEALED) was accepted",
+              req="KBTP-DLOAD-VALIDITY", seen=expect.status_name(d.status), expected="not OK")
+        r = yield from bed.op(ep.store(h["handle"], b"sealed" * 8, seal=True))
+        expect.status_is(r, Status.OK, req="KBTP-DLOAD-VALIDITY", what="STORE sealing the block")
+        d = yield from bed.op(ep.direct_load(h["handle"], 4096))
+        expect.status_is(d, Status.OK, req="KBTP-DLOAD-VALIDITY", what="direct load of the sealed block")
+        expect.equal("direct-loaded data of the sealed block", d.data, b"sealed" * 8, req="KBTP-DLOAD-VALIDITY")
+
+    bed.run_one(scenario())
+    bed.settle(req="KBTP-DLOAD-VALIDITY")

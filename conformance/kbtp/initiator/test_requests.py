@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
+from kvconform import sweep
 from kvconform.conformance.kbtp import expect
 from kvconform.conformance.kbtp.client import Gen, precise
-from kvconform.conformance.kbtp.observer import InitiatorBed
+from kvconform.conformance.kbtp.observer import Exposed, InitiatorBed, Received, exposed_stags, stags_observable
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import FLAGS_OF_OPCODE, Features, Opcode, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free, Goodbye, Hello, HelloAck, Load, Store
-from kvconform.verdicts import check, not_applicable
+from kvconform.verdicts import HarnessBug, check, inconclusive, not_applicable
 
 
 def _hello(bed: InitiatorBed, req: str = "KBTP-HELLO-FIRST") -> Gen:
@@ -38,8 +39,9 @@ def _ack(bed: InitiatorBed, req: str) -> HelloAck:
                  "KBTP-HELLO-LAYOUT")
 def test_hello(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     """The first message, sent as a Send, is a well-formed HELLO: Version 1, zero Request ID, Block Handle,
-    Generation and Status, and Completion Credits > 0 (judged from its octets first, so a HELLO the harness
-    target refused is blamed on the field that made it refuse)."""
+    Generation and Status, and Completion Credits > 0 and no more than the receive buffers the initiator had
+    posted when it arrived (judged from its octets first, so a HELLO the harness target refused is blamed on
+    the field that made it refuse)."""
     bed = kbtp_initiator.bed(seed, label="hello")
     granted = bed.run_one(bed.op(bed.endpoint.hello()))
     messages = bed.messages()
@@ -57,6 +59,10 @@ def test_hello(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
           first.error_requirement, "KBTP-HDR-LAYOUT"), seen=raw[:48])
     check(msg.completion_credits > 0, "HELLO Completion Credits is 0", req="KBTP-HELLO-LAYOUT",  # type: ignore[union-attr]
           seen=msg.completion_credits)  # type: ignore[union-attr]
+    if first.posted is not None:  # the receive buffers it says it posted for COMPLETION messages are there
+        check(first.posted >= msg.completion_credits,  # type: ignore[union-attr]
+              f"HELLO Completion Credits at offset 26 claims {msg.completion_credits} receive buffers, and the "  # type: ignore[union-attr]
+              f"initiator had posted {first.posted} when it arrived", req="KBTP-HELLO-LAYOUT")
     check(granted is not None, "the harness target refused the initiator's HELLO", req="KBTP-HELLO-FIRST")
     bed.settle(req="KBTP-HELLO-FIRST")
 
@@ -218,11 +224,39 @@ def test_addr_le_requests(kbtp_initiator: InitiatorUnderTest, request_run: Reque
     ack = _ack(request_run.bed, "KBTP-HELLO-FIRST")
     check(bool(ack.features & Features.ADDR_LE), "the harness target did not set ADDR_LE", req="KBTP-HELLO-FIRST")
     lo, hi = ack.handle_base, ack.handle_base + ack.handle_count
-    for m in request_run.requests("KBTP-ADDRLE-INITIATOR"):
+    requests = request_run.requests("KBTP-ADDRLE-INITIATOR")
+    for m in requests:
         if isinstance(m, AllocStore | Store | Free | Load):
             check(lo <= m.handle < hi, f"{type(m).__name__} names handle {m.handle:#x} read little-endian, outside "
                   f"[{lo:#x}, {hi:#x}): is it big-endian?", req="KBTP-ADDRLE-INITIATOR")
+    _observable(request_run.bed)
+    named = 0
+    for rec in request_run.bed.messages()[1:]:
+        m = rec.message
+        if isinstance(m, Load) or (isinstance(m, AllocStore | Store) and m.inline is None):
+            named += 1
+            d = m.data
+            check(_within(rec.exposed, d.stag, d.tagged_offset, d.length),
+                  f"{type(m).__name__} Data Descriptor read little-endian (STag {d.stag:#x}, Tagged Offset "
+                  f"{d.tagged_offset:#x}, Length {d.length}) names no buffer the initiator exposed "
+                  f"({_shown(rec.exposed)}): is it big-endian?", req="KBTP-ADDRLE-INITIATOR")
+    check(named > 0, "no request named a buffer by STag: the descriptors' byte order was not exercised",
+          req="KBTP-ADDRLE-INITIATOR")
     request_run.bed.settle(req="KBTP-HELLO-FIRST")
+
+
+def _observable(bed: InitiatorBed) -> None:
+    if not stags_observable(bed.initiator_node):
+        inconclusive("the harness cannot list the STags of the initiator's node on this fabric")
+
+
+def _within(exposed: tuple[Exposed, ...], stag: int, to: int, length: int) -> bool:
+    """An exposed STag ``stag`` covers [to, to + length)."""
+    return any(e.stag == stag and e.to <= to and to + length <= e.to + e.length for e in exposed)
+
+
+def _shown(exposed: tuple[Exposed, ...] | list[Exposed]) -> str:
+    return ", ".join(f"STag {e.stag:#x} [{e.to:#x}, +{e.length})" for e in exposed) or "none"
 
 
 @pytest.mark.req("KBTP-GOODBYE", "KBTP-HELLO-FIRST")
@@ -265,16 +299,19 @@ def test_quota_respected(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
 
 @pytest.mark.req("KBTP-SEC-SINGLE-USE-STAG", "KBTP-SEC-REQUEST-INVALIDATE", "KBTP-HELLO-FIRST")
 def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
-    """Every LOAD (and every STORE not sent inline) names a fresh STag that is no longer valid once the
-    request completed, and asks for INVALIDATE so the completion revokes it (when PICS says it does)."""
+    """Every LOAD, and every ALLOC_STORE and STORE not sent inline (both paths the target RDMA-reads), names a
+    fresh STag that is no longer valid once the request completed, and asks for INVALIDATE so the completion
+    revokes it (when PICS says it does)."""
     bed = kbtp_initiator.bed(seed, label="stags")
     ep = bed.endpoint
     big = b"S" * 2000
 
     def scenario() -> Gen:
         yield from _hello(bed)
-        r = yield from bed.op(ep.alloc_store(ep.handle_base, big, seal=True))
+        r = yield from bed.op(ep.alloc_store(ep.handle_base, big, seal=False))
         expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="ALLOC_STORE")
+        r = yield from bed.op(ep.store(ep.handle_base, big[::-1], seal=True))  # the other RDMA Read path
+        expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="STORE")
         for _ in range(3):
             r = yield from bed.op(ep.load(ep.handle_base, 4096))
             expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="LOAD")
@@ -292,5 +329,117 @@ def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None
             if kbtp_initiator.params.requests_invalidate:
                 check(bool(m.flags & RequestFlags.INVALIDATE), f"{type(m).__name__} does not request INVALIDATE",
                       req="KBTP-SEC-REQUEST-INVALIDATE")
-    check(len(stags) >= 3, f"only {len(stags)} requests named an STag", req="KBTP-SEC-SINGLE-USE-STAG")
+    sent = {type(rec.message).__name__ for rec in bed.messages() if isinstance(rec.message, Load | AllocStore | Store)}
+    expect.equal("operations that named an STag", sorted(sent), ["AllocStore", "Load", "Store"],
+                 req="KBTP-SEC-SINGLE-USE-STAG")
+    check(len(stags) >= 5, f"only {len(stags)} requests named an STag", req="KBTP-SEC-SINGLE-USE-STAG")
     expect.equal("distinct STags over the requests", len(set(stags)), len(stags), req="KBTP-SEC-SINGLE-USE-STAG")
+
+
+@pytest.mark.req("KBTP-SEC-EXPOSE-DESCRIBED", "KBTP-HELLO-FIRST")
+def test_exposes_only_described_buffers(request_run: RequestRun) -> None:
+    """Whenever a request arrived, and after the session, every STag of the initiator that grants remote access
+    is one a descriptor it sent names, and reaches no octet outside the buffers those descriptors name (a LOAD
+    into 1024 octets of a larger buffer exposes 1024 octets, not the buffer)."""
+    _ack(request_run.bed, "KBTP-HELLO-FIRST")
+    _observable(request_run.bed)
+    named: dict[int, list[tuple[int, int]]] = {}
+    snapshots: list[tuple[str, tuple[Exposed, ...]]] = []
+    for rec in request_run.bed.messages()[1:]:
+        for stag, to, length in _descriptors(rec):
+            named.setdefault(stag, []).append((to, length))
+        snapshots.append((f"when {type(rec.message).__name__ if rec.message else 'a message'} arrived", rec.exposed))
+        _judge_exposure(named, snapshots[-1])
+    check(len(snapshots) > 1, "the initiator sent no requests: nothing was exposed or judged",
+          req="KBTP-SEC-EXPOSE-DESCRIBED")
+    _judge_exposure(named, ("after the session", tuple(exposed_stags(request_run.bed.initiator_node))))
+    request_run.bed.settle(req="KBTP-HELLO-FIRST")
+
+
+def _descriptors(rec: Received) -> list[tuple[int, int, int]]:
+    """(STag, Tagged Offset, Length) of every buffer the message's descriptors name (a completion record slot is
+    24 octets)."""
+    m = rec.message
+    out = []
+    if isinstance(m, Load) or (isinstance(m, AllocStore | Store) and m.inline is None):
+        out.append((m.data.stag, m.data.tagged_offset, m.data.length))
+    completion = getattr(m, "completion", None)
+    if completion is not None:
+        out.append((completion.stag, completion.tagged_offset, 24))
+    return out
+
+
+def _judge_exposure(named: dict[int, list[tuple[int, int]]], snapshot: tuple[str, tuple[Exposed, ...]]) -> None:
+    when, exposed = snapshot
+    for e in exposed:
+        spans = named.get(e.stag, [])
+        check(bool(spans), f"{when}: STag {e.stag:#x} grants remote access (access {e.access:#x}) to "
+              f"[{e.to:#x}, +{e.length}), and no descriptor the initiator sent names it",
+              req="KBTP-SEC-EXPOSE-DESCRIBED")
+        covered = any(to <= e.to and e.to + e.length <= to + length for to, length in spans)
+        check(covered, f"{when}: STag {e.stag:#x} reaches [{e.to:#x}, +{e.length}), wider than its descriptors "
+              f"name ({', '.join(f'[{to:#x}, +{n})' for to, n in spans)})", req="KBTP-SEC-EXPOSE-DESCRIBED")
+
+
+@pytest.mark.req("KBTP-INIT-REQUEST-CREDITS", "KBTP-HELLO-FIRST")
+@pytest.mark.parametrize("credits", sweep.pick([1], [2, 3]))
+def test_request_credits(kbtp_initiator: InitiatorUnderTest, seed: int, credits: int) -> None:
+    """Granted ``credits`` Request Credits and asked for several operations at once — ALLOC_STOREs, then LOADs
+    and STOREs, then FREEs — the initiator never has more requests outstanding (arrived at the target, their
+    completion not yet delivered to it) than it was granted, and completes them all. One credit is the
+    boundary: any pipelining exceeds it (the harness target posts spare receive buffers, so an overrun is
+    seen, not turned into a terminated connection)."""
+    bed = kbtp_initiator.bed(seed, label=f"credits-{credits}", request_credits=credits)
+    ep = bed.endpoint
+    statuses: list[tuple[str, int]] = []
+
+    def note(what: str, op: Any) -> Gen:
+        r = yield from bed.op(op)
+        statuses.append((what, int(r.status)))
+        return r
+
+    bed.run_one(_hello(bed))
+    ack = _ack(bed, "KBTP-INIT-REQUEST-CREDITS")
+    if ack.request_credits != credits:
+        raise HarnessBug(f"the harness target advertised {ack.request_credits} Request Credits, not {credits}")
+    q = min(ep.quota, 2)
+    if q == 0:
+        not_applicable("Allocation Quota 0: the initiator can bind nothing")
+    handles = [ep.handle_base + i for i in range(q)]
+    phases: list[dict[str, Gen]] = [
+        {f"alloc{i}": note(f"ALLOC_STORE {i}", ep.alloc_store(h, b"credit-%d" % i, seal=False))
+         for i, h in enumerate(handles)},
+        {**{f"load{i}.{k}": note(f"LOAD {i}", ep.load(h, 64, allow_unsealed=True))
+            for i, h in enumerate(handles) for k in range(2)},
+         **{f"store{i}": note(f"STORE {i}", ep.store(h, b"again-%d" % i, seal=False)) for i, h in enumerate(handles)}},
+        {f"free{i}": note(f"FREE {i}", ep.free(h)) for i, h in enumerate(handles)},
+    ]
+    for actors in phases:
+        if bed.failure is None:
+            bed.run(**actors)
+    most, step = _most_outstanding(bed)
+    check(most <= credits, f"{most} requests of the initiator were outstanding at step {step} with {credits} "
+          f"Request Credits granted [{bed.hint()}]", req="KBTP-INIT-REQUEST-CREDITS", seen=most,
+          expected=f"at most {credits}")
+    bed.settle(req="KBTP-INIT-REQUEST-CREDITS")
+    for what, status in statuses:
+        expect.equal(f"Status of the initiator's {what}", expect.status_name(status), "OK",
+                     req="KBTP-INIT-REQUEST-CREDITS")
+    expect.equal("operations completed", len(statuses), 5 * q, req="KBTP-INIT-REQUEST-CREDITS")
+
+
+def _most_outstanding(bed: InitiatorBed) -> tuple[int, int]:
+    """The most messages of the initiator that had arrived at the target while their answers had not been
+    delivered to the initiator, and the step it happened at (a lower bound of what it had outstanding when it
+    sent the last of them, since messages arrive in the order sent)."""
+    arrived = delivered = 0
+    most, at = 0, -1
+    for rec in bed.fabric.trace:
+        for eff in rec["effects"]:
+            if eff.get("do") == "send-arrive" and eff.get("who") == bed.target_conn:
+                arrived += 1
+                if arrived - delivered > most:
+                    most, at = arrived - delivered, int(rec["step"])
+            elif eff.get("do") == "deliver" and eff.get("who") == bed.initiator_conn.name:
+                delivered += 1
+    return most, at
