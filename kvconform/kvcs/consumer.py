@@ -474,8 +474,8 @@ class Consumer:
     Subclasses (the harness's mutants) override one method per behaviour: ``discovery_anchors``,
     ``data_subscribe_parameters``, ``manifest_subscribe_parameters``, ``fetch_parameters``,
     ``open_manifest``, ``manifest_problems``, ``object_problems``, ``listed_digest_problem``,
-    ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``. A layer reported ready
-    is retracted (dropped from the result) when its track later turns out malformed.
+    ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``, ``wait_for_change``. A layer
+    reported ready is retracted (dropped from the result) when its track later turns out malformed.
     """
 
     def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions,
@@ -601,6 +601,15 @@ class Consumer:
         if first == again:
             return None
         return f"{track} {loc}: delivered twice with different payloads: the track is malformed [{REQ['malformed']}]"
+
+    async def wait_for_change(self, changed: asyncio.Event, bound: float) -> bool:
+        """Wait at most ``bound`` seconds for the next event of an attempt (an object, a stream, PUBLISH_DONE);
+        False when none came (no progress: the stall bound)."""
+        try:
+            await asyncio.wait_for(changed.wait(), bound)
+        except TimeoutError:
+            return False
+        return True
 
     def may_combine(self, a: Manifest | None, b: Manifest | None) -> bool:
         """Objects of two publications may share a segment only if both manifests say deterministic."""
@@ -822,11 +831,7 @@ class _Attempt:
     async def _wait_change(self, bound: float) -> bool:
         """Wait for any event of this attempt (bounded); False on timeout."""
         self.changed.clear()
-        try:
-            await asyncio.wait_for(self.changed.wait(), max(0.01, bound))
-        except TimeoutError:
-            return False
-        return True
+        return await self.c.wait_for_change(self.changed, max(0.01, bound))
 
     # ---- manifest ---------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ must fail.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -178,6 +179,28 @@ class PatientConsumer(Consumer):
         return 3600.0
 
 
+class EarlyQuitConsumer(Consumer):
+    """KVCS-RECOVER-WAIT-LIVE: abandons a live publication after 0.3 s without an object, far less than its
+    budget (a pause in live delivery is read as the end of production)."""
+
+    def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions, **kwargs: Any) -> None:
+        super().__init__(identity, dataclasses.replace(options, stall_timeout=0.3), **kwargs)
+
+
+DEAF_AFTER = 0.1  # seconds of silence after which ResumeDeafConsumer stops listening
+
+
+class ResumeDeafConsumer(Consumer):
+    """KVCS-RECOVER-NO-INDEFINITE-WAIT: once live delivery pauses it stops listening (the wakeup of the resumed
+    delivery is lost) and waits for it without any bound."""
+
+    async def wait_for_change(self, changed: asyncio.Event, bound: float) -> bool:
+        if await super().wait_for_change(changed, min(bound, DEAF_AFTER)):
+            return True
+        await asyncio.Event().wait()  # never set: no bound, no budget
+        return False
+
+
 class ZeroFillConsumer(Consumer):
     """KVCS-VERIFY-LAYER-USABLE: a layer whose objects never arrive is used anyway, the missing blocks
     filled with zeros."""
@@ -230,6 +253,12 @@ MUTANTS: dict[str, Mutant] = {
                                   ("test_missing_objects_are_recovered_through_another_relay",)),
     "PatientConsumer": Mutant("kvcs-consumer", "KVCS-RECOVER-NO-INDEFINITE-WAIT",
                               ("test_stalled_production_is_given_up_within_the_budget",)),
+    "EarlyQuitConsumer": Mutant("kvcs-consumer", "KVCS-RECOVER-WAIT-LIVE",
+                                ("test_live_delivery_that_stalls_and_resumes_is_waited_for",)),
+    # a 2 s budget (a 0.4 s pause) keeps the run short: the driver stops it after budget + GRACE
+    "ResumeDeafConsumer": Mutant("kvcs-consumer", "KVCS-RECOVER-NO-INDEFINITE-WAIT",
+                                 ("test_live_delivery_that_stalls_and_resumes_is_waited_for",),
+                                 pics=("kvcs.consumer.budget=2",)),
     "ZeroFillConsumer": Mutant("kvcs-consumer", "KVCS-VERIFY-LAYER-USABLE", ("test_missing_objects_fail_their_layer",)),
     "FewStreamsConsumer": Mutant("kvcs-consumer", "KVCS-OPS-STREAMS",
                                  ("test_enough_unidirectional_streams_are_granted",)),
