@@ -20,7 +20,7 @@ from kvconform.kvcs.consumer import (
 )
 from kvconform.kvcs.manifest import Manifest, SegmentEntry
 from kvconform.kvcs.namespace import KvcsNamespace
-from kvconform.kvcs.payload import decode_object
+from kvconform.kvcs.payload import HEADER_LEN, decode_object
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.quic import granting_streams_uni
@@ -64,6 +64,58 @@ class MagicBlindConsumer(Consumer):
             fixed = bytes.fromhex("4b564f3101") + payload[5:]
             return super().object_problems(needed, segment, loc, fixed)
         return problems
+
+
+def _header(payload: bytes) -> Any:
+    return decode_object(payload[:HEADER_LEN + int.from_bytes(payload[32:36], "big")])[0]
+
+
+class ZeroDigestAbsentConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-DIGEST: reads an all-zero Data Digest as "no digest given" and skips the check."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        problems = super().object_problems(needed, segment, loc, payload)
+        if payload[36:HEADER_LEN] == bytes(32):
+            return [p for p in problems if not p.startswith("Data Digest")]
+        return problems
+
+
+class NarrowLayerConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-LAYER: compares Layer with the Group ID in 16 bits (Layer = Group ID + 2^16 passes)."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        problems = super().object_problems(needed, segment, loc, payload)
+        if any(p.startswith("Layer") for p in problems) and (_header(payload).layer - loc.group) % (1 << 16) == 0:
+            return [p for p in problems if not p.startswith("Layer")]
+        return problems
+
+
+class AllOnesBlockAbsentConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-BLOCK: reads Block Index 0xFFFFFFFF as "not given" and skips the check."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        problems = super().object_problems(needed, segment, loc, payload)
+        if any(p.startswith("Block Index") for p in problems) and _header(payload).block_index == 0xFFFFFFFF:
+            return [p for p in problems if not p.startswith("Block Index")]
+        return problems
+
+
+class TrailingOctetsConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-LENGTH: accepts octets past header + Data Length (checks only that Data is not
+    truncated)."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        if len(payload) >= HEADER_LEN:
+            payload = payload[:HEADER_LEN + int.from_bytes(payload[32:36], "big")]
+        return super().object_problems(needed, segment, loc, payload)
+
+
+class RawLengthBlindConsumer(Consumer):
+    """KVCS-PAYLOAD-DATA-RAW: uses raw Data of any length (Data Length and Digest consistent) as one block's
+    section."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        return [p for p in super().object_problems(needed, segment, loc, payload) if "Data of one block" not in p]
 
 
 class FlagStrictConsumer(Consumer):
@@ -221,6 +273,7 @@ class FewStreamsConsumer(Consumer):
             return await super().run()
 
 _POISONS = ("test_object_failing_a_check_is_discarded",)
+_VALUE_CLASSES = ("test_objects_malformed_in_every_value_class_are_discarded",)
 
 MUTANTS: dict[str, Mutant] = {
     "DigestBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-DIGEST",
@@ -230,6 +283,11 @@ MUTANTS: dict[str, Mutant] = {
                                  collateral=("KVCS-PAYLOAD-VERIFY-BLOCK",)),
     "LengthBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LENGTH", _POISONS),
     "MagicBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-MAGIC", _POISONS),
+    "ZeroDigestAbsentConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-DIGEST", _VALUE_CLASSES),
+    "NarrowLayerConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LAYER", _VALUE_CLASSES),
+    "AllOnesBlockAbsentConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-BLOCK", _VALUE_CLASSES),
+    "TrailingOctetsConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LENGTH", _VALUE_CLASSES),
+    "RawLengthBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-DATA-RAW", _VALUE_CLASSES),
     "FlagStrictConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-FLAGS-IGNORED", ("test_nonzero_flags_are_ignored",)),
     "UnsignedDigestConsumer": Mutant("kvcs-consumer", "KVCS-SEC-COSE-VERIFY",
                                      ("test_poison_with_matching_digest_is_caught_by_the_signed_manifest",)),
