@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kvconform import sweep
 from kvconform.conformance.kvcs.consumer.checks import (
     KID,
     LAYERS,
@@ -21,7 +22,6 @@ from kvconform.conformance.kvcs.consumer.checks import (
     run,
     small_spec,
 )
-from kvconform import sweep
 from kvconform.conformance.kvcs.consumer.harness import (
     VALUE_CLASSES,
     DuplicatingRelay,
