@@ -474,8 +474,9 @@ class Consumer:
     Subclasses (the harness's mutants) override one method per behaviour: ``discovery_anchors``,
     ``data_subscribe_parameters``, ``manifest_subscribe_parameters``, ``fetch_parameters``,
     ``open_manifest``, ``manifest_problems``, ``object_problems``, ``listed_digest_problem``,
-    ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``, ``wait_for_change``. A layer
-    reported ready is retracted (dropped from the result) when its track later turns out malformed.
+    ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``, ``wait_for_change``,
+    ``retrieval_mode``. A layer reported ready is retracted (dropped from the result) when its track later turns
+    out malformed.
     """
 
     def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions,
@@ -601,6 +602,13 @@ class Consumer:
         if first == again:
             return None
         return f"{track} {loc}: delivered twice with different payloads: the track is malformed [{REQ['malformed']}]"
+
+    def retrieval_mode(self, complete: Sequence[bool]) -> str:
+        """"fetch" (Retrieval of Completed Caches) when every needed segment (``complete``: one per needed track,
+        in plan order) is complete, else "live" (Retrieval during Production); ``options.mode`` overrides."""
+        if self.options.mode in ("live", "fetch"):
+            return self.options.mode
+        return "fetch" if all(complete) else "live"
 
     async def wait_for_change(self, changed: asyncio.Event, bound: float) -> bool:
         """Wait at most ``bound`` seconds for the next event of an attempt (an object, a stream, PUBLISH_DONE);
@@ -1100,8 +1108,7 @@ class _Attempt:
         if not self.wanted:
             self.result.outcome = "complete"
             return
-        complete = all(self._segment(n.segment).complete for n in needed)
-        mode = self.c.options.mode if self.c.options.mode in ("live", "fetch") else ("fetch" if complete else "live")
+        mode = self.c.retrieval_mode([self._segment(n.segment).complete for n in needed])
         self.result.mode = mode
         await self._open_data(mode)
         while True:

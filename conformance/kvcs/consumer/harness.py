@@ -60,6 +60,7 @@ SUBSCRIBER_TOKEN = "kvcs-consumer-token"
 OUTSIDER_TOKEN = "kvcs-outsider-token"
 PUBLISH_TIMEOUT = 20.0  # seconds for a harness publisher to announce and publish a small cache
 SLACK = 3.0  # seconds past its budget a consumer may take to wrap up and write its result
+HOLD_BOUND = 10.0  # seconds a held pass waits for the consumer's first data request
 
 
 # ---- relays -------------------------------------------------------------------------------------------
@@ -91,6 +92,7 @@ class RecordingRelay(Relay):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.asked: list[Asked] = []
+        self.data_asked = asyncio.Event()  # a consumer asked for a data track (SUBSCRIBE or FETCH)
 
     def handle_subscribe_namespace(self, peer: Peer, req: Request, msg: SubscribeNamespace) -> None:
         self.asked.append(Asked("SUBSCRIBE_NAMESPACE", msg.track_namespace_prefix, b"", msg.parameters,
@@ -101,10 +103,14 @@ class RecordingRelay(Relay):
         if not isinstance(msg, Fetch):
             self.asked.append(Asked("SUBSCRIBE", msg.track_namespace, msg.track_name, msg.parameters,
                                     time.monotonic()))
+            if _data_track(msg.track_name):
+                self.data_asked.set()
         super().handle_subscribe(peer, req, msg)
 
     async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
         self.asked.append(Asked("FETCH", msg.track_namespace, msg.track_name, msg.parameters, time.monotonic()))
+        if _data_track(msg.track_name):
+            self.data_asked.set()
         await super().handle_fetch(peer, req, msg)
 
     def data_asks(self, kind: str) -> list[Asked]:
@@ -288,15 +294,22 @@ class HarnessPublisher(KvcsPublisher):
     Track, no final manifest: production stalls); ``other_compat``: every manifest's "compat" describes
     another model; ``forge_with``: sign manifest.cose with this key (same kid, wrong key);
     ``no_digests``: manifests without object_digests (a SHOULD), so only per-object checks apply;
-    ``pause``: (segment, layer, seconds): live delivery stalls that long after that layer, then resumes.
+    ``pause``: (segment, layer, seconds): live delivery stalls that long after that layer, then resumes;
+    ``hold``: a segment (a later pass of chunked prefill) that, once the manifest lists it, produces nothing
+    until the consumer asks the relay for data (bounded by HOLD_BOUND); the scenario starts the consumer then
+    (``Stage.live_after`` must be set).
     ``times`` records when (time.monotonic()) each layer ("layer s/l"), segment ("segment s") and the whole
     publication ("done") was published, and when the pause began ("pause")."""
 
     def __init__(self, spec: CacheSpec, *, poisons: Sequence[Poison] = (), skip_layers: Sequence[int] = (),
                  stop_after: int | None = None, other_compat: bool = False, forge_with: ProducerKey | None = None,
-                 no_digests: bool = False, pause: tuple[int, int, float] | None = None, **options: Any) -> None:
+                 no_digests: bool = False, pause: tuple[int, int, float] | None = None, hold: int | None = None,
+                 **options: Any) -> None:
         super().__init__(spec, **options)
         self.pause = pause
+        self.hold = hold
+        self.held: asyncio.Event | None = None  # set by the publisher when the hold begins
+        self.release: asyncio.Event | None = None  # set by the relay when the consumer asks for data
         self.times: dict[str, float] = {}
         self._interval = self.layer_interval
         self.poisons = tuple(poisons)
@@ -306,6 +319,15 @@ class HarnessPublisher(KvcsPublisher):
         self.forge_with = forge_with
         self.no_digests = no_digests
         self.stalled = asyncio.Event()
+
+    async def segment_added(self, seg: Any) -> None:
+        if seg.segment != self.hold or self.held is None or self.release is None:
+            return
+        self.times["hold"] = time.monotonic()
+        self.held.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.release.wait(), HOLD_BOUND)
+        self.times["release"] = time.monotonic()
 
     def _report(self, progress: Progress) -> None:
         # The publisher sleeps layer_interval after reporting a layer: the pause is that sleep made longer.
@@ -375,7 +397,6 @@ class Stage:
     blocks: int | None = None
     producer_keys: dict[str, str] = field(default_factory=dict)  # kid -> public PEM
     live_after: int | None = None
-    live_segment: int = 0  # the segment whose layers ``live_after`` counts (a later pass of chunked prefill)
     relays_given: tuple[int, ...] = (0,)  # which relays the consumer is told about, in order
 
 
@@ -475,9 +496,12 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
                 client = await mc.connect(relays[i].url, config=config, timeout=5.0)
                 clients.append(client)
                 progress: Callable[[Progress], None] | None = None
-                if n == 0 and stage.live_after is not None:
-                    def progress(p: Progress, after: int = stage.live_after, seg: int = stage.live_segment) -> None:
-                        if p.kind == "layer" and (p.segment, p.layer + 1) >= (seg, after):
+                if n == 0 and isinstance(pub, HarnessPublisher) and pub.hold is not None:
+                    pub.release = relays[i].data_asked  # the held pass goes on once the consumer asks for data
+                    pub.held = live
+                elif n == 0 and stage.live_after is not None:
+                    def progress(p: Progress, after: int = stage.live_after) -> None:
+                        if p.kind == "layer" and p.layer + 1 >= after:
                             live.set()
                 coro = pub.publish(client, PUBLISHER_TOKEN.encode(), on_progress=progress, timeout=5.0)
                 if stage.live_after is None:

@@ -237,3 +237,46 @@ def test_layer_range_only(kvcs_consumer: object, seed: int, tmp_path: Path) -> N
             found.add("KVCS-FETCH-RANGE", problem)
     digest_findings(found, outcome, spec, [1, 2], missing="KVCS-FETCH-RANGE", wrong="KVCS-GROUP-LAYER")
     found.judge()
+
+
+CHUNK_LAYERS = 4
+CHUNK_TOKENS = 16  # the second pass: 4 more blocks of 4 tokens, one more segment
+
+
+@pytest.mark.req("KVCS-LIVE-SUBSCRIBE", "KVCS-LIVE-TRACK-COMPLETE", "KVCS-OBJ-ID-BLOCK", "KVCS-VERIFY-LAYER-USABLE")
+def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
+    """Chunked prefill: the publisher computes the context in two passes, each through every layer, published as
+    segments 0 and 1 (Group IDs increase with time in every track). The consumer joins once the manifest lists
+    segment 1, and the second pass holds until the consumer asks for data: segment 0 is complete (retrieved by FETCH, or by a subscription whose fill carries it),
+    segment 1 is in production and must be subscribed (Next Object + fill from {0,0}); every layer is assembled
+    from both segments, in absolute block order, and the consumer ends once the last layer is in."""
+    spec = small_spec(seed, layers=CHUNK_LAYERS, segments=(CHUNK_TOKENS,))
+    pub = HarnessPublisher(spec, layer_interval=0.1, hold=1)
+    stage = Stage(spec, [(pub, (0,))], live_after=0)
+    outcome = run(kvcs_consumer, stage, tmp_path, "chunked prefill, second pass in production")
+    found = Findings("a cache produced in two passes is not received as the text says")
+    found.asserted.append("KVCS-LIVE-SUBSCRIBE")
+    subs, fetches = data_requests(outcome)
+    second_done = pub.times.get("segment 1", float("inf"))
+    for f in fetches:
+        if f.name.endswith(b".s1") and f.at < second_done:
+            found.add("KVCS-LIVE-SUBSCRIBE", f"FETCH {f.name!r} while segment 1 was still in production (its manifest "
+                                             "did not mark it complete): a cache in production is subscribed to")
+        elif f.name.endswith(b".s0"):
+            for problem in fetch_problems(f, 0, CHUNK_LAYERS - 1):
+                found.add("KVCS-LIVE-SUBSCRIBE", problem)
+    for sub in subs:
+        for problem in live_subscribe_problems(sub):
+            found.add("KVCS-LIVE-SUBSCRIBE", problem)
+    live = {s.name for s in subs if s.name.endswith(b".s1")}
+    found.expect(live >= {b"k.raw.s1", b"v.raw.s1"} or live == {b"kv.raw.s1"}, "KVCS-LIVE-SUBSCRIBE",
+                 f"data SUBSCRIBEs of segment 1 (in production): {sorted(live)}, expected its k and v tracks")
+    digest_findings(found, outcome, spec, list(range(CHUNK_LAYERS)), missing="KVCS-LIVE-SUBSCRIBE",
+                    wrong="KVCS-OBJ-ID-BLOCK")
+    result = outcome.require_result()
+    if all(result.layers.get(layer) is not None for layer in range(CHUNK_LAYERS)):
+        found.expect(outcome.run.elapsed < outcome.budget and not result.gave_up, "KVCS-LIVE-TRACK-COMPLETE",
+                     f"every layer assembled, but the consumer ended after {outcome.run.elapsed:.1f} s of its "
+                     f"{outcome.budget:g} s budget{' and says it gave up' if result.gave_up else ''}: it did not see "
+                     "the tracks complete")
+    found.judge()

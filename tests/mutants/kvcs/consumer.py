@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from kvconform.kvcs.consumer import (
@@ -180,6 +181,14 @@ class NoFillConsumer(Consumer):
         return {"location_filter": LocationFilter.next_object()}
 
 
+class FirstSegmentModeConsumer(Consumer):
+    """KVCS-LIVE-SUBSCRIBE: decides between FETCH and SUBSCRIBE by segment 0 alone, so a later pass of chunked
+    prefill still in production is FETCHed (only what was published by then arrives)."""
+
+    def retrieval_mode(self, complete: Sequence[bool]) -> str:
+        return "fetch" if complete[0] else "live"
+
+
 class OpenRangeConsumer(Consumer):
     """KVCS-FETCH-RANGE: FETCHes with Absolute Start {a,0} (to the Largest Object) instead of Absolute
     Start, Group End, and without GROUP_ORDER."""
@@ -301,6 +310,8 @@ MUTANTS: dict[str, Mutant] = {
                              ("test_non_deterministic_publications_are_not_mixed",)),
     "NoFillConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
                              ("test_cache_in_production_is_assembled_exactly_once",)),
+    "FirstSegmentModeConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
+                                       ("test_chunked_prefill_joined_during_the_second_pass",)),
     "OpenRangeConsumer": Mutant("kvcs-consumer", "KVCS-FETCH-RANGE",
                                 ("test_completed_cache_is_discovered_and_assembled", "test_layer_range_only")),
     "NeverFilterConsumer": Mutant("kvcs-consumer", "KVCS-FETCH-OBJECTID-FILTER", ("test_first_blocks_only",)),
