@@ -475,7 +475,7 @@ class Consumer:
     ``data_subscribe_parameters``, ``manifest_subscribe_parameters``, ``fetch_parameters``,
     ``open_manifest``, ``manifest_problems``, ``object_problems``, ``listed_digest_problem``,
     ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``, ``wait_for_change``,
-    ``retrieval_mode``. A layer reported ready is retracted (dropped from the result) when its track later turns
+    ``retrieval_mode``, ``select_tracks``. A layer reported ready is retracted (dropped from the result) when its track later turns
     out malformed.
     """
 
@@ -602,6 +602,15 @@ class Consumer:
         if first == again:
             return None
         return f"{track} {loc}: delivered twice with different payloads: the track is malformed [{REQ['malformed']}]"
+
+    def select_tracks(self, tracks: Sequence[DataTrack]) -> list[DataTrack]:
+        """The tracks of one segment to use: its raw "k" and "v" pair, else its raw "kv" track, never a mix
+        (none when the segment offers neither)."""
+        data = [t for t in tracks if t.codec == "raw"]
+        pair = [t for t in data if t.component in ("k", "v")]
+        if {t.component for t in pair} == {"k", "v"}:
+            return sorted(pair)
+        return [t for t in data if t.component == "kv"][:1]
 
     def retrieval_mode(self, complete: Sequence[bool]) -> str:
         """"fetch" (Retrieval of Completed Caches) when every needed segment (``complete``: one per needed track,
@@ -911,10 +920,7 @@ class _Attempt:
                 break
             n = min(seg.blocks, limit - seg.first_block)
             tracks = [parse_track_name(t.encode()) for t in seg.tracks]
-            data = [t for t in tracks if isinstance(t, DataTrack) and t.codec == "raw"]
-            pair = [t for t in data if t.component in ("k", "v")]
-            chosen = sorted(pair) if {t.component for t in pair} == {"k", "v"} else \
-                [t for t in data if t.component == "kv"][:1]
+            chosen = self.c.select_tracks([t for t in tracks if isinstance(t, DataTrack)])
             if not chosen:
                 break
             out += [_Needed(seg.segment, t, n) for t in chosen]

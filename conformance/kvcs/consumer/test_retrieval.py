@@ -152,9 +152,11 @@ def test_shorter_prefix_and_appended_segment(kvcs_consumer: object, seed: int, t
     """The consumer's context runs two blocks past segment 0 (an appended segment) and ends in an incomplete
     block: SUBSCRIBE_NAMESPACE for its longest prefix (its last complete block) finds nothing, a shorter
     Anchor Key finds the publication, and both segments (whose block_keys_sha256 match the consumer's keys)
-    are assembled in block order, from the k and v tracks of each segment (never a mix with kv)."""
+    are assembled in block order, from the k and v tracks of each segment or its kv track (the publication offers
+    all three: never a mix)."""
     spec = small_spec(seed, segments=(8,), tail_tokens=2)
-    stage = Stage(spec, [(HarnessPublisher(spec), (0,))])
+    # k, v AND kv tracks per segment: only then can a selection be mixed (and the check fail)
+    stage = Stage(spec, [(HarnessPublisher(spec, kv_track=True), (0,))])
     outcome = run(kvcs_consumer, stage, tmp_path, "shorter prefix")
     found = Findings("the shorter prefix or the appended segment is not used as the text says")
     found.asserted += ["KVCS-DISC-SUBSCRIBE-NAMESPACE", "KVCS-KVSP-COMPLETE-BLOCKS"]

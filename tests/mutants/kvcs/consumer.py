@@ -189,6 +189,14 @@ class FirstSegmentModeConsumer(Consumer):
         return "fetch" if complete[0] else "live"
 
 
+class MixedTracksConsumer(Consumer):
+    """KVCS-TRACK-SELECT: takes a segment's "k" track and, for the values, its "kv" track (a mix)."""
+
+    def select_tracks(self, tracks: Sequence[DataTrack]) -> list[DataTrack]:
+        mixed = [t for t in tracks if t.codec == "raw" and t.component in ("k", "kv")]
+        return mixed if len(mixed) == 2 else super().select_tracks(tracks)
+
+
 class OpenRangeConsumer(Consumer):
     """KVCS-FETCH-RANGE: FETCHes with Absolute Start {a,0} (to the Largest Object) instead of Absolute
     Start, Group End, and without GROUP_ORDER."""
@@ -312,6 +320,7 @@ MUTANTS: dict[str, Mutant] = {
                              ("test_cache_in_production_is_assembled_exactly_once",)),
     "FirstSegmentModeConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
                                        ("test_chunked_prefill_joined_during_the_second_pass",)),
+    "MixedTracksConsumer": Mutant("kvcs-consumer", "KVCS-TRACK-SELECT", ("test_shorter_prefix_and_appended_segment",)),
     "OpenRangeConsumer": Mutant("kvcs-consumer", "KVCS-FETCH-RANGE",
                                 ("test_completed_cache_is_discovered_and_assembled", "test_layer_range_only")),
     "NeverFilterConsumer": Mutant("kvcs-consumer", "KVCS-FETCH-OBJECTID-FILTER", ("test_first_blocks_only",)),
