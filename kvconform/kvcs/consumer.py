@@ -475,8 +475,8 @@ class Consumer:
     ``data_subscribe_parameters``, ``manifest_subscribe_parameters``, ``fetch_parameters``,
     ``open_manifest``, ``manifest_problems``, ``object_problems``, ``listed_digest_problem``,
     ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``, ``wait_for_change``,
-    ``retrieval_mode``, ``select_tracks``. A layer reported ready is retracted (dropped from the result) when its track later turns
-    out malformed.
+    ``retrieval_mode``, ``select_tracks``. A layer reported ready is retracted (dropped from the result) when its
+    track later turns out malformed.
     """
 
     def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions,
