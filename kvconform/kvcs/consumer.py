@@ -173,10 +173,15 @@ class ConsumerOptions:
     producer_keys: Mapping[bytes, str] = field(default_factory=dict)  # kid -> public PEM
     require_authenticity: bool | None = None  # default: True iff producer keys are known
     mode: str = "auto"  # "auto" (live unless every needed segment is complete), "live" or "fetch"
+    # Relays are not trusted (Security and Privacy Considerations): producer authenticity is required (the Data
+    # Digest alone is not relied on) and only the exact prefix is looked for (no shorter-prefix probing).
+    distrust_relays: bool = False
 
     @property
     def authenticity(self) -> bool:
-        return bool(self.producer_keys) if self.require_authenticity is None else self.require_authenticity
+        if self.require_authenticity is not None:
+            return self.require_authenticity
+        return bool(self.producer_keys) or self.distrust_relays
 
     def auth(self) -> tuple[AuthToken, ...]:
         return () if self.token is None else (AuthToken.use_value(self.token),)
@@ -504,7 +509,10 @@ class Consumer:
     def discovery_anchors(self) -> list[bytes]:
         """Anchor Keys to look for, longest prefix first (each shorter one is an earlier key of the chain).
         ``blocks`` limits what is retrieved, not what is looked for: a publication of the whole prompt
-        serves its first blocks too."""
+        serves its first blocks too. A consumer that distrusts relays looks for its exact prefix only: a
+        sequence of shorter prefixes would tell the relay where its prompt diverges from published ones."""
+        if self.options.distrust_relays:
+            return self.keys[-1:]
         return list(reversed(self.keys))[:self.options.max_prefixes]
 
     def manifest_subscribe_parameters(self) -> dict[str, Any]:

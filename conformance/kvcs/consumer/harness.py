@@ -398,6 +398,7 @@ class Stage:
     producer_keys: dict[str, str] = field(default_factory=dict)  # kid -> public PEM
     live_after: int | None = None
     relays_given: tuple[int, ...] = (0,)  # which relays the consumer is told about, in order
+    distrust_relays: bool = False  # the consumer declares it distrusts relays (in-process ones are started so)
 
 
 @dataclass
@@ -515,7 +516,8 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
             "publications": [f"{p.namespace.pub_id.hex()} {type(p).__name__} via {list(w)}"
                              for p, w in stage.publications]})
         request = FetchRequest(tuple(relays[i].url for i in stage.relays_given), spec_path, budget,
-                               SUBSCRIBER_TOKEN if tokens else None, stage.layers, stage.blocks, key_files)
+                               SUBSCRIBER_TOKEN if tokens else None, stage.layers, stage.blocks, key_files,
+                               distrust_relays=stage.distrust_relays)
         out = tmp / "result.json"
         started = time.monotonic()
         run = await asyncio.wait_for(asyncio.to_thread(driver.fetch, request, out), budget + GRACE + 15.0)

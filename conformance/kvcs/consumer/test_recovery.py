@@ -143,6 +143,7 @@ def test_live_delivery_that_stalls_and_resumes_is_waited_for(kvcs_consumer: obje
     subs, fetches = data_requests(outcome)
     asks = sorted(a.at for a in subs + fetches)
     found.expect(bool(subs), "KVCS-LIVE-SUBSCRIBE", "the consumer sent no data SUBSCRIBE for a cache in production")
+    found.asserted.append("KVCS-VERIFY-LAYER-USABLE")
     for problem in poisoned_layers_reported_good(outcome, spec):
         found.add("KVCS-VERIFY-LAYER-USABLE", problem)
     result = outcome.require_result()

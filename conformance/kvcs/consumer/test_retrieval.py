@@ -27,7 +27,7 @@ from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.namespace import KVCS_TAG
 from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType
 from kvconform.moqt.structures import ParamType, TrackNamespace
-from kvconform.verdicts import Findings
+from kvconform.verdicts import Findings, check_no_problems
 
 
 def prefix_problems(prefix: TrackNamespace, spec: CacheSpec, anchor: bytes) -> list[tuple[str, str]]:
@@ -185,8 +185,11 @@ def test_shorter_prefix_and_appended_segment(kvcs_consumer: object, seed: int, t
     found.judge()
 
 
-@pytest.mark.req("KVCS-FETCH-OBJECTID-FILTER", "KVCS-KVSP-LAYER-DIGEST")
-@pytest.mark.parametrize("filter_ranges", [True, False], ids=["max-filter-ranges", "no-filter-ranges"])
+@pytest.mark.req("KVCS-FETCH-OBJECTID-FILTER")
+# (only the one-block case can hold a layer to the KVSP layer digest: only it cites that id)
+@pytest.mark.parametrize("filter_ranges", [pytest.param(True, id="max-filter-ranges"),
+                                           pytest.param(False, id="no-filter-ranges",
+                                                        marks=pytest.mark.req("KVCS-KVSP-LAYER-DIGEST"))])
 def test_first_blocks_only(kvcs_consumer: object, seed: int, tmp_path: Path, filter_ranges: bool) -> None:
     """A consumer that needs the first block(s) only: with a relay whose MAX_FILTER_RANGES is non-zero a
     data FETCH carries OBJECTID_FILTER 0..n-1; with one advertising none it carries no Range Filter and the
@@ -245,7 +248,7 @@ CHUNK_LAYERS = 4
 CHUNK_TOKENS = 16  # the second pass: 4 more blocks of 4 tokens, one more segment
 
 
-@pytest.mark.req("KVCS-LIVE-SUBSCRIBE", "KVCS-LIVE-TRACK-COMPLETE", "KVCS-OBJ-ID-BLOCK", "KVCS-VERIFY-LAYER-USABLE")
+@pytest.mark.req("KVCS-LIVE-SUBSCRIBE", "KVCS-LIVE-TRACK-COMPLETE", "KVCS-OBJ-ID-BLOCK")
 def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
     """Chunked prefill: the publisher computes the context in two passes, each through every layer, published as
     segments 0 and 1 (Group IDs increase with time in every track). The consumer joins once the manifest lists
@@ -283,3 +286,24 @@ def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, se
                      f"{outcome.budget:g} s budget{' and says it gave up' if result.gave_up else ''}: it did not see "
                      "the tracks complete")
     found.judge()
+
+
+@pytest.mark.req("KVCS-PRIV-NO-PREFIX-PROBING")
+def test_distrustful_consumer_does_not_probe_shorter_prefixes(kvcs_consumer: object, seed: int,
+                                                              tmp_path: Path) -> None:
+    """A consumer that declares it distrusts relays (PICS kvcs.consumer.distrusts_relays) is given a context
+    running two blocks past the only publication's segment 0: its exact prefix has no publication, a shorter one
+    has. It must send no SUBSCRIBE_NAMESPACE for a shorter prefix of its chain (what it then retrieves is not
+    judged: without KVSP lookups it may find nothing)."""
+    kvcs_consumer.require("distrusts_relays")  # type: ignore[attr-defined]
+    spec = small_spec(seed, segments=(8,), tail_tokens=2)
+    stage = Stage(spec, [(HarnessPublisher(spec), (0,))], distrust_relays=True)
+    outcome = run(kvcs_consumer, stage, tmp_path, "distrustful consumer, shorter prefix published")
+    exact = spec.block_keys[-1]
+    anchors = [a.namespace.fields[3] for a in outcome.asked[0]
+               if a.kind == "SUBSCRIBE_NAMESPACE" and len(a.namespace.fields) == 4]
+    probes = [f"block {spec.block_keys.index(k)}" for k in anchors if k != exact and k in spec.block_keys]
+    check_no_problems([f"SUBSCRIBE_NAMESPACE with the Anchor Key of {p} (its exact prefix ends at block "
+                       f"{len(spec.block_keys) - 1})" for p in probes],
+                      what="a consumer that distrusts relays probes shorter prefixes",
+                      req="KVCS-PRIV-NO-PREFIX-PROBING")

@@ -273,3 +273,20 @@ def test_same_location_with_two_payloads_is_not_used(kvcs_consumer: object, seed
                  f"layer {dup[0]} reported assembled although k.raw.s0 {{{dup[0]},{dup[1]}}} arrived with two "
                  "different payloads (a malformed track)")
     found.judge()
+
+
+@pytest.mark.req("KVCS-SEC-DIGEST-NOT-ALONE")
+def test_distrustful_consumer_does_not_rely_on_the_data_digest_alone(kvcs_consumer: object, seed: int,
+                                                                     tmp_path: Path) -> None:
+    """A consumer that declares it distrusts relays (PICS kvcs.consumer.distrusts_relays) and is given no
+    producer key meets an unsigned publication ("manifest", no object_digests) one of whose objects has its Data
+    changed and its Data Digest recomputed, as an untrusted relay could: nothing authenticates it, so the consumer
+    must not report that layer (nor any) with other than the true content."""
+    kvcs_consumer.require("distrusts_relays")  # type: ignore[attr-defined]
+    spec = small_spec(seed)
+    pub = HarnessPublisher(spec, poisons=[Poison("data-rehash", "k.raw.s0", *POISONED)], no_digests=True)
+    outcome = run(kvcs_consumer, Stage(spec, [(pub, (0,))], distrust_relays=True), tmp_path,
+                  "distrustful consumer, unsigned publication, digest-consistent poison")
+    check_no_problems(poisoned_layers_reported_good(outcome, spec),
+                      what="a consumer that distrusts relays used an object vouched for by its Data Digest alone",
+                      req="KVCS-SEC-DIGEST-NOT-ALONE")

@@ -170,6 +170,15 @@ class FirstCopyConsumer(Consumer):
         return None
 
 
+class DigestAloneConsumer(Consumer):
+    """KVCS-SEC-DIGEST-NOT-ALONE: configured to distrust relays, it still accepts objects vouched for by their
+    Data Digest alone (it requires producer authenticity only when it has producer keys)."""
+
+    def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions, **kwargs: Any) -> None:
+        super().__init__(identity, dataclasses.replace(options, require_authenticity=bool(options.producer_keys)),
+                         **kwargs)
+
+
 # ---- retrieval -------------------------------------------------------------------------------------------
 
 
@@ -224,6 +233,13 @@ class ShortestPrefixFirstConsumer(Consumer):
 
     def discovery_anchors(self) -> list[bytes]:
         return list(reversed(super().discovery_anchors()))
+
+
+class ProbingDistrustfulConsumer(Consumer):
+    """KVCS-PRIV-NO-PREFIX-PROBING: configured to distrust relays, it still probes ever shorter prefixes."""
+
+    def discovery_anchors(self) -> list[bytes]:
+        return list(reversed(self.keys))[:self.options.max_prefixes]
 
 
 # ---- recovery and the budget ---------------------------------------------------------------------------
@@ -290,6 +306,7 @@ class FewStreamsConsumer(Consumer):
             return await super().run()
 
 _POISONS = ("test_object_failing_a_check_is_discarded",)
+_DISTRUSTS = "kvcs.consumer.distrusts_relays=true"
 _VALUE_CLASSES = ("test_objects_malformed_in_every_value_class_are_discarded",)
 
 MUTANTS: dict[str, Mutant] = {
@@ -316,6 +333,12 @@ MUTANTS: dict[str, Mutant] = {
                                 ("test_same_location_with_two_payloads_is_not_used",)),
     "MixingConsumer": Mutant("kvcs-consumer", "KVCS-VERIFY-NO-MIX",
                              ("test_non_deterministic_publications_are_not_mixed",)),
+    "DigestAloneConsumer": Mutant("kvcs-consumer", "KVCS-SEC-DIGEST-NOT-ALONE",
+                                  ("test_distrustful_consumer_does_not_rely_on_the_data_digest_alone",),
+                                  pics=(_DISTRUSTS,)),
+    "ProbingDistrustfulConsumer": Mutant("kvcs-consumer", "KVCS-PRIV-NO-PREFIX-PROBING",
+                                         ("test_distrustful_consumer_does_not_probe_shorter_prefixes",),
+                                         pics=(_DISTRUSTS,)),
     "NoFillConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
                              ("test_cache_in_production_is_assembled_exactly_once",)),
     "FirstSegmentModeConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
