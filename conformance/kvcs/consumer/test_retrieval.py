@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvconform import sweep
 from kvconform.conformance.kvcs.consumer.checks import (
     LAYERS,
     data_requests,
@@ -245,18 +246,21 @@ def test_layer_range_only(kvcs_consumer: object, seed: int, tmp_path: Path) -> N
 
 
 CHUNK_LAYERS = 4
-CHUNK_TOKENS = 16  # the second pass: 4 more blocks of 4 tokens, one more segment
+# the second pass: 4 more blocks of 4 tokens (as many as the first); --sweep wide adds a one-block pass
+CHUNK_TOKENS = sweep.pick([16], [4])
 
 
 @pytest.mark.req("KVCS-LIVE-SUBSCRIBE", "KVCS-LIVE-TRACK-COMPLETE", "KVCS-OBJ-ID-BLOCK")
-def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, seed: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tokens", CHUNK_TOKENS, ids=[f"second-pass-{n}-tokens" for n in CHUNK_TOKENS])
+def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, seed: int, tmp_path: Path,
+                                                       tokens: int) -> None:
     """Chunked prefill: the publisher computes the context in two passes, each through every layer, published as
     segments 0 and 1 (Group IDs increase with time in every track). The consumer joins once the manifest lists
     segment 1, and the second pass holds until the consumer asks for data: segment 0 is complete (retrieved by
     FETCH, or by a subscription whose fill carries it), segment 1 is in production and must be subscribed (Next
     Object + fill from {0,0}); every layer is assembled from both segments, in absolute block order, and the
     consumer ends once the last layer is in."""
-    spec = small_spec(seed, layers=CHUNK_LAYERS, segments=(CHUNK_TOKENS,))
+    spec = small_spec(seed, layers=CHUNK_LAYERS, segments=(tokens,))
     pub = HarnessPublisher(spec, layer_interval=0.1, hold=1)
     stage = Stage(spec, [(pub, (0,))], live_after=0)
     outcome = run(kvcs_consumer, stage, tmp_path, "chunked prefill, second pass in production")
