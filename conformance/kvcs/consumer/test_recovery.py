@@ -18,6 +18,7 @@ from kvconform.conformance.kvcs.consumer.harness import (
     Stage,
     poisoned_layers_reported_good,
 )
+from kvconform.fixtures import evidence
 from kvconform.fixtures.kvcs.consumer import DEFAULT_BUDGET
 from kvconform.kvcs.namespace import new_publication_id
 from kvconform.verdicts import Findings, check, inconclusive
@@ -136,12 +137,18 @@ def test_live_delivery_that_stalls_and_resumes_is_waited_for(kvcs_consumer: obje
 
     timeline = (f"pause {seconds:.2f} s from +0 (layer {STALL_AFTER}), resumed {at(resumed)}, publication ended "
                 f"{at(done)}; consumer started {at(outcome.started)}, ended {at(outcome.ended)}, budget {budget:g} s")
+    evidence.record("note", "timeline", {"timeline": timeline, "data requests": [
+        f"{x.kind} {x.name.decode('ascii', 'replace')} {at(x.at)}" for x in data_requests(outcome)[0]]})
     check(not outcome.run.killed, "the consumer's end after live delivery resumed",
           req="KVCS-RECOVER-NO-INDEFINITE-WAIT", seen=f"stopped by the driver, still waiting ({timeline})",
           expected="it ends once every layer is in, or gives up within its budget")
     found = Findings(f"a live publication that paused and resumed is not received as it should be ({timeline})")
     subs, fetches = data_requests(outcome)
     asks = sorted(a.at for a in subs + fetches)
+    if asks and asks[0] >= resumed:
+        # it asked for data only once delivery had resumed: it never met the pause (its start-up outlasted it)
+        inconclusive(f"the consumer's first data request came {at(asks[0])}, after delivery resumed: the pause was "
+                     f"not observed ({timeline}) [KVCS-RECOVER-WAIT-LIVE]")
     found.expect(bool(subs), "KVCS-LIVE-SUBSCRIBE", "the consumer sent no data SUBSCRIBE for a cache in production")
     found.asserted.append("KVCS-VERIFY-LAYER-USABLE")
     for problem in poisoned_layers_reported_good(outcome, spec):

@@ -91,16 +91,6 @@ class NarrowLayerConsumer(Consumer):
         return problems
 
 
-class AllOnesBlockAbsentConsumer(Consumer):
-    """KVCS-PAYLOAD-VERIFY-BLOCK: reads Block Index 0xFFFFFFFF as "not given" and skips the check."""
-
-    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
-        problems = super().object_problems(needed, segment, loc, payload)
-        if any(p.startswith("Block Index") for p in problems) and _header(payload).block_index == 0xFFFFFFFF:
-            return [p for p in problems if not p.startswith("Block Index")]
-        return problems
-
-
 class TrailingOctetsConsumer(Consumer):
     """KVCS-PAYLOAD-VERIFY-LENGTH: accepts octets past header + Data Length (checks only that Data is not
     truncated)."""
@@ -319,7 +309,6 @@ MUTANTS: dict[str, Mutant] = {
     "MagicBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-MAGIC", _POISONS),
     "ZeroDigestAbsentConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-DIGEST", _VALUE_CLASSES),
     "NarrowLayerConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LAYER", _VALUE_CLASSES),
-    "AllOnesBlockAbsentConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-BLOCK", _VALUE_CLASSES),
     "TrailingOctetsConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LENGTH", _VALUE_CLASSES),
     "RawLengthBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-DATA-RAW", _VALUE_CLASSES),
     "FlagStrictConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-FLAGS-IGNORED", ("test_nonzero_flags_are_ignored",)),
