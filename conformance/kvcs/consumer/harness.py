@@ -388,7 +388,8 @@ class HarnessPublisher(KvcsPublisher):
 class Stage:
     """A scenario: the cache, the relays (classes), the publications (publisher, relay indices), and the
     retrieval the consumer is asked for. ``live_after``: start the consumer once the first publication
-    has published that many layers (it keeps publishing meanwhile); None = after everything is published."""
+    has published that many layers (it keeps publishing meanwhile), or, when it holds a pass
+    (``HarnessPublisher.hold``), once the hold begins; None = after everything is published."""
 
     spec: CacheSpec
     publications: list[tuple[KvcsPublisher, tuple[int, ...]]]
