@@ -246,8 +246,8 @@ def test_layer_range_only(kvcs_consumer: object, seed: int, tmp_path: Path) -> N
 
 
 CHUNK_LAYERS = 4
-# the second pass: 4 more blocks of 4 tokens (as many as the first); --sweep wide adds a one-block pass
-CHUNK_TOKENS = sweep.pick([16], [4])
+# the second pass: one more block of 4 tokens (a pass of one block); --sweep wide adds one as long as the first
+CHUNK_TOKENS = sweep.pick([4], [16])
 
 
 @pytest.mark.req("KVCS-LIVE-SUBSCRIBE", "KVCS-LIVE-TRACK-COMPLETE", "KVCS-OBJ-ID-BLOCK")
