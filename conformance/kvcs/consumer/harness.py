@@ -294,19 +294,25 @@ class HarnessPublisher(KvcsPublisher):
     Track, no final manifest: production stalls); ``other_compat``: every manifest's "compat" describes
     another model; ``forge_with``: sign manifest.cose with this key (same kid, wrong key);
     ``no_digests``: manifests without object_digests (a SHOULD), so only per-object checks apply;
-    ``pause``: (segment, layer, seconds): live delivery stalls that long after that layer, then resumes;
+    ``pause``: seconds live delivery stalls, after the first layer completed once the consumer has asked the
+    relay for data (so the stall always falls inside its subscription), then resumes (``paused_after``: that
+    (segment, layer)); ``slow_until_asked``: seconds per layer until the consumer has asked for data (time for a
+    spawned consumer to start while production goes on), ``layer_interval`` after;
     ``hold``: a segment (a later pass of chunked prefill) that, once the manifest lists it, produces nothing
     until the consumer asks the relay for data (bounded by HOLD_BOUND); the scenario starts the consumer then
     (``Stage.live_after`` must be set).
     ``times`` records when (time.monotonic()) each layer ("layer s/l"), segment ("segment s") and the whole
-    publication ("done") was published, and when the pause began ("pause")."""
+    publication ("done") was published, and when the pause began ("pause"). A publication the scenario starts
+    the consumer on gets ``release``, set by the relay when the consumer asks for data."""
 
     def __init__(self, spec: CacheSpec, *, poisons: Sequence[Poison] = (), skip_layers: Sequence[int] = (),
                  stop_after: int | None = None, other_compat: bool = False, forge_with: ProducerKey | None = None,
-                 no_digests: bool = False, pause: tuple[int, int, float] | None = None, hold: int | None = None,
-                 **options: Any) -> None:
+                 no_digests: bool = False, pause: float | None = None, hold: int | None = None,
+                 slow_until_asked: float | None = None, **options: Any) -> None:
         super().__init__(spec, **options)
         self.pause = pause
+        self.paused_after: tuple[int, int] | None = None
+        self.slow_until_asked = slow_until_asked
         self.hold = hold
         self.held: asyncio.Event | None = None  # set by the publisher when the hold begins
         self.release: asyncio.Event | None = None  # set by the relay when the consumer asks for data
@@ -336,10 +342,12 @@ class HarnessPublisher(KvcsPublisher):
                "done": "done"}.get(progress.kind)
         if key is not None:
             self.times.setdefault(key, now)
-        self.layer_interval = self._interval
-        if self.pause is not None and progress.kind == "layer" and \
-                (progress.segment, progress.layer) == self.pause[:2]:
-            self.layer_interval = self.pause[2]
+        asked = self.release is not None and self.release.is_set()
+        self.layer_interval = self._interval if asked or self.slow_until_asked is None else self.slow_until_asked
+        if self.pause is not None and progress.kind == "layer" and self.paused_after is None and \
+                asked:
+            self.layer_interval = self.pause
+            self.paused_after = (progress.segment, progress.layer)
             self.times["pause"] = now
         super()._report(progress)
 
@@ -498,8 +506,9 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
                 client = await mc.connect(relays[i].url, config=config, timeout=5.0)
                 clients.append(client)
                 progress: Callable[[Progress], None] | None = None
+                if n == 0 and isinstance(pub, HarnessPublisher):
+                    pub.release = relays[i].data_asked  # a held pass goes on, a pause begins, once it is asked
                 if n == 0 and isinstance(pub, HarnessPublisher) and pub.hold is not None:
-                    pub.release = relays[i].data_asked  # the held pass goes on once the consumer asks for data
                     pub.held = live
                 elif n == 0 and stage.live_after is not None:
                     def progress(p: Progress, after: int = stage.live_after) -> None:
