@@ -113,7 +113,8 @@ def test_cache_in_production_is_assembled_exactly_once(kvcs_consumer: object, se
     completed (not when its budget ran out)."""
     layers = 8
     spec = small_spec(seed, layers=layers)
-    stage = Stage(spec, [(HarnessPublisher(spec, layer_interval=0.15), (0,))], live_after=2)
+    # (production slow until the consumer asks for data: a spawned one still finds the cache in production)
+    stage = Stage(spec, [(HarnessPublisher(spec, layer_interval=0.15, slow_until_asked=0.5), (0,))], live_after=2)
     outcome = run(kvcs_consumer, stage, tmp_path, "cache in production")
     found = Findings("a cache in production is not received exactly once as the text says")
     subs, _ = data_requests(outcome)
