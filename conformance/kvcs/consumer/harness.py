@@ -344,8 +344,7 @@ class HarnessPublisher(KvcsPublisher):
             self.times.setdefault(key, now)
         asked = self.release is not None and self.release.is_set()
         self.layer_interval = self._interval if asked or self.slow_until_asked is None else self.slow_until_asked
-        if self.pause is not None and progress.kind == "layer" and self.paused_after is None and \
-                asked:
+        if self.pause is not None and progress.kind == "layer" and self.paused_after is None and asked:
             self.layer_interval = self.pause
             self.paused_after = (progress.segment, progress.layer)
             self.times["pause"] = now
