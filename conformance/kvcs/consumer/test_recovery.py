@@ -105,7 +105,7 @@ def test_stalled_production_is_given_up_within_the_budget(kvcs_consumer: object,
 
 STALL_LAYERS = 6
 # seconds per layer until the consumer asked for data (it joins after layer 0: 5 s for a spawned one under load to
-# start, discover and subscribe), and after
+# start, discover and subscribe; never more than the pause itself), and after
 SLOW, FAST = 1.0, 0.05
 # The pause as a fraction of the consumer's budget: well inside it (a consumer may abandon a source after
 # budget/3 of silence to try another, the reference does), yet long against the fill and the layer cadence.
@@ -126,7 +126,7 @@ def test_live_delivery_that_stalls_and_resumes_is_waited_for(kvcs_consumer: obje
     budget = float(kvcs_consumer.budget if kvcs_consumer.budget_known else DEFAULT_BUDGET)  # type: ignore[attr-defined]
     seconds = pause * budget
     spec = small_spec(seed, layers=STALL_LAYERS)
-    pub = HarnessPublisher(spec, layer_interval=FAST, slow_until_asked=SLOW, pause=seconds)
+    pub = HarnessPublisher(spec, layer_interval=FAST, slow_until_asked=min(SLOW, seconds), pause=seconds)
     stage = Stage(spec, [(pub, (0,))], live_after=1)
     outcome = run(kvcs_consumer, stage, tmp_path, f"live delivery paused {seconds:.1f} s")
     t0, done, after = pub.times.get("pause"), pub.times.get("done"), pub.paused_after
