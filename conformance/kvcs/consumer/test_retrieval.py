@@ -14,6 +14,7 @@ import pytest
 from kvconform import sweep
 from kvconform.conformance.kvcs.consumer.checks import (
     LAYERS,
+    completion_findings,
     data_requests,
     digest_findings,
     fetch_problems,
@@ -139,12 +140,7 @@ def test_cache_in_production_is_assembled_exactly_once(kvcs_consumer: object, se
                                                    "expected Next Object + FILL_PARAMETERS {Relative Start 1}")
     digest_findings(found, outcome, spec, list(range(layers)), missing="KVCS-LIVE-SUBSCRIBE",
                     wrong="KVCS-VERIFY-LAYER-USABLE")
-    result = outcome.require_result()
-    if all(result.layers.get(layer) is not None for layer in range(layers)):
-        found.expect(outcome.run.elapsed < outcome.budget and not result.gave_up, "KVCS-LIVE-TRACK-COMPLETE",
-                     f"every layer assembled, but the consumer ended after {outcome.run.elapsed:.1f} s of its "
-                     f"{outcome.budget:g} s budget{' and says it gave up' if result.gave_up else ''}: it did not see "
-                     "the tracks complete (End of Track, PUBLISH_DONE, or fill FIN with every Group)")
+    completion_findings(found, outcome, layers)
     found.judge()
 
 
@@ -284,12 +280,7 @@ def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, se
                  f"data SUBSCRIBEs of segment 1 (in production): {sorted(live)}, expected its k and v tracks")
     digest_findings(found, outcome, spec, list(range(CHUNK_LAYERS)), missing="KVCS-LIVE-SUBSCRIBE",
                     wrong="KVCS-OBJ-ID-BLOCK")
-    result = outcome.require_result()
-    if all(result.layers.get(layer) is not None for layer in range(CHUNK_LAYERS)):
-        found.expect(outcome.run.elapsed < outcome.budget and not result.gave_up, "KVCS-LIVE-TRACK-COMPLETE",
-                     f"every layer assembled, but the consumer ended after {outcome.run.elapsed:.1f} s of its "
-                     f"{outcome.budget:g} s budget{' and says it gave up' if result.gave_up else ''}: it did not see "
-                     "the tracks complete")
+    completion_findings(found, outcome, CHUNK_LAYERS)
     found.judge()
 
 
