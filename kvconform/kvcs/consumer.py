@@ -173,10 +173,15 @@ class ConsumerOptions:
     producer_keys: Mapping[bytes, str] = field(default_factory=dict)  # kid -> public PEM
     require_authenticity: bool | None = None  # default: True iff producer keys are known
     mode: str = "auto"  # "auto" (live unless every needed segment is complete), "live" or "fetch"
+    # Relays are not trusted (Security and Privacy Considerations): producer authenticity is required (the Data
+    # Digest alone is not relied on) and only the exact prefix is looked for (no shorter-prefix probing).
+    distrust_relays: bool = False
 
     @property
     def authenticity(self) -> bool:
-        return bool(self.producer_keys) if self.require_authenticity is None else self.require_authenticity
+        if self.require_authenticity is not None:
+            return self.require_authenticity
+        return bool(self.producer_keys) or self.distrust_relays
 
     def auth(self) -> tuple[AuthToken, ...]:
         return () if self.token is None else (AuthToken.use_value(self.token),)
@@ -474,8 +479,9 @@ class Consumer:
     Subclasses (the harness's mutants) override one method per behaviour: ``discovery_anchors``,
     ``data_subscribe_parameters``, ``manifest_subscribe_parameters``, ``fetch_parameters``,
     ``open_manifest``, ``manifest_problems``, ``object_problems``, ``listed_digest_problem``,
-    ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``. A layer reported ready
-    is retracted (dropped from the result) when its track later turns out malformed.
+    ``recover_block``, ``duplicate_problem``, ``may_combine``, ``remaining``, ``wait_for_change``,
+    ``retrieval_mode``, ``select_tracks``. A layer reported ready is retracted (dropped from the result) when its
+    track later turns out malformed.
     """
 
     def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions,
@@ -503,7 +509,10 @@ class Consumer:
     def discovery_anchors(self) -> list[bytes]:
         """Anchor Keys to look for, longest prefix first (each shorter one is an earlier key of the chain).
         ``blocks`` limits what is retrieved, not what is looked for: a publication of the whole prompt
-        serves its first blocks too."""
+        serves its first blocks too. A consumer that distrusts relays looks for its exact prefix only: a
+        sequence of shorter prefixes would tell the relay where its prompt diverges from published ones."""
+        if self.options.distrust_relays:
+            return self.keys[-1:]
         return list(reversed(self.keys))[:self.options.max_prefixes]
 
     def manifest_subscribe_parameters(self) -> dict[str, Any]:
@@ -601,6 +610,31 @@ class Consumer:
         if first == again:
             return None
         return f"{track} {loc}: delivered twice with different payloads: the track is malformed [{REQ['malformed']}]"
+
+    def select_tracks(self, tracks: Sequence[DataTrack]) -> list[DataTrack]:
+        """The tracks of one segment to use: its raw "k" and "v" pair, else its raw "kv" track, never a mix
+        (none when the segment offers neither)."""
+        data = [t for t in tracks if t.codec == "raw"]
+        pair = [t for t in data if t.component in ("k", "v")]
+        if {t.component for t in pair} == {"k", "v"}:
+            return sorted(pair)
+        return [t for t in data if t.component == "kv"][:1]
+
+    def retrieval_mode(self, complete: Sequence[bool]) -> str:
+        """"fetch" (Retrieval of Completed Caches) when every needed segment (``complete``: one per needed track,
+        in plan order) is complete, else "live" (Retrieval during Production); ``options.mode`` overrides."""
+        if self.options.mode in ("live", "fetch"):
+            return self.options.mode
+        return "fetch" if all(complete) else "live"
+
+    async def wait_for_change(self, changed: asyncio.Event, bound: float) -> bool:
+        """Wait at most ``bound`` seconds for the next event of an attempt (an object, a stream, PUBLISH_DONE);
+        False when none came (no progress: the stall bound)."""
+        try:
+            await asyncio.wait_for(changed.wait(), bound)
+        except TimeoutError:
+            return False
+        return True
 
     def may_combine(self, a: Manifest | None, b: Manifest | None) -> bool:
         """Objects of two publications may share a segment only if both manifests say deterministic."""
@@ -822,11 +856,7 @@ class _Attempt:
     async def _wait_change(self, bound: float) -> bool:
         """Wait for any event of this attempt (bounded); False on timeout."""
         self.changed.clear()
-        try:
-            await asyncio.wait_for(self.changed.wait(), max(0.01, bound))
-        except TimeoutError:
-            return False
-        return True
+        return await self.c.wait_for_change(self.changed, max(0.01, bound))
 
     # ---- manifest ---------------------------------------------------------------------------------------
 
@@ -898,10 +928,7 @@ class _Attempt:
                 break
             n = min(seg.blocks, limit - seg.first_block)
             tracks = [parse_track_name(t.encode()) for t in seg.tracks]
-            data = [t for t in tracks if isinstance(t, DataTrack) and t.codec == "raw"]
-            pair = [t for t in data if t.component in ("k", "v")]
-            chosen = sorted(pair) if {t.component for t in pair} == {"k", "v"} else \
-                [t for t in data if t.component == "kv"][:1]
+            chosen = self.c.select_tracks([t for t in tracks if isinstance(t, DataTrack)])
             if not chosen:
                 break
             out += [_Needed(seg.segment, t, n) for t in chosen]
@@ -1095,8 +1122,7 @@ class _Attempt:
         if not self.wanted:
             self.result.outcome = "complete"
             return
-        complete = all(self._segment(n.segment).complete for n in needed)
-        mode = self.c.options.mode if self.c.options.mode in ("live", "fetch") else ("fetch" if complete else "live")
+        mode = self.c.retrieval_mode([self._segment(n.segment).complete for n in needed])
         self.result.mode = mode
         await self._open_data(mode)
         while True:

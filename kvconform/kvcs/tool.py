@@ -1,7 +1,8 @@
 """``kvconform kvcs ...``: the KVCS protocol tools.
 
 ``kvconform kvcs fetch --relay URL [--relay URL2] --cache SPEC --out RESULT.json [--layers a-b]
-[--blocks n] [--budget S] [--token T] [--producer-key kid=PEM-FILE] [--mode auto|live|fetch]``
+[--blocks n] [--budget S] [--token T] [--producer-key kid=PEM-FILE] [--mode auto|live|fetch]
+[--distrust-relays]``
 runs the reference consumer (``kvconform.kvcs.consumer``): it discovers the publications of the cache
 SPEC names (the consumer uses only its identity: profile, scope key, descriptor, tokens), retrieves and
 verifies them, prints one progress line per ready layer on stderr and writes the result JSON to
@@ -68,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("--producer-key", action="append", default=[], metavar="kid=PEM",
                        help="a producer's public key (PEM file or PEM text); makes authenticity required")
     fetch.add_argument("--mode", choices=("auto", "live", "fetch"), default="auto")
+    fetch.add_argument("--distrust-relays", action="store_true",
+                       help="relays are not trusted: no shorter-prefix probing, no Data Digest alone")
     spec = sub.add_parser("spec", help="write a cache spec (test-content convention) for a publisher and consumer")
     spec.add_argument("--out", required=True, metavar="SPEC", help="where the cache spec JSON is written")
     spec.add_argument("--layers", type=int, default=32)
@@ -124,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stall = args.stall if args.stall is not None else min(5.0, args.budget / 3)
     options = ConsumerOptions(relays=tuple(args.relay), layers=args.layers, blocks=args.blocks, budget=args.budget,
                               stall_timeout=stall, token=args.token.encode() if args.token else None,
-                              producer_keys=keys, mode=args.mode)
+                              producer_keys=keys, mode=args.mode, distrust_relays=args.distrust_relays)
 
     def progress(ready: LayerReady) -> None:
         print(f"layer {ready.layer} ready: publication {ready.publication.hex()} via {ready.relay} "

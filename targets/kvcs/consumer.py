@@ -52,6 +52,7 @@ class FetchRequest:
     blocks: int | None = None
     producer_keys: Mapping[str, Path] = field(default_factory=dict)  # kid -> public PEM file
     mode: str = "auto"  # reference/python consumers only: "auto", "live" or "fetch"
+    distrust_relays: bool = False  # in-process consumers are started so (PICS kvcs.consumer.distrusts_relays)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class InProcessConsumer:
             options = ConsumerOptions(relays=request.relays, layers=request.layers, blocks=request.blocks,
                                       budget=request.budget, stall_timeout=min(5.0, request.budget / 3),
                                       token=request.token.encode() if request.token else None, producer_keys=keys,
-                                      mode=request.mode)
+                                      mode=request.mode, distrust_relays=request.distrust_relays)
             consumer = self.consumer_class(ConsumerIdentity.from_spec(spec), options, on_ready=progress)
         except (ValueError, TypeError, OSError) as exc:
             raise TargetUnavailable(f"{self.consumer_class.__name__} cannot be set up: {exc}") from exc

@@ -5,7 +5,8 @@ Publisher: kvcs.publisher.{signing, segments, kv_track}, every pair of values co
 reference honours each either way: it signs when the spec carries a key, publishes appended segments, and is
 started with a kv track when kv_track is declared). Consumer: the capabilities relay2, producer_key, layers and
 blocks, each on and off: in-process by the PICS (kvcs.consumer.fallback_relay, producer_keys, layer_range,
-first_blocks), and as a command (`kvconform kvcs fetch`) whose template carries or lacks each placeholder.
+first_blocks, and the declared configuration distrusts_relays), and as a command (`kvconform kvcs fetch`)
+whose template carries or lacks each placeholder.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.mutants.runner import Run, run_suite
 
 # (signing, segments, kv_track): a covering array of strength 2 for three booleans
 PUBLISHER_GRID = [(False, True, False), (True, True, True), (False, False, True), (True, False, False)]
-CONSUMER_CAPS = ("fallback_relay", "producer_keys", "layer_range", "first_blocks")
+CONSUMER_CAPS = ("fallback_relay", "producer_keys", "layer_range", "first_blocks", "distrusts_relays")
 PLACEHOLDERS = {"relay2": "--relay {relay2}", "producer_key": "--producer-key {producer_key}",
                 "layers": "--layers {layers}", "blocks": "--blocks {blocks}"}
 FETCH = f"cmd:{sys.executable} -m kvconform kvcs fetch --relay {{relay}} --cache {{cache}} --out {{out}}"

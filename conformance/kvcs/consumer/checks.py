@@ -62,6 +62,17 @@ def digest_findings(found: Findings, outcome: Outcome, spec: CacheSpec, layers: 
                                f"{' (' + reason + ')' if reason else ''}")
 
 
+def completion_findings(found: Findings, outcome: Outcome, layers: int) -> None:
+    """Once every layer is assembled the consumer must have seen its tracks complete (End of Track, PUBLISH_DONE,
+    or fill FIN with every Group): it ends before its budget, not saying it gave up (KVCS-LIVE-TRACK-COMPLETE)."""
+    result = outcome.require_result()
+    if all(result.layers.get(layer) is not None for layer in range(layers)):
+        found.expect(outcome.run.elapsed < outcome.budget and not result.gave_up, "KVCS-LIVE-TRACK-COMPLETE",
+                     f"every layer assembled, but the consumer ended after {outcome.run.elapsed:.1f} s of its "
+                     f"{outcome.budget:g} s budget{' and says it gave up' if result.gave_up else ''}: it did not see "
+                     "the tracks complete (End of Track, PUBLISH_DONE, or fill FIN with every Group)")
+
+
 def filter_of(asked: Asked) -> LocationFilter | None:
     flt = asked.param(ParamType.LOCATION_FILTER)
     return flt if isinstance(flt, LocationFilter) else None

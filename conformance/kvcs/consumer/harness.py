@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ SUBSCRIBER_TOKEN = "kvcs-consumer-token"
 OUTSIDER_TOKEN = "kvcs-outsider-token"
 PUBLISH_TIMEOUT = 20.0  # seconds for a harness publisher to announce and publish a small cache
 SLACK = 3.0  # seconds past its budget a consumer may take to wrap up and write its result
+HOLD_BOUND = 10.0  # seconds a held pass waits for the consumer's first data request
 
 
 # ---- relays -------------------------------------------------------------------------------------------
@@ -72,6 +74,7 @@ class Asked:
     namespace: TrackNamespace
     name: bytes
     parameters: Any  # kvconform.moqt.structures.Parameters
+    at: float = 0.0  # time.monotonic() when the relay received it
 
     def param(self, ptype: int) -> Any:
         return self.parameters.get(ptype)
@@ -89,18 +92,25 @@ class RecordingRelay(Relay):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.asked: list[Asked] = []
+        self.data_asked = asyncio.Event()  # a consumer asked for a data track (SUBSCRIBE or FETCH)
 
     def handle_subscribe_namespace(self, peer: Peer, req: Request, msg: SubscribeNamespace) -> None:
-        self.asked.append(Asked("SUBSCRIBE_NAMESPACE", msg.track_namespace_prefix, b"", msg.parameters))
+        self.asked.append(Asked("SUBSCRIBE_NAMESPACE", msg.track_namespace_prefix, b"", msg.parameters,
+                                time.monotonic()))
         super().handle_subscribe_namespace(peer, req, msg)
 
     def handle_subscribe(self, peer: Peer, req: Request, msg: Subscribe) -> None:
         if not isinstance(msg, Fetch):
-            self.asked.append(Asked("SUBSCRIBE", msg.track_namespace, msg.track_name, msg.parameters))
+            self.asked.append(Asked("SUBSCRIBE", msg.track_namespace, msg.track_name, msg.parameters,
+                                    time.monotonic()))
+            if _data_track(msg.track_name):
+                self.data_asked.set()
         super().handle_subscribe(peer, req, msg)
 
     async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
-        self.asked.append(Asked("FETCH", msg.track_namespace, msg.track_name, msg.parameters))
+        self.asked.append(Asked("FETCH", msg.track_namespace, msg.track_name, msg.parameters, time.monotonic()))
+        if _data_track(msg.track_name):
+            self.data_asked.set()
         await super().handle_fetch(peer, req, msg)
 
     def data_asks(self, kind: str) -> list[Asked]:
@@ -208,6 +218,31 @@ class DuplicatingRelay(RecordingRelay):
 
 
 POISON_KINDS = ("data", "data-rehash", "layer", "block", "magic", "version", "truncated", "flags")
+ALL_ONES = 0xFFFFFFFF
+WRAP16 = 1 << 16  # a value a 16-bit field would read as the true one
+# Value classes (issue 11): zero, all-ones, off-by-one, wrapped, "absent" specials, and values that keep the
+# other derived quantities right. Each names the header field it breaks.
+VALUE_CLASSES: dict[str, Callable[[Any, bytes, bytes], bytes]] = {
+    "magic-zero": lambda h, d, p: encode_raw(h.with_(magic=0), d),
+    "magic-ones": lambda h, d, p: encode_raw(h.with_(magic=ALL_ONES), d),
+    "version-zero": lambda h, d, p: encode_raw(h.with_(version=0), d),
+    "version-ones": lambda h, d, p: encode_raw(h.with_(version=0xFF), d),
+    "layer-zero": lambda h, d, p: encode_raw(h.with_(layer=0), d),
+    "layer-ones": lambda h, d, p: encode_raw(h.with_(layer=ALL_ONES), d),
+    "layer-wrap16": lambda h, d, p: encode_raw(h.with_(layer=h.layer + WRAP16), d),
+    "block-minus-one": lambda h, d, p: encode_raw(h.with_(block_index=h.block_index - 1), d),
+    "block-ones": lambda h, d, p: encode_raw(h.with_(block_index=ALL_ONES), d),
+    "block-wrap16": lambda h, d, p: encode_raw(h.with_(block_index=h.block_index + WRAP16), d),
+    "length-zero": lambda h, d, p: encode_raw(h.with_(data_length=0), d),
+    "length-plus-one": lambda h, d, p: encode_raw(h.with_(data_length=h.data_length + 1), d),
+    "length-ones": lambda h, d, p: encode_raw(h.with_(data_length=ALL_ONES), d),
+    "extra-octet": lambda h, d, p: p + b"\x00",  # Data Length (and digest) unchanged, one octet more
+    "digest-zero": lambda h, d, p: encode_raw(h.with_(digest=bytes(32)), d),
+    "digest-ones": lambda h, d, p: encode_raw(h.with_(digest=b"\xff" * 32), d),
+    # self-consistent (Data Length and Data Digest follow), but the Data is not one raw section
+    "data-grown": lambda h, d, p: encode_raw(h.with_(data_length=len(d) + 1,
+                                                     digest=hashlib.sha256(d + b"\x00").digest()), d + b"\x00"),
+}
 
 
 @dataclass(frozen=True)
@@ -215,7 +250,8 @@ class Poison:
     """A mutation of one object's payload. ``data``: a Data byte flipped, the Data Digest left (mismatch);
     ``data-rehash``: a Data byte flipped and the digest recomputed (only a signed object_digests list catches
     it); ``layer`` / ``block``: the Layer / Block Index field off by one; ``magic`` / ``version``: wrong;
-    ``truncated``: the last Data octet cut (Data Length unchanged); ``flags``: Flags 0x8001 (must be ignored)."""
+    ``truncated``: the last Data octet cut (Data Length unchanged); ``flags``: Flags 0x8001 (must be ignored);
+    or one of ``VALUE_CLASSES``."""
 
     kind: str
     track: str = "k.raw.s0"
@@ -224,6 +260,8 @@ class Poison:
 
     def apply(self, payload: bytes) -> bytes:
         header, data = decode_object(payload)
+        if self.kind in VALUE_CLASSES:
+            return VALUE_CLASSES[self.kind](header, data, payload)
         if self.kind == "data":
             return encode_raw(header, _flip(data))
         if self.kind == "data-rehash":
@@ -241,7 +279,7 @@ class Poison:
             return payload[:-1]
         if self.kind == "flags":
             return encode_raw(header.with_(flags=0x8001), data)
-        raise ValueError(f"Poison kind {self.kind!r}: expected one of {POISON_KINDS}")
+        raise ValueError(f"Poison kind {self.kind!r}: expected one of {POISON_KINDS} or {sorted(VALUE_CLASSES)}")
 
 
 def _flip(data: bytes) -> bytes:
@@ -255,12 +293,31 @@ class HarnessPublisher(KvcsPublisher):
     the manifest's digests still are); ``stop_after``: publish layers below it, then nothing more (no End of
     Track, no final manifest: production stalls); ``other_compat``: every manifest's "compat" describes
     another model; ``forge_with``: sign manifest.cose with this key (same kid, wrong key);
-    ``no_digests``: manifests without object_digests (a SHOULD), so only per-object checks apply."""
+    ``no_digests``: manifests without object_digests (a SHOULD), so only per-object checks apply;
+    ``pause``: seconds live delivery stalls, after the first layer completed once the consumer has asked the
+    relay for data (so the stall always falls inside its subscription), then resumes (``paused_after``: that
+    (segment, layer)); ``slow_until_asked``: seconds per layer until the consumer has asked for data (time for a
+    spawned consumer to start while production goes on), ``layer_interval`` after;
+    ``hold``: a segment (a later pass of chunked prefill) that, once the manifest lists it, produces nothing
+    until the consumer asks the relay for data (bounded by HOLD_BOUND); the scenario starts the consumer then
+    (``Stage.live_after`` must be set).
+    ``times`` records when (time.monotonic()) each layer ("layer s/l"), segment ("segment s") and the whole
+    publication ("done") was published, and when the pause began ("pause"). A publication the scenario starts
+    the consumer on gets ``release``, set by the relay when the consumer asks for data."""
 
     def __init__(self, spec: CacheSpec, *, poisons: Sequence[Poison] = (), skip_layers: Sequence[int] = (),
                  stop_after: int | None = None, other_compat: bool = False, forge_with: ProducerKey | None = None,
-                 no_digests: bool = False, **options: Any) -> None:
+                 no_digests: bool = False, pause: float | None = None, hold: int | None = None,
+                 slow_until_asked: float | None = None, **options: Any) -> None:
         super().__init__(spec, **options)
+        self.pause = pause
+        self.paused_after: tuple[int, int] | None = None
+        self.slow_until_asked = slow_until_asked
+        self.hold = hold
+        self.held: asyncio.Event | None = None  # set by the publisher when the hold begins
+        self.release: asyncio.Event | None = None  # set by the relay when the consumer asks for data
+        self.times: dict[str, float] = {}
+        self._interval = self.layer_interval
         self.poisons = tuple(poisons)
         self.skip_layers = frozenset(skip_layers)
         self.stop_after = stop_after
@@ -268,6 +325,30 @@ class HarnessPublisher(KvcsPublisher):
         self.forge_with = forge_with
         self.no_digests = no_digests
         self.stalled = asyncio.Event()
+
+    async def segment_added(self, seg: Any) -> None:
+        if seg.segment != self.hold or self.held is None or self.release is None:
+            return
+        self.times["hold"] = time.monotonic()
+        self.held.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.release.wait(), HOLD_BOUND)
+        self.times["release"] = time.monotonic()
+
+    def _report(self, progress: Progress) -> None:
+        # The publisher sleeps layer_interval after reporting a layer: the pause is that sleep made longer.
+        now = time.monotonic()
+        key = {"layer": f"layer {progress.segment}/{progress.layer}", "segment": f"segment {progress.segment}",
+               "done": "done"}.get(progress.kind)
+        if key is not None:
+            self.times.setdefault(key, now)
+        asked = self.release is not None and self.release.is_set()
+        self.layer_interval = self._interval if asked or self.slow_until_asked is None else self.slow_until_asked
+        if self.pause is not None and progress.kind == "layer" and self.paused_after is None and asked:
+            self.layer_interval = self.pause
+            self.paused_after = (progress.segment, progress.layer)
+            self.times["pause"] = now
+        super()._report(progress)
 
     def object_payload(self, track: DataTrack, layer: int, object_id: int) -> bytes:
         payload = super().object_payload(track, layer, object_id)
@@ -314,7 +395,8 @@ class HarnessPublisher(KvcsPublisher):
 class Stage:
     """A scenario: the cache, the relays (classes), the publications (publisher, relay indices), and the
     retrieval the consumer is asked for. ``live_after``: start the consumer once the first publication
-    has published that many layers (it keeps publishing meanwhile); None = after everything is published."""
+    has published that many layers (it keeps publishing meanwhile), or, when it holds a pass
+    (``HarnessPublisher.hold``), once the hold begins; None = after everything is published."""
 
     spec: CacheSpec
     publications: list[tuple[KvcsPublisher, tuple[int, ...]]]
@@ -324,6 +406,7 @@ class Stage:
     producer_keys: dict[str, str] = field(default_factory=dict)  # kid -> public PEM
     live_after: int | None = None
     relays_given: tuple[int, ...] = (0,)  # which relays the consumer is told about, in order
+    distrust_relays: bool = False  # the consumer declares it distrusts relays (in-process ones are started so)
 
 
 @dataclass
@@ -335,6 +418,11 @@ class Outcome:
     pub_ids: list[bytes]
     budget: float
     budget_known: bool = True  # False: the consumer was told no budget and declares none (nothing to hold it to)
+    started: float = 0.0  # time.monotonic() when the consumer was started (the clock of Asked.at and times)
+
+    @property
+    def ended(self) -> float:
+        return self.started + self.run.elapsed
 
     @property
     def result(self) -> Any:
@@ -417,7 +505,11 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
                 client = await mc.connect(relays[i].url, config=config, timeout=5.0)
                 clients.append(client)
                 progress: Callable[[Progress], None] | None = None
-                if n == 0 and stage.live_after is not None:
+                if n == 0 and isinstance(pub, HarnessPublisher):
+                    pub.release = relays[i].data_asked  # a held pass goes on, a pause begins, once it is asked
+                if n == 0 and isinstance(pub, HarnessPublisher) and pub.hold is not None:
+                    pub.held = live
+                elif n == 0 and stage.live_after is not None:
                     def progress(p: Progress, after: int = stage.live_after) -> None:
                         if p.kind == "layer" and p.layer + 1 >= after:
                             live.set()
@@ -433,9 +525,13 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
             "publications": [f"{p.namespace.pub_id.hex()} {type(p).__name__} via {list(w)}"
                              for p, w in stage.publications]})
         request = FetchRequest(tuple(relays[i].url for i in stage.relays_given), spec_path, budget,
-                               SUBSCRIBER_TOKEN if tokens else None, stage.layers, stage.blocks, key_files)
+                               SUBSCRIBER_TOKEN if tokens else None, stage.layers, stage.blocks, key_files,
+                               distrust_relays=stage.distrust_relays)
         out = tmp / "result.json"
+        started = time.monotonic()
         run = await asyncio.wait_for(asyncio.to_thread(driver.fetch, request, out), budget + GRACE + 15.0)
+        if tasks:  # let a live production finish (bounded) so its times are known even if the consumer left early
+            await asyncio.wait(tasks, timeout=PUBLISH_TIMEOUT)
         evidence.record("received", "consumer run", {
             "code": run.code, "elapsed": round(run.elapsed, 3), "error": run.error, "killed": run.killed,
             "stdout": run.stdout[-2000:], "stderr": run.stderr[-2000:],
@@ -443,7 +539,7 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
         for r in relays:
             evidence.record("note", "relay record", {"relay": r.url, "asked": [str(a)[:300] for a in r.asked]})
         return Outcome(run, [list(r.asked) for r in relays], [p.namespace.pub_id for p, _ in stage.publications],
-                       budget)
+                       budget, started=started)
     finally:
         for t in tasks:
             t.cancel()

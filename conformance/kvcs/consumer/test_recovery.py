@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.conformance.kvcs.consumer.checks import LAYERS, digest_findings, run, small_spec
+from kvconform import sweep
+from kvconform.conformance.kvcs.consumer.checks import LAYERS, data_requests, digest_findings, run, small_spec
 from kvconform.conformance.kvcs.consumer.harness import (
     SLACK,
     GapRelay,
@@ -17,8 +18,10 @@ from kvconform.conformance.kvcs.consumer.harness import (
     Stage,
     poisoned_layers_reported_good,
 )
+from kvconform.fixtures import evidence
+from kvconform.fixtures.kvcs.consumer import DEFAULT_BUDGET
 from kvconform.kvcs.namespace import new_publication_id
-from kvconform.verdicts import Findings, check
+from kvconform.verdicts import Findings, check, inconclusive
 
 RELAYS = {"end-of-range": GapRelay, "reset": ResetRelay}
 KINDS = ["end-of-range", "reset"]
@@ -97,4 +100,78 @@ def test_stalled_production_is_given_up_within_the_budget(kvcs_consumer: object,
                      f"layer {layer} reported assembled although it was never published")
     digest_findings(found, outcome, spec, [0, 1], missing="KVCS-VERIFY-LAYER-USABLE",
                     wrong="KVCS-VERIFY-LAYER-USABLE")
+    found.judge()
+
+
+STALL_LAYERS = 6
+# seconds per layer until the consumer asked for data (it joins after layer 0: 5 s for a spawned one under load to
+# start, discover and subscribe; never more than the pause itself), and after
+SLOW, FAST = 1.0, 0.05
+# The pause as a fraction of the consumer's budget: well inside it (a consumer may abandon a source after
+# budget/3 of silence to try another, the reference does), yet long against the fill and the layer cadence.
+PAUSES = sweep.pick([0.2], [0.1, 0.28])
+
+
+@pytest.mark.req("KVCS-RECOVER-WAIT-LIVE", "KVCS-RECOVER-NO-INDEFINITE-WAIT", "KVCS-LIVE-TRACK-COMPLETE",
+                 "KVCS-LIVE-SUBSCRIBE", "KVCS-VERIFY-LAYER-USABLE")
+@pytest.mark.parametrize("pause", PAUSES, ids=[f"pause-{p:g}-budget" for p in PAUSES])
+def test_live_delivery_that_stalls_and_resumes_is_waited_for(kvcs_consumer: object, seed: int, tmp_path: Path,
+                                                              pause: float) -> None:
+    """The only publication is in production; the consumer joins after layer 0. After the first layer completed
+    once it asked for data, live delivery pauses (a fifth of its budget): its fill ends during the pause, then
+    the remaining layers and End of Track follow. Timed against the harness's own clock (the publisher's layer
+    times, the relay's request times): the consumer neither gives up during the pause (every layer assembled,
+    not reported failed before the publication ended) nor waits past the end (it ends soon after the last
+    layer, well before its budget, without being stopped)."""
+    budget = float(kvcs_consumer.budget if kvcs_consumer.budget_known else DEFAULT_BUDGET)  # type: ignore[attr-defined]
+    seconds = pause * budget
+    spec = small_spec(seed, layers=STALL_LAYERS)
+    pub = HarnessPublisher(spec, layer_interval=FAST, slow_until_asked=min(SLOW, seconds), pause=seconds)
+    stage = Stage(spec, [(pub, (0,))], live_after=1)
+    outcome = run(kvcs_consumer, stage, tmp_path, f"live delivery paused {seconds:.1f} s")
+    t0, done, after = pub.times.get("pause"), pub.times.get("done"), pub.paused_after
+    if done is None:
+        inconclusive(f"the harness publication did not complete (times {sorted(pub.times)}) [KVCS-RECOVER-WAIT-LIVE]")
+    if t0 is None or after is None or after[1] >= STALL_LAYERS - 1:
+        inconclusive(f"the consumer asked for no data before the last layer of the publication, so no pause fell "
+                     f"inside its subscription (pause after {after}) [KVCS-RECOVER-WAIT-LIVE]")
+    resumed = pub.times.get(f"layer 0/{after[1] + 1}", done)
+
+    def at(t: float) -> str:
+        return f"+{t - t0:.2f} s"
+
+    timeline = (f"pause {seconds:.2f} s from +0 (after layer {after[1]}), resumed {at(resumed)}, publication ended "
+                f"{at(done)}; consumer started {at(outcome.started)}, ended {at(outcome.ended)}, budget {budget:g} s")
+    evidence.record("note", "timeline", {"timeline": timeline, "data requests": [
+        f"{x.kind} {x.name.decode('ascii', 'replace')} {at(x.at)}" for x in data_requests(outcome)[0]]})
+    check(not outcome.run.killed, "the consumer's end after live delivery resumed",
+          req="KVCS-RECOVER-NO-INDEFINITE-WAIT", seen=f"stopped by the driver, still waiting ({timeline})",
+          expected="it ends once every layer is in, or gives up within its budget")
+    found = Findings(f"a live publication that paused and resumed is not received as it should be ({timeline})")
+    subs, fetches = data_requests(outcome)
+    asks = sorted(a.at for a in subs + fetches)
+    found.expect(bool(subs), "KVCS-LIVE-SUBSCRIBE", "the consumer sent no data SUBSCRIBE for a cache in production")
+    found.asserted.append("KVCS-VERIFY-LAYER-USABLE")
+    for problem in poisoned_layers_reported_good(outcome, spec):
+        found.add("KVCS-VERIFY-LAYER-USABLE", problem)
+    result = outcome.require_result()
+    missing = [layer for layer in range(STALL_LAYERS) if result.layers.get(layer) is None]
+    found.asserted += ["KVCS-RECOVER-WAIT-LIVE", "KVCS-LIVE-TRACK-COMPLETE"]
+    asked = f"first data request {at(asks[0])}" if asks else "no data request"
+    if missing and outcome.ended < done:
+        if not outcome.budget_known:  # told no budget and declaring none: nothing to hold its patience to
+            inconclusive(f"layers {missing} reported failed {at(outcome.ended)}, before the publication ended, by a "
+                         f"consumer with no known budget ({timeline}) [KVCS-RECOVER-WAIT-LIVE]")
+        found.add("KVCS-RECOVER-WAIT-LIVE", f"layers {missing} reported failed: it gave up {at(outcome.ended)}, "
+                                            f"before the publication ended and {budget - outcome.run.elapsed:.1f}"
+                                            f" s before its budget ran out ({asked}; {timeline})")
+    elif missing:
+        found.add("KVCS-LIVE-SUBSCRIBE", f"layers {missing} reported failed although every layer was published "
+                                         f"before it ended ({asked}; {timeline})")
+    else:
+        late = done + budget / 2
+        found.expect(outcome.ended <= late and not result.gave_up, "KVCS-LIVE-TRACK-COMPLETE",
+                     f"every layer assembled, but it ended {at(outcome.ended)} (later than {at(late)}, half its budget "
+                     f"past the last layer){' saying it gave up' if result.gave_up else ''}: it did not see the "
+                     f"tracks complete ({timeline})")
     found.judge()

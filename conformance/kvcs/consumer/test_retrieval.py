@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from kvconform import sweep
 from kvconform.conformance.kvcs.consumer.checks import (
     LAYERS,
+    completion_findings,
     data_requests,
     digest_findings,
     fetch_problems,
@@ -27,7 +29,7 @@ from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.namespace import KVCS_TAG
 from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType
 from kvconform.moqt.structures import ParamType, TrackNamespace
-from kvconform.verdicts import Findings
+from kvconform.verdicts import Findings, check_no_problems
 
 
 def prefix_problems(prefix: TrackNamespace, spec: CacheSpec, anchor: bytes) -> list[tuple[str, str]]:
@@ -112,7 +114,8 @@ def test_cache_in_production_is_assembled_exactly_once(kvcs_consumer: object, se
     completed (not when its budget ran out)."""
     layers = 8
     spec = small_spec(seed, layers=layers)
-    stage = Stage(spec, [(HarnessPublisher(spec, layer_interval=0.15), (0,))], live_after=2)
+    # (production slow until the consumer asks for data: a spawned one still finds the cache in production)
+    stage = Stage(spec, [(HarnessPublisher(spec, layer_interval=0.15, slow_until_asked=0.5), (0,))], live_after=2)
     outcome = run(kvcs_consumer, stage, tmp_path, "cache in production")
     found = Findings("a cache in production is not received exactly once as the text says")
     subs, _ = data_requests(outcome)
@@ -137,12 +140,7 @@ def test_cache_in_production_is_assembled_exactly_once(kvcs_consumer: object, se
                                                    "expected Next Object + FILL_PARAMETERS {Relative Start 1}")
     digest_findings(found, outcome, spec, list(range(layers)), missing="KVCS-LIVE-SUBSCRIBE",
                     wrong="KVCS-VERIFY-LAYER-USABLE")
-    result = outcome.require_result()
-    if all(result.layers.get(layer) is not None for layer in range(layers)):
-        found.expect(outcome.run.elapsed < outcome.budget and not result.gave_up, "KVCS-LIVE-TRACK-COMPLETE",
-                     f"every layer assembled, but the consumer ended after {outcome.run.elapsed:.1f} s of its "
-                     f"{outcome.budget:g} s budget{' and says it gave up' if result.gave_up else ''}: it did not see "
-                     "the tracks complete (End of Track, PUBLISH_DONE, or fill FIN with every Group)")
+    completion_findings(found, outcome, layers)
     found.judge()
 
 
@@ -152,9 +150,11 @@ def test_shorter_prefix_and_appended_segment(kvcs_consumer: object, seed: int, t
     """The consumer's context runs two blocks past segment 0 (an appended segment) and ends in an incomplete
     block: SUBSCRIBE_NAMESPACE for its longest prefix (its last complete block) finds nothing, a shorter
     Anchor Key finds the publication, and both segments (whose block_keys_sha256 match the consumer's keys)
-    are assembled in block order, from the k and v tracks of each segment (never a mix with kv)."""
+    are assembled in block order, from the k and v tracks of each segment or its kv track (the publication offers
+    all three: never a mix)."""
     spec = small_spec(seed, segments=(8,), tail_tokens=2)
-    stage = Stage(spec, [(HarnessPublisher(spec), (0,))])
+    # k, v AND kv tracks per segment: only then can a selection be mixed (and the check fail)
+    stage = Stage(spec, [(HarnessPublisher(spec, kv_track=True), (0,))])
     outcome = run(kvcs_consumer, stage, tmp_path, "shorter prefix")
     found = Findings("the shorter prefix or the appended segment is not used as the text says")
     found.asserted += ["KVCS-DISC-SUBSCRIBE-NAMESPACE", "KVCS-KVSP-COMPLETE-BLOCKS"]
@@ -183,8 +183,11 @@ def test_shorter_prefix_and_appended_segment(kvcs_consumer: object, seed: int, t
     found.judge()
 
 
-@pytest.mark.req("KVCS-FETCH-OBJECTID-FILTER", "KVCS-KVSP-LAYER-DIGEST")
-@pytest.mark.parametrize("filter_ranges", [True, False], ids=["max-filter-ranges", "no-filter-ranges"])
+@pytest.mark.req("KVCS-FETCH-OBJECTID-FILTER")
+# (only the one-block case can hold a layer to the KVSP layer digest: only it cites that id)
+@pytest.mark.parametrize("filter_ranges", [pytest.param(True, id="max-filter-ranges"),
+                                           pytest.param(False, id="no-filter-ranges",
+                                                        marks=pytest.mark.req("KVCS-KVSP-LAYER-DIGEST"))])
 def test_first_blocks_only(kvcs_consumer: object, seed: int, tmp_path: Path, filter_ranges: bool) -> None:
     """A consumer that needs the first block(s) only: with a relay whose MAX_FILTER_RANGES is non-zero a
     data FETCH carries OBJECTID_FILTER 0..n-1; with one advertising none it carries no Range Filter and the
@@ -237,3 +240,66 @@ def test_layer_range_only(kvcs_consumer: object, seed: int, tmp_path: Path) -> N
             found.add("KVCS-FETCH-RANGE", problem)
     digest_findings(found, outcome, spec, [1, 2], missing="KVCS-FETCH-RANGE", wrong="KVCS-GROUP-LAYER")
     found.judge()
+
+
+CHUNK_LAYERS = 4
+# the second pass: one more block of 4 tokens (a pass of one block); --sweep wide adds one as long as the first
+CHUNK_TOKENS = sweep.pick([4], [16])
+
+
+@pytest.mark.req("KVCS-LIVE-SUBSCRIBE", "KVCS-LIVE-TRACK-COMPLETE", "KVCS-OBJ-ID-BLOCK")
+@pytest.mark.parametrize("tokens", CHUNK_TOKENS, ids=[f"second-pass-{n}-tokens" for n in CHUNK_TOKENS])
+def test_chunked_prefill_joined_during_the_second_pass(kvcs_consumer: object, seed: int, tmp_path: Path,
+                                                       tokens: int) -> None:
+    """Chunked prefill: the publisher computes the context in two passes, each through every layer, published as
+    segments 0 and 1 (Group IDs increase with time in every track). The consumer joins once the manifest lists
+    segment 1, and the second pass holds until the consumer asks for data: segment 0 is complete (retrieved by
+    FETCH, or by a subscription whose fill carries it), segment 1 is in production and must be subscribed (Next
+    Object + fill from {0,0}); every layer is assembled from both segments, in absolute block order, and the
+    consumer ends once the last layer is in."""
+    spec = small_spec(seed, layers=CHUNK_LAYERS, segments=(tokens,))
+    pub = HarnessPublisher(spec, layer_interval=0.1, hold=1)
+    stage = Stage(spec, [(pub, (0,))], live_after=0)
+    outcome = run(kvcs_consumer, stage, tmp_path, "chunked prefill, second pass in production")
+    found = Findings("a cache produced in two passes is not received as the text says")
+    found.asserted.append("KVCS-LIVE-SUBSCRIBE")
+    subs, fetches = data_requests(outcome)
+    second_done = pub.times.get("segment 1", float("inf"))
+    for f in fetches:
+        if f.name.endswith(b".s1") and f.at < second_done:
+            found.add("KVCS-LIVE-SUBSCRIBE", f"FETCH {f.name!r} while segment 1 was still in production (its manifest "
+                                             "did not mark it complete): a cache in production is subscribed to")
+        elif f.name.endswith(b".s0"):
+            for problem in fetch_problems(f, 0, CHUNK_LAYERS - 1):
+                found.add("KVCS-LIVE-SUBSCRIBE", problem)
+    for sub in subs:
+        for problem in live_subscribe_problems(sub):
+            found.add("KVCS-LIVE-SUBSCRIBE", problem)
+    live = {s.name for s in subs if s.name.endswith(b".s1")}
+    found.expect(live >= {b"k.raw.s1", b"v.raw.s1"} or live == {b"kv.raw.s1"}, "KVCS-LIVE-SUBSCRIBE",
+                 f"data SUBSCRIBEs of segment 1 (in production): {sorted(live)}, expected its k and v tracks")
+    digest_findings(found, outcome, spec, list(range(CHUNK_LAYERS)), missing="KVCS-LIVE-SUBSCRIBE",
+                    wrong="KVCS-OBJ-ID-BLOCK")
+    completion_findings(found, outcome, CHUNK_LAYERS)
+    found.judge()
+
+
+@pytest.mark.req("KVCS-PRIV-NO-PREFIX-PROBING")
+def test_distrustful_consumer_does_not_probe_shorter_prefixes(kvcs_consumer: object, seed: int,
+                                                              tmp_path: Path) -> None:
+    """A consumer that declares it distrusts relays (PICS kvcs.consumer.distrusts_relays) is given a context
+    running two blocks past the only publication's segment 0: its exact prefix has no publication, a shorter one
+    has. It must send no SUBSCRIBE_NAMESPACE for a shorter prefix of its chain (what it then retrieves is not
+    judged: without KVSP lookups it may find nothing)."""
+    kvcs_consumer.require("distrusts_relays")  # type: ignore[attr-defined]
+    spec = small_spec(seed, segments=(8,), tail_tokens=2)
+    stage = Stage(spec, [(HarnessPublisher(spec), (0,))], distrust_relays=True)
+    outcome = run(kvcs_consumer, stage, tmp_path, "distrustful consumer, shorter prefix published")
+    exact = spec.block_keys[-1]
+    anchors = [a.namespace.fields[3] for a in outcome.asked[0]
+               if a.kind == "SUBSCRIBE_NAMESPACE" and len(a.namespace.fields) == 4]
+    probes = [f"block {spec.block_keys.index(k)}" for k in anchors if k != exact and k in spec.block_keys]
+    check_no_problems([f"SUBSCRIBE_NAMESPACE with the Anchor Key of {p} (its exact prefix ends at block "
+                       f"{len(spec.block_keys) - 1})" for p in probes],
+                      what="a consumer that distrusts relays probes shorter prefixes",
+                      req="KVCS-PRIV-NO-PREFIX-PROBING")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kvconform import sweep
 from kvconform.conformance.kvcs.consumer.checks import (
     KID,
     LAYERS,
@@ -22,11 +23,13 @@ from kvconform.conformance.kvcs.consumer.checks import (
     small_spec,
 )
 from kvconform.conformance.kvcs.consumer.harness import (
+    VALUE_CLASSES,
     DuplicatingRelay,
     HarnessPublisher,
     Outcome,
     Poison,
     Stage,
+    expected_digests,
     poisoned_layers_reported_good,
 )
 from kvconform.kvcs.content import CacheSpec
@@ -74,6 +77,61 @@ def test_object_failing_a_check_is_discarded(kvcs_consumer: object, seed: int, t
     pub = HarnessPublisher(spec, poisons=[Poison(kind, "k.raw.s0", *POISONED)])
     outcome = run(kvcs_consumer, Stage(spec, [(pub, (0,))]), tmp_path, f"poison {kind}")
     _poisoned_layer_findings(outcome, spec, CHECKS[kind], f"an object poisoned ({kind}) is not discarded").judge()
+
+
+# The header field (and so the End Subscriber check) each value class breaks.
+VALUE_CLASS_REQS = {
+    "magic": "KVCS-PAYLOAD-VERIFY-MAGIC", "version": "KVCS-PAYLOAD-VERIFY-MAGIC",
+    "layer": "KVCS-PAYLOAD-VERIFY-LAYER", "block": "KVCS-PAYLOAD-VERIFY-BLOCK",
+    "length": "KVCS-PAYLOAD-VERIFY-LENGTH", "extra": "KVCS-PAYLOAD-VERIFY-LENGTH",
+    "digest": "KVCS-PAYLOAD-VERIFY-DIGEST", "data": "KVCS-PAYLOAD-DATA-RAW",
+}
+# Every value class by default (they are the boundary); --sweep wide poisons the v track too.
+VALUE_CLASS_TRACKS = sweep.pick(["k.raw.s0"], ["v.raw.s0"])
+
+
+def value_class_plan(tracks: list[str]) -> list[tuple[str, str, int, int, str]]:
+    """(kind, track, layer, object, requirement): each poison in a layer of its own, from layer 1 (Layer 0 is a
+    value class), at objects 1..3 (Block Index minus one stays a valid index); layer 0 and the last are clean."""
+    plan = []
+    for n, (kind, track) in enumerate((k, t) for t in tracks for k in VALUE_CLASSES):
+        plan.append((kind, track, n + 1, 1 + n % 3, VALUE_CLASS_REQS[kind.split("-")[0]]))
+    return plan
+
+
+@pytest.mark.req("KVCS-PAYLOAD-VERIFY-MAGIC", "KVCS-PAYLOAD-VERIFY-LAYER", "KVCS-PAYLOAD-VERIFY-BLOCK",
+                 "KVCS-PAYLOAD-VERIFY-LENGTH", "KVCS-PAYLOAD-VERIFY-DIGEST", "KVCS-PAYLOAD-DATA-RAW",
+                 "KVCS-VERIFY-EVERY", "KVCS-PAYLOAD-DISCARD")
+def test_objects_malformed_in_every_value_class_are_discarded(kvcs_consumer: object, seed: int,
+                                                              tmp_path: Path) -> None:
+    """One publication whose layers 1..17 each carry one object malformed in one value class of one header
+    field: Magic and Version zero or all-ones; Layer zero, all-ones or wrapped by 2^16; Block Index off by one,
+    all-ones or wrapped; Data Length zero, plus one or all-ones; one octet past Data Length; Data Digest all-zero
+    (an "absent" special) or all-ones; Data one octet longer with Data Length and Digest following (right by
+    every per-object check but no raw section). The manifest lists no object_digests, so only the consumer's own
+    checks can tell. Each poisoned layer is reported failed with its object listed as rejected; the clean
+    layers are assembled."""
+    plan = value_class_plan(VALUE_CLASS_TRACKS)
+    layers = len(plan) + 2
+    spec = small_spec(seed, layers=layers)
+    poisons = [Poison(kind, track, layer, obj) for kind, track, layer, obj, _ in plan]
+    pub = HarnessPublisher(spec, poisons=poisons, no_digests=True)
+    outcome = run(kvcs_consumer, Stage(spec, [(pub, (0,))]), tmp_path, f"{len(plan)} value classes")
+    found = Findings("objects malformed in a value class are not discarded")
+    result = outcome.require_result()
+    found.asserted += sorted({req for *_, req in plan})
+    for kind, track, layer, obj, req in plan:
+        got = result.layers.get(layer)
+        if got is not None:
+            true = "the true content's digest" if got == expected_digests(spec, [layer])[layer] else "another digest"
+            found.add(req, f"layer {layer} reported assembled ({true}) although its only source object {track} "
+                           f"{{{layer},{obj}}} is malformed: {kind}")
+    for kind, track, layer, obj, _ in plan:
+        found.expect(rejected_at(outcome, track, layer, obj), "KVCS-VERIFY-EVERY",
+                     f"{track} {{{layer},{obj}}} (malformed: {kind}) is not listed among the rejected objects")
+    digest_findings(found, outcome, spec, [0, layers - 1], missing="KVCS-PAYLOAD-DISCARD",
+                    wrong="KVCS-PAYLOAD-DISCARD")
+    found.judge()
 
 
 @pytest.mark.req("KVCS-PAYLOAD-FLAGS-IGNORED")
@@ -215,3 +273,20 @@ def test_same_location_with_two_payloads_is_not_used(kvcs_consumer: object, seed
                  f"layer {dup[0]} reported assembled although k.raw.s0 {{{dup[0]},{dup[1]}}} arrived with two "
                  "different payloads (a malformed track)")
     found.judge()
+
+
+@pytest.mark.req("KVCS-SEC-DIGEST-NOT-ALONE")
+def test_distrustful_consumer_does_not_rely_on_the_data_digest_alone(kvcs_consumer: object, seed: int,
+                                                                     tmp_path: Path) -> None:
+    """A consumer that declares it distrusts relays (PICS kvcs.consumer.distrusts_relays) and is given no
+    producer key meets an unsigned publication ("manifest", no object_digests) one of whose objects has its Data
+    changed and its Data Digest recomputed, as an untrusted relay could: nothing authenticates it, so the consumer
+    must not report that layer (nor any) with other than the true content."""
+    kvcs_consumer.require("distrusts_relays")  # type: ignore[attr-defined]
+    spec = small_spec(seed)
+    pub = HarnessPublisher(spec, poisons=[Poison("data-rehash", "k.raw.s0", *POISONED)], no_digests=True)
+    outcome = run(kvcs_consumer, Stage(spec, [(pub, (0,))], distrust_relays=True), tmp_path,
+                  "distrustful consumer, unsigned publication, digest-consistent poison")
+    check_no_problems(poisoned_layers_reported_good(outcome, spec),
+                      what="a consumer that distrusts relays used an object vouched for by its Data Digest alone",
+                      req="KVCS-SEC-DIGEST-NOT-ALONE")

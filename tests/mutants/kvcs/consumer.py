@@ -7,7 +7,9 @@ must fail.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from kvconform.kvcs.consumer import (
@@ -19,7 +21,7 @@ from kvconform.kvcs.consumer import (
 )
 from kvconform.kvcs.manifest import Manifest, SegmentEntry
 from kvconform.kvcs.namespace import KvcsNamespace
-from kvconform.kvcs.payload import decode_object
+from kvconform.kvcs.payload import HEADER_LEN, decode_object
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.quic import granting_streams_uni
@@ -63,6 +65,48 @@ class MagicBlindConsumer(Consumer):
             fixed = bytes.fromhex("4b564f3101") + payload[5:]
             return super().object_problems(needed, segment, loc, fixed)
         return problems
+
+
+def _header(payload: bytes) -> Any:
+    return decode_object(payload[:HEADER_LEN + int.from_bytes(payload[32:36], "big")])[0]
+
+
+class ZeroDigestAbsentConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-DIGEST: reads an all-zero Data Digest as "no digest given" and skips the check."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        problems = super().object_problems(needed, segment, loc, payload)
+        if payload[36:HEADER_LEN] == bytes(32):
+            return [p for p in problems if not p.startswith("Data Digest")]
+        return problems
+
+
+class NarrowLayerConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-LAYER: compares Layer with the Group ID in 16 bits (Layer = Group ID + 2^16 passes)."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        problems = super().object_problems(needed, segment, loc, payload)
+        if any(p.startswith("Layer") for p in problems) and (_header(payload).layer - loc.group) % (1 << 16) == 0:
+            return [p for p in problems if not p.startswith("Layer")]
+        return problems
+
+
+class TrailingOctetsConsumer(Consumer):
+    """KVCS-PAYLOAD-VERIFY-LENGTH: accepts octets past header + Data Length (checks only that Data is not
+    truncated)."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        if len(payload) >= HEADER_LEN:
+            payload = payload[:HEADER_LEN + int.from_bytes(payload[32:36], "big")]
+        return super().object_problems(needed, segment, loc, payload)
+
+
+class RawLengthBlindConsumer(Consumer):
+    """KVCS-PAYLOAD-DATA-RAW: uses raw Data of any length (Data Length and Digest consistent) as one block's
+    section."""
+
+    def object_problems(self, needed: Any, segment: SegmentEntry, loc: Location, payload: bytes) -> list[str]:
+        return [p for p in super().object_problems(needed, segment, loc, payload) if "Data of one block" not in p]
 
 
 class FlagStrictConsumer(Consumer):
@@ -116,6 +160,15 @@ class FirstCopyConsumer(Consumer):
         return None
 
 
+class DigestAloneConsumer(Consumer):
+    """KVCS-SEC-DIGEST-NOT-ALONE: configured to distrust relays, it still accepts objects vouched for by their
+    Data Digest alone (it requires producer authenticity only when it has producer keys)."""
+
+    def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions, **kwargs: Any) -> None:
+        super().__init__(identity, dataclasses.replace(options, require_authenticity=bool(options.producer_keys)),
+                         **kwargs)
+
+
 # ---- retrieval -------------------------------------------------------------------------------------------
 
 
@@ -125,6 +178,22 @@ class NoFillConsumer(Consumer):
 
     def data_subscribe_parameters(self) -> dict[str, Any]:
         return {"location_filter": LocationFilter.next_object()}
+
+
+class FirstSegmentModeConsumer(Consumer):
+    """KVCS-LIVE-SUBSCRIBE: decides between FETCH and SUBSCRIBE by segment 0 alone, so a later pass of chunked
+    prefill still in production is FETCHed (only what was published by then arrives)."""
+
+    def retrieval_mode(self, complete: Sequence[bool]) -> str:
+        return "fetch" if complete[0] else "live"
+
+
+class MixedTracksConsumer(Consumer):
+    """KVCS-TRACK-SELECT: takes a segment's "k" track and, for the values, its "kv" track (a mix)."""
+
+    def select_tracks(self, tracks: Sequence[DataTrack]) -> list[DataTrack]:
+        mixed = [t for t in tracks if t.codec == "raw" and t.component in ("k", "kv")]
+        return mixed if len(mixed) == 2 else super().select_tracks(tracks)
 
 
 class OpenRangeConsumer(Consumer):
@@ -156,6 +225,13 @@ class ShortestPrefixFirstConsumer(Consumer):
         return list(reversed(super().discovery_anchors()))
 
 
+class ProbingDistrustfulConsumer(Consumer):
+    """KVCS-PRIV-NO-PREFIX-PROBING: configured to distrust relays, it still probes ever shorter prefixes."""
+
+    def discovery_anchors(self) -> list[bytes]:
+        return list(reversed(self.keys))[:self.options.max_prefixes]
+
+
 # ---- recovery and the budget ---------------------------------------------------------------------------
 
 
@@ -178,6 +254,28 @@ class PatientConsumer(Consumer):
         return 3600.0
 
 
+class EarlyQuitConsumer(Consumer):
+    """KVCS-RECOVER-WAIT-LIVE: abandons a live publication after 0.3 s without an object, far less than its
+    budget (a pause in live delivery is read as the end of production)."""
+
+    def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions, **kwargs: Any) -> None:
+        super().__init__(identity, dataclasses.replace(options, stall_timeout=0.3), **kwargs)
+
+
+DEAF_AFTER = 0.1  # seconds of silence after which ResumeDeafConsumer stops listening
+
+
+class ResumeDeafConsumer(Consumer):
+    """KVCS-RECOVER-NO-INDEFINITE-WAIT: once live delivery pauses it stops listening (the wakeup of the resumed
+    delivery is lost) and waits for it without any bound."""
+
+    async def wait_for_change(self, changed: asyncio.Event, bound: float) -> bool:
+        if await super().wait_for_change(changed, min(bound, DEAF_AFTER)):
+            return True
+        await asyncio.Event().wait()  # never set: no bound, no budget
+        return False
+
+
 class ZeroFillConsumer(Consumer):
     """KVCS-VERIFY-LAYER-USABLE: a layer whose objects never arrive is used anyway, the missing blocks
     filled with zeros."""
@@ -198,6 +296,8 @@ class FewStreamsConsumer(Consumer):
             return await super().run()
 
 _POISONS = ("test_object_failing_a_check_is_discarded",)
+_DISTRUSTS = "kvcs.consumer.distrusts_relays=true"
+_VALUE_CLASSES = ("test_objects_malformed_in_every_value_class_are_discarded",)
 
 MUTANTS: dict[str, Mutant] = {
     "DigestBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-DIGEST",
@@ -207,6 +307,10 @@ MUTANTS: dict[str, Mutant] = {
                                  collateral=("KVCS-PAYLOAD-VERIFY-BLOCK",)),
     "LengthBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LENGTH", _POISONS),
     "MagicBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-MAGIC", _POISONS),
+    "ZeroDigestAbsentConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-DIGEST", _VALUE_CLASSES),
+    "NarrowLayerConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LAYER", _VALUE_CLASSES),
+    "TrailingOctetsConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-VERIFY-LENGTH", _VALUE_CLASSES),
+    "RawLengthBlindConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-DATA-RAW", _VALUE_CLASSES),
     "FlagStrictConsumer": Mutant("kvcs-consumer", "KVCS-PAYLOAD-FLAGS-IGNORED", ("test_nonzero_flags_are_ignored",)),
     "UnsignedDigestConsumer": Mutant("kvcs-consumer", "KVCS-SEC-COSE-VERIFY",
                                      ("test_poison_with_matching_digest_is_caught_by_the_signed_manifest",)),
@@ -218,8 +322,17 @@ MUTANTS: dict[str, Mutant] = {
                                 ("test_same_location_with_two_payloads_is_not_used",)),
     "MixingConsumer": Mutant("kvcs-consumer", "KVCS-VERIFY-NO-MIX",
                              ("test_non_deterministic_publications_are_not_mixed",)),
+    "DigestAloneConsumer": Mutant("kvcs-consumer", "KVCS-SEC-DIGEST-NOT-ALONE",
+                                  ("test_distrustful_consumer_does_not_rely_on_the_data_digest_alone",),
+                                  pics=(_DISTRUSTS,)),
+    "ProbingDistrustfulConsumer": Mutant("kvcs-consumer", "KVCS-PRIV-NO-PREFIX-PROBING",
+                                         ("test_distrustful_consumer_does_not_probe_shorter_prefixes",),
+                                         pics=(_DISTRUSTS,)),
     "NoFillConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
                              ("test_cache_in_production_is_assembled_exactly_once",)),
+    "FirstSegmentModeConsumer": Mutant("kvcs-consumer", "KVCS-LIVE-SUBSCRIBE",
+                                       ("test_chunked_prefill_joined_during_the_second_pass",)),
+    "MixedTracksConsumer": Mutant("kvcs-consumer", "KVCS-TRACK-SELECT", ("test_shorter_prefix_and_appended_segment",)),
     "OpenRangeConsumer": Mutant("kvcs-consumer", "KVCS-FETCH-RANGE",
                                 ("test_completed_cache_is_discovered_and_assembled", "test_layer_range_only")),
     "NeverFilterConsumer": Mutant("kvcs-consumer", "KVCS-FETCH-OBJECTID-FILTER", ("test_first_blocks_only",)),
@@ -230,6 +343,12 @@ MUTANTS: dict[str, Mutant] = {
                                   ("test_missing_objects_are_recovered_through_another_relay",)),
     "PatientConsumer": Mutant("kvcs-consumer", "KVCS-RECOVER-NO-INDEFINITE-WAIT",
                               ("test_stalled_production_is_given_up_within_the_budget",)),
+    "EarlyQuitConsumer": Mutant("kvcs-consumer", "KVCS-RECOVER-WAIT-LIVE",
+                                ("test_live_delivery_that_stalls_and_resumes_is_waited_for",)),
+    # a 2 s budget (a 0.4 s pause) keeps the run short: the driver stops it after budget + GRACE
+    "ResumeDeafConsumer": Mutant("kvcs-consumer", "KVCS-RECOVER-NO-INDEFINITE-WAIT",
+                                 ("test_live_delivery_that_stalls_and_resumes_is_waited_for",),
+                                 pics=("kvcs.consumer.budget=2",)),
     "ZeroFillConsumer": Mutant("kvcs-consumer", "KVCS-VERIFY-LAYER-USABLE", ("test_missing_objects_fail_their_layer",)),
     "FewStreamsConsumer": Mutant("kvcs-consumer", "KVCS-OPS-STREAMS",
                                  ("test_enough_unidirectional_streams_are_granted",)),
