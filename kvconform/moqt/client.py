@@ -683,22 +683,28 @@ class LocalTrack:
         self.session.subscribe_ok(req.stream_id, largest=largest, track_properties=self.properties)
         self.subscribers[req.stream_id] = served
         fill = params.get(ParamType.FILL_PARAMETERS)
+        fill_stream = None
         if isinstance(fill, FillParameters) and served.forward:
-            self._serve_fill(served, req.request_id, fill)
+            fill_stream = self._serve_fill(served, req.request_id, fill)
         if self.ended:
-            self.finish(req.stream_id, PublishDoneCode.TRACK_ENDED)
+            # PUBLISH_DONE only once the fill stream's data and FIN have left (profile §6.2: "sent only after
+            # all those streams are closed"), as end_track does for live streams
+            self.client.connection.when_sent([] if fill_stream is None else [fill_stream],
+                                             functools.partial(self._done, req.stream_id), PUBLISH_DONE_AFTER_SENT)
 
-    def _serve_fill(self, served: _Served, request_id: int, fill: FillParameters) -> None:
-        """One fill fetch stream for the carrying message: objects <= Largest now, then FIN (§11.2)."""
+    def _serve_fill(self, served: _Served, request_id: int, fill: FillParameters) -> int | None:
+        """One fill fetch stream for the carrying message: objects <= Largest now, then FIN (§11.2); its stream
+        id (None: the fill range is empty, no stream)."""
         inner = fill.params.get(ParamType.LOCATION_FILTER)
         flt = inner if isinstance(inner, LocationFilter) else served.location_filter
         span = flt.fetch_range(self.largest)
         if span is None:
-            return  # empty fill range: no stream (profile §11.2)
+            return None  # empty fill range: no stream (profile §11.2)
         filters = _range_filters(fill.params) or served.range_filters
         order = self.session.fill_group_order(served.stream_id, fill)
         sid = self.session.open_fill_stream(served.stream_id, request_id, fill)
         self._write_fetch_stream(sid, self._objects_in(span[0], span[1], order, filters))
+        return sid
 
     def serve_update(self, req: Request, update: RequestUpdate) -> None:
         """REQUEST_UPDATE of a subscription: FORWARD, LOCATION_FILTER, range filters, FILL_PARAMETERS."""
