@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -1378,7 +1379,16 @@ class Relay:
             for sid in list(ds.request.data_streams):
                 session.end_data_stream(sid) if status == PublishDoneCode.TRACK_ENDED else \
                     session.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
-            if ds.request.state is RequestState.ESTABLISHED:
+        # PUBLISH_DONE is sent only after every stream it counts was closed (section 6.2): once their data and
+        # FIN (or reset) have left, bounded by DONE_GRACE
+        ds.peer.conn.when_sent(session.data_streams_of(ds.request.stream_id),
+                               functools.partial(self._publish_done, ds, status, reason), DONE_GRACE)
+
+    @staticmethod
+    def _publish_done(ds: Downstream, status: int, reason: str) -> None:
+        session = ds.peer.session
+        with contextlib.suppress(SessionUsageError):
+            if session.closed is None and ds.request.state is RequestState.ESTABLISHED:
                 session.publish_done(ds.request.stream_id, status, reason)
 
     def _drop_downstream(self, ds: Downstream) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,6 +134,34 @@ class DropsEndMarkersRelay(Relay):
         if obj.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK):
             return
         super().forward_object(ds, st, obj)
+
+
+class FinAfterDoneRelay(Relay):
+    """MOQT-SUB-PUBLISH-DONE: holds each fill stream's FIN back until the subscription ends, then sends PUBLISH_DONE
+    first and the FIN only once PUBLISH_DONE has left (its Stream Count is right)."""
+
+    held: dict[tuple[int, int], int]
+
+    async def serve_fill(self, ds: Downstream, request_id: int, fill: Any, start: Location, end: Location,
+                         descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
+        session = ds.peer.session
+        sid = session.open_fill_stream(ds.request.stream_id, request_id, fill)
+        gap_kind = await self.ensure_cached(ds.track, start, end, timeout_ms)
+        self.write_fetch_items(ds.peer, sid, self.fill_items(ds, start, end, descending, filters, gap_kind))
+        self.__dict__.setdefault("held", {})[(ds.peer.number, ds.request.stream_id)] = sid
+
+    def _end_downstream(self, ds: Downstream, status: int, reason: str) -> None:
+        sid = self.__dict__.setdefault("held", {}).pop((ds.peer.number, ds.request.stream_id), None)
+        if sid is None or ds.finished:
+            super()._end_downstream(ds, status, reason)
+            return
+        ds.finished = True
+        if ds in ds.track.subscribers:
+            ds.track.subscribers.remove(ds)
+        ds.peer.downstream.pop(ds.request.stream_id, None)
+        session = ds.peer.session
+        session.publish_done(ds.request.stream_id, status, reason)
+        ds.peer.conn.when_sent([ds.request.stream_id], functools.partial(session.end_data_stream, sid), 5.0)
 
 
 class CorruptCacheRelay(Relay):
@@ -513,6 +542,8 @@ MUTANTS: dict[str, Mutant] = {
                                                                    "test_next_object_plus_fill_is_exactly_once_mid_track")),
     "DropsEndMarkersRelay": Mutant("moqt-relay", "MOQT-RELAY-END-MARKERS",
                                    ("test_end_of_group_and_end_of_track_reach_the_subscriber",)),
+    "FinAfterDoneRelay": Mutant("moqt-relay", "MOQT-SUB-PUBLISH-DONE",
+                                ("test_a_subscriber_after_the_end_gets_the_track_then_publish_done",)),
     "CorruptCacheRelay": Mutant("moqt-relay", "MOQT-RELAY-CACHE-IDENTICAL",
                                 ("test_cached_objects_are_byte_identical",
                                  "test_fetch_ranges_arrive_in_ascending_group_order")),
