@@ -176,6 +176,16 @@ class CorruptCacheRelay(Relay):
                            served.publisher_priority, served.properties)
 
 
+class Narrow32BitGroupRelay(Relay):
+    """MOQT-RELAY-CACHE-IDENTICAL: keeps cached Group IDs in 32 bits, so objects of Group 2^32 and above are
+    served from cache (fills, FETCH) in Group ID mod 2^32."""
+
+    def to_fetch_object(self, obj: CachedObject) -> FetchObject:
+        served = super().to_fetch_object(obj)
+        return FetchObject(served.group_id & 0xFFFFFFFF, served.object_id, served.payload, served.subgroup_id,
+                           served.publisher_priority, served.properties)
+
+
 class MalformedPropertiesRelay(Relay):
     """MOQT-CTRL-KVP: forwards Object Properties as bytes that are no Key-Value-Pair (an odd Type with no
     Length)."""
@@ -542,6 +552,8 @@ MUTANTS: dict[str, Mutant] = {
                                                                    "test_next_object_plus_fill_is_exactly_once_mid_track")),
     "DropsEndMarkersRelay": Mutant("moqt-relay", "MOQT-RELAY-END-MARKERS",
                                    ("test_end_of_group_and_end_of_track_reach_the_subscriber",)),
+    "Narrow32BitGroupRelay": Mutant("moqt-relay", "MOQT-RELAY-CACHE-IDENTICAL",
+                                    ("test_ids_at_vi64_width_boundaries_survive_the_cache",)),
     "FinAfterDoneRelay": Mutant("moqt-relay", "MOQT-SUB-PUBLISH-DONE",
                                 ("test_a_subscriber_after_the_end_gets_the_track_then_publish_done",)),
     "CorruptCacheRelay": Mutant("moqt-relay", "MOQT-RELAY-CACHE-IDENTICAL",
