@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.fixtures.moqt import (
     CLIENT_TIMEOUT,
     Publisher,
@@ -30,7 +31,6 @@ from kvconform.fixtures.moqt import (
     subscribe,
     waiting,
 )
-from kvconform import sweep
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.structures import KeyValuePair, Location, encode_kvps
