@@ -604,8 +604,9 @@ class LocalTrack:
             for sid in ending:
                 self.session.end_data_stream(sid)
             served.streams.clear()
-            if publish_done:
-                self.client.connection.when_sent(ending, functools.partial(self._done, served.stream_id),
+            if publish_done:  # after every stream it counts, not only those ended here (profile §6.2)
+                self.client.connection.when_sent(self.session.data_streams_of(served.stream_id),
+                                                 functools.partial(self._done, served.stream_id),
                                                  PUBLISH_DONE_AFTER_SENT)
 
     def _done(self, stream_id: int) -> None:
@@ -683,13 +684,12 @@ class LocalTrack:
         self.session.subscribe_ok(req.stream_id, largest=largest, track_properties=self.properties)
         self.subscribers[req.stream_id] = served
         fill = params.get(ParamType.FILL_PARAMETERS)
-        fill_stream = None
         if isinstance(fill, FillParameters) and served.forward:
-            fill_stream = self._serve_fill(served, req.request_id, fill)
+            self._serve_fill(served, req.request_id, fill)
         if self.ended:
             # PUBLISH_DONE only once the fill stream's data and FIN have left (profile §6.2: "sent only after
             # all those streams are closed"), as end_track does for live streams
-            self.client.connection.when_sent([] if fill_stream is None else [fill_stream],
+            self.client.connection.when_sent(self.session.data_streams_of(req.stream_id),
                                              functools.partial(self._done, req.stream_id), PUBLISH_DONE_AFTER_SENT)
 
     def _serve_fill(self, served: _Served, request_id: int, fill: FillParameters) -> int | None:
