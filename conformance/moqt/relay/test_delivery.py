@@ -35,7 +35,7 @@ from kvconform.fixtures.moqt import (
 )
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
-from kvconform.moqt.sendorder import PacketTap
+from kvconform.moqt.sendorder import PacketTap, SendOrder
 from kvconform.moqt.structures import Location
 from kvconform.verdicts import Findings, inconclusive
 
@@ -241,9 +241,10 @@ def test_a_subscriber_after_the_end_gets_the_track_then_publish_done(moqt_relay:
                                                                      rng: np.random.Generator, groups: int) -> None:
     """A subscriber that joins after End of Track (the relay cached the track through an earlier subscriber)
     with Next Object + fill {0,0}: SUBSCRIBE_OK LARGEST_OBJECT is the End of Track Location or the last object,
-    the fill carries every object once, PUBLISH_DONE TRACK_ENDED counts the fill stream and was sent only after
-    the fill stream was closed, judged by the QUIC packet numbers the relay sent them in (which network
-    reordering and loss cannot invert; kvconform.moqt.sendorder)."""
+    the fill carries every object once, PUBLISH_DONE TRACK_ENDED counts the fill stream; on it and on the earlier
+    live subscription PUBLISH_DONE was sent only after every stream it counts was closed, judged by the QUIC
+    packet numbers the relay sent them in (which network reordering and loss cannot invert;
+    kvconform.moqt.sendorder)."""
     req = "MOQT-SUB-PUBLISH-DONE"
 
     async def scenario(f: Findings) -> None:
@@ -251,8 +252,9 @@ def test_a_subscriber_after_the_end_gets_the_track_then_publish_done(moqt_relay:
         per = [int(rng.integers(1, 4)) for _ in range(groups)]
         async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as early_client, \
                 session(moqt_relay, "subscriber") as late_client:
-            tap = PacketTap()
+            tap, early_tap = PacketTap(), PacketTap()
             tap.attach(late_client.connection._protocol._quic)
+            early_tap.attach(early_client.connection._protocol._quic)
             early = await subscribe(early_client, ns, fill=False, auth=moqt_relay.token("subscriber"))
             for g, n in enumerate(per):
                 publish_group(pub, rng, g, n)
@@ -270,21 +272,27 @@ def test_a_subscriber_after_the_end_gets_the_track_then_publish_done(moqt_relay:
             f.expect(done.stream_count in (late.streams_seen(), UNKNOWN_STREAM_COUNT), req,
                      f"late PUBLISH_DONE Stream Count: seen {done.stream_count}, expected {late.streams_seen()} (the "
                      "fill stream included)")
-            order = tap.snapshot()
-            sent = order.last_byte_in(late.request.stream_id)
-            if sent is None:
-                inconclusive("the packet carrying the late PUBLISH_DONE was not recorded")
-            for sid in sorted(late.fills) + sorted(late.subgroup_streams):
-                ended = order.ended_in(sid)
-                after = None if ended is None else order.sent_before(sent, ended)
-                if after is None:
-                    inconclusive(f"the close of data stream {sid} (packet {ended}) cannot be placed against "
-                                 f"PUBLISH_DONE (packet {sent}): packet {order.gap_at_or_below(sent)} never arrived")
-                f.expect(not after, req, f"late PUBLISH_DONE: sent in packet {sent}, before data stream {sid} was "
-                                         f"closed (FIN or RESET_STREAM first sent in packet {ended}; no packet up to "
-                                         f"{sent} was lost)")
+            for label, sub, tapped in (("live", early, early_tap), ("late", late, tap)):
+                done_after_streams(f, req, label, sub, tapped.snapshot())
 
     run_findings("late subscriber", scenario)
+
+
+def done_after_streams(f: Findings, req: str, label: str, sub: Any, order: SendOrder) -> None:
+    """PUBLISH_DONE of ``sub`` was sent after each of its data streams was closed (FIN or RESET_STREAM sent);
+    inconclusive where a lost packet leaves the order open."""
+    sent = order.last_byte_in(sub.request.stream_id)
+    if sent is None:
+        inconclusive(f"the packet carrying the {label} PUBLISH_DONE was not recorded")
+    for sid in sorted(sub.fills) + sorted(sub.subgroup_streams):
+        ended = order.ended_in(sid)
+        after = None if ended is None else order.sent_before(sent, ended)
+        if after is None:
+            inconclusive(f"the close of {label} data stream {sid} (packet {ended}) cannot be placed against "
+                         f"PUBLISH_DONE (packet {sent}): packet {order.gap_at_or_below(sent)} never arrived")
+        f.expect(not after, req, f"{label} PUBLISH_DONE: sent in packet {sent}, before data stream {sid} was closed "
+                                 f"(FIN or RESET_STREAM first sent in packet {ended}; no packet up to {sent} was "
+                                 "lost)")
 
 
 @pytest.mark.req("MOQT-RELAY-NO-MODIFY", "MOQT-RELAY-NO-REORDER")
