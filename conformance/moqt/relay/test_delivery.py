@@ -24,8 +24,10 @@ from kvconform.fixtures.moqt import (
     OnceRules,
     Publisher,
     RelayUnderTest,
+    done_after_streams,
     exactly_once,
     finish,
+    packet_tap,
     publisher,
     record,
     run_findings,
@@ -35,9 +37,8 @@ from kvconform.fixtures.moqt import (
 )
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
-from kvconform.moqt.sendorder import PacketTap, SendOrder
 from kvconform.moqt.structures import Location
-from kvconform.verdicts import Findings, inconclusive
+from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
 
@@ -252,9 +253,7 @@ def test_a_subscriber_after_the_end_gets_the_track_then_publish_done(moqt_relay:
         per = [int(rng.integers(1, 4)) for _ in range(groups)]
         async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as early_client, \
                 session(moqt_relay, "subscriber") as late_client:
-            tap, early_tap = PacketTap(), PacketTap()
-            tap.attach(late_client.connection._protocol._quic)
-            early_tap.attach(early_client.connection._protocol._quic)
+            tap, early_tap = packet_tap(late_client), packet_tap(early_client)
             early = await subscribe(early_client, ns, fill=False, auth=moqt_relay.token("subscriber"))
             for g, n in enumerate(per):
                 publish_group(pub, rng, g, n)
@@ -276,23 +275,6 @@ def test_a_subscriber_after_the_end_gets_the_track_then_publish_done(moqt_relay:
                 done_after_streams(f, req, label, sub, tapped.snapshot())
 
     run_findings("late subscriber", scenario)
-
-
-def done_after_streams(f: Findings, req: str, label: str, sub: Any, order: SendOrder) -> None:
-    """PUBLISH_DONE of ``sub`` was sent after each of its data streams was closed (FIN or RESET_STREAM sent);
-    inconclusive where a lost packet leaves the order open."""
-    sent = order.last_byte_in(sub.request.stream_id)
-    if sent is None:
-        inconclusive(f"the packet carrying the {label} PUBLISH_DONE was not recorded")
-    for sid in sorted(sub.fills) + sorted(sub.subgroup_streams):
-        ended = order.ended_in(sid)
-        after = None if ended is None else order.sent_before(sent, ended)
-        if after is None:
-            inconclusive(f"the close of {label} data stream {sid} (packet {ended}) cannot be placed against "
-                         f"PUBLISH_DONE (packet {sent}): packet {order.gap_at_or_below(sent)} never arrived")
-        f.expect(not after, req, f"{label} PUBLISH_DONE: sent in packet {sent}, before data stream {sid} was closed "
-                                 f"(FIN or RESET_STREAM first sent in packet {ended}; no packet up to {sent} was "
-                                 "lost)")
 
 
 @pytest.mark.req("MOQT-RELAY-NO-MODIFY", "MOQT-RELAY-NO-REORDER")
