@@ -133,8 +133,8 @@ LATE_LAYERS = sweep.pick([9], [20])
 UNKNOWN_STREAM_COUNT = 2**64 - 1
 
 
-@pytest.mark.req("KVCS-LIVE-EXACTLY-ONCE", "MOQT-SUB-PUBLISH-DONE", "MOQT-SUB-LARGEST-OBJECT", "KVCS-RELAY-SAME-OBJECTS",
-                 "KVCS-RELAY-CACHE")
+@pytest.mark.req("KVCS-LIVE-EXACTLY-ONCE", "MOQT-SUB-PUBLISH-DONE", "MOQT-SUB-LARGEST-OBJECT",
+                 "KVCS-RELAY-SAME-OBJECTS", "KVCS-RELAY-CACHE")
 @pytest.mark.parametrize("layers", LATE_LAYERS)
 def test_a_consumer_after_the_end_gets_every_layer_then_publish_done(kvcs_relay: KvcsRelay, rng: np.random.Generator,
                                                                      layers: int) -> None:
