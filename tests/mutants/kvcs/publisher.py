@@ -196,8 +196,9 @@ class EarlyPublishDonePublisher(KvcsPublisher):
             sid = session.open_subgroup(request_stream, group, 0, self.priority(min(group, self.spec.layers - 1)))
             session.write_object(sid, 0, status=ObjectStatus.END_OF_TRACK)
             session.publish_done(request_stream, PublishDoneCode.TRACK_ENDED)  # counts sid, still open
+            # once PUBLISH_DONE has left (bounded at 0.2 s, by when it has on loopback)
             local.client.connection.when_sent([request_stream], functools.partial(session.end_data_stream, sid),
-                                              10.0)
+                                              0.2)
 
 
 class RoundedPriorityPublisher(KvcsPublisher):
