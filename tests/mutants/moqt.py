@@ -474,6 +474,22 @@ class NamespaceLimitsInternalErrorRelay(_WrongCloseCode):
         return "Number of Fields" in reason or "zero-length namespace field" in reason
 
 
+class LongNamesAcceptedRelay(Relay):
+    """MOQT-CTRL-NAMESPACE-LIMITS: does not close a session whose request names a Full Track Name over 4 096 bytes
+    (the request is dropped, the session stays open)."""
+
+    async def _serve_peer(self, conn: quic.MoqtConnection) -> None:
+        session = conn.session
+        close = session.close
+
+        def close_unless_long(code: int = SessionError.NO_ERROR, reason: str = "") -> None:
+            if "Full Track Name" not in reason:
+                close(code, reason)
+
+        session.close = close_unless_long  # type: ignore[method-assign]
+        await super()._serve_peer(conn)
+
+
 class FillParametersInternalErrorRelay(_WrongCloseCode):
     """MOQT-PARAM-FILL-PARAMETERS: closes on a parameter FILL_PARAMETERS may not hold with INTERNAL_ERROR (0x1)
     instead of PROTOCOL_VIOLATION (0x3)."""
@@ -594,6 +610,7 @@ MUTANTS: dict[str, Mutant] = {
                                               ("test_control_stream_misuse",)),
     "NamespaceLimitsInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS",
                                                 ("test_namespace_limits",)),
+    "LongNamesAcceptedRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS", ("test_namespace_limits",)),
     "FillParametersInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-FILL-PARAMETERS",
                                                ("test_forbidden_parameter_inside_fill_parameters",)),
     "LocationFilterInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-LOCATION-FILTER",
