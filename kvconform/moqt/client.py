@@ -604,8 +604,9 @@ class LocalTrack:
             for sid in ending:
                 self.session.end_data_stream(sid)
             served.streams.clear()
-            if publish_done:
-                self.client.connection.when_sent(ending, functools.partial(self._done, served.stream_id),
+            if publish_done:  # after every stream it counts, not only those ended here (profile §6.2)
+                self.client.connection.when_sent(self.session.data_streams_of(served.stream_id),
+                                                 functools.partial(self._done, served.stream_id),
                                                  PUBLISH_DONE_AFTER_SENT)
 
     def _done(self, stream_id: int) -> None:
@@ -686,19 +687,24 @@ class LocalTrack:
         if isinstance(fill, FillParameters) and served.forward:
             self._serve_fill(served, req.request_id, fill)
         if self.ended:
-            self.finish(req.stream_id, PublishDoneCode.TRACK_ENDED)
+            # PUBLISH_DONE only once the fill stream's data and FIN have left (profile §6.2: "sent only after
+            # all those streams are closed"), as end_track does for live streams
+            self.client.connection.when_sent(self.session.data_streams_of(req.stream_id),
+                                             functools.partial(self._done, req.stream_id), PUBLISH_DONE_AFTER_SENT)
 
-    def _serve_fill(self, served: _Served, request_id: int, fill: FillParameters) -> None:
-        """One fill fetch stream for the carrying message: objects <= Largest now, then FIN (§11.2)."""
+    def _serve_fill(self, served: _Served, request_id: int, fill: FillParameters) -> int | None:
+        """One fill fetch stream for the carrying message: objects <= Largest now, then FIN (§11.2); its stream
+        id (None: the fill range is empty, no stream)."""
         inner = fill.params.get(ParamType.LOCATION_FILTER)
         flt = inner if isinstance(inner, LocationFilter) else served.location_filter
         span = flt.fetch_range(self.largest)
         if span is None:
-            return  # empty fill range: no stream (profile §11.2)
+            return None  # empty fill range: no stream (profile §11.2)
         filters = _range_filters(fill.params) or served.range_filters
         order = self.session.fill_group_order(served.stream_id, fill)
         sid = self.session.open_fill_stream(served.stream_id, request_id, fill)
         self._write_fetch_stream(sid, self._objects_in(span[0], span[1], order, filters))
+        return sid
 
     def serve_update(self, req: Request, update: RequestUpdate) -> None:
         """REQUEST_UPDATE of a subscription: FORWARD, LOCATION_FILTER, range filters, FILL_PARAMETERS."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -137,6 +138,7 @@ UPSTREAM_TIMEOUT = 5.0  # seconds to wait for an upstream SUBSCRIBE_OK / TRACK_S
 # its PUBLISH_DONE, before the relay stops waiting for the streams it counts: idle time, not total, so a
 # publisher with megabytes still in flight is not cut off.
 DONE_GRACE = 2.0
+PUBLISH_DONE_AFTER_SENT = 10.0  # seconds a PUBLISH_DONE waits at most for the streams it counts to leave
 EVENT_WAIT = 30.0  # a session task's bounded wait for its next event (it re-checks liveness after)
 UNKNOWN_AUTH_TOKEN_ALIAS = 0x17  # REQUEST_ERROR code aiomoqt uses (profile section 13 #14)
 
@@ -1378,7 +1380,16 @@ class Relay:
             for sid in list(ds.request.data_streams):
                 session.end_data_stream(sid) if status == PublishDoneCode.TRACK_ENDED else \
                     session.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
-            if ds.request.state is RequestState.ESTABLISHED:
+        # PUBLISH_DONE is sent only after every stream it counts was closed (section 6.2): once their data and
+        # FIN (or reset) have left, bounded by PUBLISH_DONE_AFTER_SENT
+        ds.peer.conn.when_sent(session.data_streams_of(ds.request.stream_id),
+                               functools.partial(self._publish_done, ds, status, reason), PUBLISH_DONE_AFTER_SENT)
+
+    @staticmethod
+    def _publish_done(ds: Downstream, status: int, reason: str) -> None:
+        session = ds.peer.session
+        with contextlib.suppress(SessionUsageError):
+            if session.closed is None and ds.request.state is RequestState.ESTABLISHED:
                 session.publish_done(ds.request.stream_id, status, reason)
 
     def _drop_downstream(self, ds: Downstream) -> None:

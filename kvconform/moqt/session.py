@@ -1497,6 +1497,11 @@ class Session:
         data = out.fetch.end_of_range(item) if isinstance(item, EndOfRange) else out.fetch.object(item)
         self._write_data(out, data, end_stream)
 
+    def data_streams_of(self, stream_id: int) -> list[int]:
+        """Every data stream this endpoint opened for the request on ``stream_id`` (ended ones included): what a
+        PUBLISH_DONE counts and must follow (profile §6.2)."""
+        return [sid for sid, out in self._out.items() if out.request.stream_id == stream_id]
+
     def end_data_stream(self, stream_id: int) -> None:
         """FIN a data stream: every object was sent (profile §9.2)."""
         out = self._data_out(stream_id)

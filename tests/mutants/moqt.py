@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -135,6 +136,35 @@ class DropsEndMarkersRelay(Relay):
         super().forward_object(ds, st, obj)
 
 
+class FinAfterDoneRelay(Relay):
+    """MOQT-SUB-PUBLISH-DONE: holds each fill stream's FIN back until the subscription ends, then sends PUBLISH_DONE
+    first and the FIN only once PUBLISH_DONE has left (its Stream Count is right)."""
+
+    held: dict[tuple[int, int], int]
+
+    async def serve_fill(self, ds: Downstream, request_id: int, fill: Any, start: Location, end: Location,
+                         descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
+        session = ds.peer.session
+        sid = session.open_fill_stream(ds.request.stream_id, request_id, fill)
+        gap_kind = await self.ensure_cached(ds.track, start, end, timeout_ms)
+        self.write_fetch_items(ds.peer, sid, self.fill_items(ds, start, end, descending, filters, gap_kind))
+        self.__dict__.setdefault("held", {})[(ds.peer.number, ds.request.stream_id)] = sid
+
+    def _end_downstream(self, ds: Downstream, status: int, reason: str) -> None:
+        sid = self.__dict__.setdefault("held", {}).pop((ds.peer.number, ds.request.stream_id), None)
+        if sid is None or ds.finished:
+            super()._end_downstream(ds, status, reason)
+            return
+        ds.finished = True
+        if ds in ds.track.subscribers:
+            ds.track.subscribers.remove(ds)
+        ds.peer.downstream.pop(ds.request.stream_id, None)
+        session = ds.peer.session
+        session.publish_done(ds.request.stream_id, status, reason)
+        # once PUBLISH_DONE has left (bounded at 0.2 s, by when it has on loopback)
+        ds.peer.conn.when_sent([ds.request.stream_id], functools.partial(session.end_data_stream, sid), 0.2)
+
+
 class CorruptCacheRelay(Relay):
     """MOQT-RELAY-CACHE-IDENTICAL: serves cached objects (fills, FETCH) with their last payload byte flipped."""
 
@@ -144,6 +174,16 @@ class CorruptCacheRelay(Relay):
             return served
         payload = served.payload[:-1] + bytes([served.payload[-1] ^ 0x01])
         return FetchObject(served.group_id, served.object_id, payload, served.subgroup_id,
+                           served.publisher_priority, served.properties)
+
+
+class Narrow32BitGroupRelay(Relay):
+    """MOQT-RELAY-CACHE-IDENTICAL: keeps cached Group IDs in 32 bits, so objects of Group 2^32 and above are
+    served from cache (fills, FETCH) in Group ID mod 2^32."""
+
+    def to_fetch_object(self, obj: CachedObject) -> FetchObject:
+        served = super().to_fetch_object(obj)
+        return FetchObject(served.group_id & 0xFFFFFFFF, served.object_id, served.payload, served.subgroup_id,
                            served.publisher_priority, served.properties)
 
 
@@ -434,6 +474,22 @@ class NamespaceLimitsInternalErrorRelay(_WrongCloseCode):
         return "Number of Fields" in reason or "zero-length namespace field" in reason
 
 
+class LongNamesAcceptedRelay(Relay):
+    """MOQT-CTRL-NAMESPACE-LIMITS: does not close a session whose request names a Full Track Name over 4 096 bytes
+    (the request is dropped, the session stays open)."""
+
+    async def _serve_peer(self, conn: quic.MoqtConnection) -> None:
+        session = conn.session
+        close = session.close
+
+        def close_unless_long(code: int = SessionError.NO_ERROR, reason: str = "") -> None:
+            if "Full Track Name" not in reason:
+                close(code, reason)
+
+        session.close = close_unless_long  # type: ignore[method-assign]
+        await super()._serve_peer(conn)
+
+
 class FillParametersInternalErrorRelay(_WrongCloseCode):
     """MOQT-PARAM-FILL-PARAMETERS: closes on a parameter FILL_PARAMETERS may not hold with INTERNAL_ERROR (0x1)
     instead of PROTOCOL_VIOLATION (0x3)."""
@@ -513,6 +569,10 @@ MUTANTS: dict[str, Mutant] = {
                                                                    "test_next_object_plus_fill_is_exactly_once_mid_track")),
     "DropsEndMarkersRelay": Mutant("moqt-relay", "MOQT-RELAY-END-MARKERS",
                                    ("test_end_of_group_and_end_of_track_reach_the_subscriber",)),
+    "Narrow32BitGroupRelay": Mutant("moqt-relay", "MOQT-RELAY-CACHE-IDENTICAL",
+                                    ("test_ids_at_vi64_width_boundaries_survive_the_cache",)),
+    "FinAfterDoneRelay": Mutant("moqt-relay", "MOQT-SUB-PUBLISH-DONE",
+                                ("test_a_subscriber_after_the_end_gets_the_track_then_publish_done",)),
     "CorruptCacheRelay": Mutant("moqt-relay", "MOQT-RELAY-CACHE-IDENTICAL",
                                 ("test_cached_objects_are_byte_identical",
                                  "test_fetch_ranges_arrive_in_ascending_group_order")),
@@ -550,6 +610,7 @@ MUTANTS: dict[str, Mutant] = {
                                               ("test_control_stream_misuse",)),
     "NamespaceLimitsInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS",
                                                 ("test_namespace_limits",)),
+    "LongNamesAcceptedRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS", ("test_namespace_limits",)),
     "FillParametersInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-FILL-PARAMETERS",
                                                ("test_forbidden_parameter_inside_fill_parameters",)),
     "LocationFilterInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-LOCATION-FILTER",

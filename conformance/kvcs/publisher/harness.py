@@ -42,6 +42,7 @@ from kvconform.moqt.messages import FetchOk, PublishDone, PublishNamespace, Requ
 from kvconform.moqt.policy import Right, TokenKey, policy_from_mapping
 from kvconform.moqt.quic import LoopThread
 from kvconform.moqt.relay import Peer, Relay, Upstream, _Refusal
+from kvconform.moqt.sendorder import PacketTap, SendOrder
 from kvconform.moqt.session import (
     DataStreamEnded,
     DataStreamOpened,
@@ -185,6 +186,8 @@ class Observation:
     notes: list[str]
     # initial_max_streams_uni the publisher's QUIC endpoint granted the relay (0: absent; None: unreadable)
     granted_streams_uni: int | None = None
+    # the order the publisher sent its stream frames in (QUIC packet numbers; None: not recorded)
+    send_order: SendOrder | None = None
 
     # -- derived views --------------------------------------------------------------------------------
 
@@ -310,8 +313,15 @@ class RecordingRelay(Relay):
         self.changed: asyncio.Event | None = None
         self.probe_kinds: dict[int, str] = {}
         self.granted_streams_uni: dict[int, int | None] = {}  # peer number -> its initial_max_streams_uni
+        self.taps: dict[int, PacketTap] = {}  # peer number -> what its packets carried, in send order
 
     # -- recording ------------------------------------------------------------------------------------
+
+    async def _serve_peer(self, conn: Any) -> None:
+        tap = PacketTap()
+        tap.attach(conn._protocol._quic)  # before its first request: every 1-RTT packet after the handshake
+        self.taps[self._numbers + 1] = tap  # the number Relay._serve_peer gives this peer
+        await super()._serve_peer(conn)
 
     def _tick(self) -> int:
         self.seq += 1
@@ -564,9 +574,11 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
         raise HarnessBug("kvcs-publisher harness: the recording relay was never started")
     grants = relay.granted_streams_uni
     granted = grants.get(relay.source.number) if relay.source is not None else next(iter(grants.values()), None)
+    tap = relay.taps.get(relay.source.number) if relay.source is not None else None
     return Observation(case, spec, token, keys, list(relay.announces), list(relay.objects),
                        sorted(relay.answers.values(), key=lambda a: a.seq), complete,
-                       time.monotonic() - started, exit_, notes, granted)
+                       time.monotonic() - started, exit_, notes, granted,
+                       tap.snapshot() if tap is not None else None)
 
 
 def _wait_publication(thread: LoopThread, relay: RecordingRelay, driver: PublisherDriver, spec: CacheSpec,

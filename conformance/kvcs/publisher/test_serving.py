@@ -16,7 +16,7 @@ import pytest
 from kvconform.conformance.kvcs.publisher.harness import Answer, Observation, findings, need_publication, track_name
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import Location
-from kvconform.verdicts import Findings
+from kvconform.verdicts import Findings, inconclusive
 
 
 def _published(obs: Observation, name: bytes) -> dict[Location, bytes]:
@@ -120,4 +120,59 @@ def test_fetch_returns_the_track_in_ascending_order(kvcs_publication: Any) -> No
             if last is not None and a.ok and a.end_location not in {last, *ends}:
                 found.add("MOQT-FETCH-OK", f"{what}: FETCH_OK End Location {a.end_location}, expected the last object "
                                            f"{last}")
+    found.judge()
+
+
+UNKNOWN_STREAM_COUNT = 2**64 - 1
+
+
+@pytest.mark.req("MOQT-SUB-PUBLISH-DONE")
+def test_publish_done_follows_the_streams_it_counts(kvcs_publication: Any) -> None:
+    """Every PUBLISH_DONE the publisher sent (on the relay's live subscriptions and on the late subscriptions
+    after the track ended) counts the data streams it opened for that subscription, fill streams included, and
+    was sent only after each of them was closed (FIN or RESET_STREAM sent, RFC 9000 section 3.1): judged by the
+    QUIC packet numbers the publisher sent them in, which network reordering and loss cannot invert (see
+    kvconform.moqt.sendorder); an order a lost packet leaves open is undecided, never a pass."""
+    obs = kvcs_publication
+    need_publication(obs)
+    order = obs.send_order
+    if order is None:
+        inconclusive(f"case {obs.case.name}: the publisher's packets were not recorded")
+    done = [(a, msg) for a in obs.answers if a.kind in ("subscribe", "probe-subscribe")
+            for msg in (a.done,) if msg is not None]
+    if not done:
+        inconclusive(f"case {obs.case.name}: the publisher sent no PUBLISH_DONE (it MAY delay it after End of "
+                     "Track); nothing to judge")
+    found = findings(f"case {obs.case.name}: PUBLISH_DONE does not follow the streams it counts",
+                     "MOQT-SUB-PUBLISH-DONE")
+    undecided: list[str] = []
+    for a, msg in done:
+        what = f"{track_name(a.track)} {a.kind} (request stream {a.stream_id})"
+        opened = len(a.data_streams)
+        if msg.stream_count not in (opened, UNKNOWN_STREAM_COUNT):
+            found.add("MOQT-SUB-PUBLISH-DONE", f"{what}: PUBLISH_DONE Stream Count {msg.stream_count}, "
+                                               f"{opened} data streams were opened for the subscription")
+        sent = order.last_byte_in(a.stream_id)
+        if sent is None:
+            undecided.append(f"{what}: the packet carrying PUBLISH_DONE was not recorded")
+            continue
+        for sid in sorted(a.data_streams):
+            ended = order.ended_in(sid)
+            if ended is None and order.gap_at_or_below(max(order.packets)) is not None:
+                undecided.append(f"{what}: stream {sid} shows no FIN, but a packet was lost")
+                continue
+            if ended is None:
+                found.add("MOQT-SUB-PUBLISH-DONE", f"{what}: PUBLISH_DONE (packet {sent}) sent while its data "
+                                                   f"stream {sid} was never closed (no FIN or RESET_STREAM arrived)")
+                continue
+            after = order.sent_before(sent, ended)
+            if after:
+                found.add("MOQT-SUB-PUBLISH-DONE", f"{what}: PUBLISH_DONE sent in packet {sent}, before its data "
+                                                   f"stream {sid} was closed (FIN first sent in packet {ended}; "
+                                                   f"no packet up to {sent} was lost)")
+            elif after is None:
+                undecided.append(f"{what}: stream {sid} FIN in packet {ended} after PUBLISH_DONE in packet {sent}, "
+                                 f"but packet {order.gap_at_or_below(sent)} never arrived")
+    if not found.problems and undecided:
+        inconclusive(f"case {obs.case.name}: the send order is undecided: {undecided[:3]}")
     found.judge()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.fixtures.kvcs.relay import (
     KvcsPublication,
     KvcsRelay,
@@ -33,9 +34,11 @@ from kvconform.fixtures.kvcs.relay import (
 from kvconform.fixtures.moqt import (
     CLIENT_TIMEOUT,
     OnceRules,
+    done_after_streams,
     exactly_once,
     fetch,
     finish,
+    packet_tap,
     rejection,
     run_findings,
     session,
@@ -43,6 +46,7 @@ from kvconform.fixtures.moqt import (
 )
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.data import GroupOrder
+from kvconform.moqt.errors import PublishDoneCode
 from kvconform.moqt.structures import Location, TrackNamespace
 from kvconform.verdicts import Findings
 
@@ -120,6 +124,61 @@ def test_consumers_joining_a_live_publication_get_every_object_once(kvcs_relay: 
             f.expect(True, "KVCS-RELAY-CACHE", "")
 
     run_findings("consumers joining a live publication", scenario)
+
+
+# A consumer that arrives after production ended: everything by the fill, once (profile section 11.4 with an
+# empty subscription side). Layers: 9 is one more than a manifest cadence; --sweep wide adds 20 (three cadences).
+LATE = OnceRules(once="KVCS-LIVE-EXACTLY-ONCE", cached="KVCS-RELAY-SAME-OBJECTS", gaps="KVCS-RELAY-CACHE")
+LATE_LAYERS = sweep.pick([9], [20])
+UNKNOWN_STREAM_COUNT = 2**64 - 1
+
+
+@pytest.mark.req("KVCS-LIVE-EXACTLY-ONCE", "MOQT-SUB-PUBLISH-DONE", "MOQT-SUB-LARGEST-OBJECT",
+                 "KVCS-RELAY-SAME-OBJECTS", "KVCS-RELAY-CACHE")
+@pytest.mark.parametrize("layers", LATE_LAYERS)
+def test_a_consumer_after_the_end_gets_every_layer_then_publish_done(kvcs_relay: KvcsRelay, rng: np.random.Generator,
+                                                                     layers: int) -> None:
+    """A consumer that subscribes with the KVCS recipe (Next Object + fill {0,0}) to each data track after End
+    of Track (the relay followed the publication for a live consumer): SUBSCRIBE_OK LARGEST_OBJECT is the End of
+    Track Location {L,0} or the last block {L-1,n-1}; the fill carries every object once, KVO1-valid and as
+    published; PUBLISH_DONE TRACK_ENDED counts the fill stream and, as on the live consumer's subscriptions, was
+    sent only after every stream it counts was closed (QUIC packet numbers, kvconform.moqt.sendorder)."""
+    view = kvcs_relay.scopes[0]
+    token = view.token("subscriber")
+    req = "MOQT-SUB-PUBLISH-DONE"
+
+    async def scenario(f: Findings) -> None:
+        spec = cache_spec(rng, layers=layers, blocks=2)
+        async with kvcs_publication(view, spec, rng) as pub, session(view, "live") as live_client, \
+                session(view, "after the end") as late_client:
+            live_tap, late_tap = packet_tap(live_client), packet_tap(late_client)
+            pub.publish_manifest()
+            live = await subscribe_publication(live_client, pub, token, manifest=False)
+            for g in range(spec.layers):
+                pub.publish_layer(g)
+            pub.publish_manifest()
+            pub.end()
+            await check_subscriptions(f, "live", live, pub, LIVE)
+            late = await subscribe_publication(late_client, pub, token, manifest=False)
+            await check_subscriptions(f, "after the end", late, pub, LATE)
+            last, eot = Location(spec.layers - 1, pub.blocks - 1), Location(spec.layers, 0)
+            for name, sub in late.items():
+                where = f"after the end, {name.decode()}"
+                f.expect(sub.largest in (last, eot), "MOQT-SUB-LARGEST-OBJECT",
+                         f"[{where}] SUBSCRIBE_OK LARGEST_OBJECT: seen {sub.largest}, expected {eot} (End of Track) "
+                         f"or the last block {last}")
+                done = await finish(sub)
+                f.expect(done.status_code == PublishDoneCode.TRACK_ENDED, req,
+                         f"[{where}] PUBLISH_DONE Status Code: seen 0x{done.status_code:x}, expected TRACK_ENDED (0x2)")
+                f.expect(done.stream_count in (sub.streams_seen(), UNKNOWN_STREAM_COUNT), req,
+                         f"[{where}] PUBLISH_DONE Stream Count: seen {done.stream_count}, expected "
+                         f"{sub.streams_seen()} (the fill stream included)")
+            for label, subs, tap in (("live", live, live_tap), ("after the end", late, late_tap)):
+                order = tap.snapshot()
+                for name, sub in subs.items():
+                    done_after_streams(f, req, f"{label}, {name.decode()}", sub, order)
+
+    run_findings("a consumer after the end", scenario)
 
 
 # Several authorized subscribers: each gets every object once; each gets the published bytes.

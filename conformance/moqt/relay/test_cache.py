@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.fixtures.moqt import (
     CLIENT_TIMEOUT,
     Publisher,
@@ -72,6 +73,52 @@ def compare(f: Findings, req: str, label: str, objects: list[Any], published: di
     missing = sorted(set(published) - seen)
     f.expect(not missing, req, f"[{label}] objects: {[str(m) for m in missing]} never served, expected every "
                                "published one")
+
+
+# Group and Object IDs on both sides of the vi64 width steps (1 byte holds 0..127, 2 bytes ..16383, profile
+# section 2) and of 32 bits, where a relay that keeps IDs in narrower integers wraps; the fetch encoding computes
+# group and object deltas from them (section 9.4). --sweep wide adds the 3-, 4- and 8-byte steps.
+VI64_GROUPS = sweep.pick([0, 127, 128, 16383, 16384, 2**32 - 1, 2**32],
+                         [2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**56 - 1, 2**56])
+VI64_OBJECTS = (0, 127, 128, 16383, 16384)
+
+
+@pytest.mark.req("MOQT-RELAY-CACHE-IDENTICAL", "MOQT-RELAY-NO-MODIFY")
+def test_ids_at_vi64_width_boundaries_survive_the_cache(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
+    """Groups and objects whose IDs sit at the vi64 width steps and at 2^32 are forwarded live with their IDs
+    (MOQT-RELAY-NO-MODIFY), and a later subscriber's fill and a FETCH of the whole track serve every one of them
+    at its own Location with its own payload (MOQT-RELAY-CACHE-IDENTICAL)."""
+    async def scenario(f: Findings) -> None:
+        ns = moqt_relay.namespace(rng)
+        token = moqt_relay.token("subscriber")
+        groups = sorted(VI64_GROUPS)
+        async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "first subscriber") as first_client, \
+                session(moqt_relay, "later subscriber") as later_client:
+            first = await subscribe(first_client, ns, fill=False, auth=token)
+            for g in groups:
+                for o in VI64_OBJECTS:
+                    pub.publish(g, o, f"{g}.{o}:".encode() + rng.bytes(int(rng.integers(0, 40))))
+                pub.end_of_group(g, VI64_OBJECTS[-1] + 1)
+            pub.end_track()
+            published = pub.published()
+            with contextlib.suppress(TimeoutError):
+                while not published.keys() <= first.seen:
+                    await first.next_object(CLIENT_TIMEOUT)
+            compare(f, "MOQT-RELAY-NO-MODIFY", "first subscriber, live",
+                    [o for o in first.objects if o.kind == "subgroup"], published)
+            later = await subscribe(later_client, ns, auth=token)
+            with waiting("the end of the later subscriber's fill stream"):
+                state = await later.wait_fill(CLIENT_TIMEOUT)
+            req = "MOQT-RELAY-CACHE-IDENTICAL"
+            f.expect(state == "fin", req, f"[later subscriber, fill] fill stream: seen {state}, expected FIN")
+            compare(f, req, "later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
+            try:
+                result = await fetch(later_client, ns, auth=token)
+                compare(f, req, "FETCH", result.objects, published)
+            except RequestRejected as exc:
+                f.add(req, f"[FETCH] of the cached track: seen {rejection(exc)}, expected FETCH_OK and the objects")
+
+    run_findings("vi64 boundary IDs", scenario)
 
 
 @pytest.mark.req("MOQT-RELAY-CACHE-IDENTICAL")

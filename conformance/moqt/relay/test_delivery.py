@@ -18,13 +18,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.fixtures.moqt import (
     CLIENT_TIMEOUT,
     OnceRules,
     Publisher,
     RelayUnderTest,
+    done_after_streams,
     exactly_once,
     finish,
+    packet_tap,
     publisher,
     record,
     run_findings,
@@ -226,6 +229,52 @@ def test_end_of_group_and_end_of_track_reach_the_subscriber(moqt_relay: RelayUnd
                      "streams opened for the subscription)")
 
     run_findings("end markers", scenario)
+
+
+UNKNOWN_STREAM_COUNT = 2**64 - 1
+# Groups of the ended track: one (End of Track right after the first End of Group) and several.
+LATE_GROUPS = sweep.pick([1, 4], [2, 9])
+
+
+@pytest.mark.req("MOQT-SUB-PUBLISH-DONE", "MOQT-SUB-LARGEST-OBJECT", "MOQT-FILL-EXACTLY-ONCE")
+@pytest.mark.parametrize("groups", LATE_GROUPS)
+def test_a_subscriber_after_the_end_gets_the_track_then_publish_done(moqt_relay: RelayUnderTest,
+                                                                     rng: np.random.Generator, groups: int) -> None:
+    """A subscriber that joins after End of Track (the relay cached the track through an earlier subscriber)
+    with Next Object + fill {0,0}: SUBSCRIBE_OK LARGEST_OBJECT is the End of Track Location or the last object,
+    the fill carries every object once, PUBLISH_DONE TRACK_ENDED counts the fill stream; on it and on the earlier
+    live subscription PUBLISH_DONE was sent only after every stream it counts was closed, judged by the QUIC
+    packet numbers the relay sent them in (which network reordering and loss cannot invert;
+    kvconform.moqt.sendorder)."""
+    req = "MOQT-SUB-PUBLISH-DONE"
+
+    async def scenario(f: Findings) -> None:
+        ns = moqt_relay.namespace(rng)
+        per = [int(rng.integers(1, 4)) for _ in range(groups)]
+        async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as early_client, \
+                session(moqt_relay, "subscriber") as late_client:
+            tap, early_tap = packet_tap(late_client), packet_tap(early_client)
+            early = await subscribe(early_client, ns, fill=False, auth=moqt_relay.token("subscriber"))
+            for g, n in enumerate(per):
+                publish_group(pub, rng, g, n)
+            pub.end_track()
+            await finish(early)  # the relay has the whole track and its end
+            late = await subscribe(late_client, ns, auth=moqt_relay.token("subscriber"))
+            last, eot = pub.track.largest, Location(len(per), 0)
+            f.expect(late.largest in (last, eot), "MOQT-SUB-LARGEST-OBJECT",
+                     f"late SUBSCRIBE_OK LARGEST_OBJECT: seen {late.largest}, expected {eot} (End of Track) or the "
+                     f"last object {max(pub.published())}")
+            done = await finish(late)
+            exactly_once(f, "late", late, pub.published(), OnceRules())
+            f.expect(done.status_code == PublishDoneCode.TRACK_ENDED, req,
+                     f"late PUBLISH_DONE Status Code: seen 0x{done.status_code:x}, expected TRACK_ENDED (0x2)")
+            f.expect(done.stream_count in (late.streams_seen(), UNKNOWN_STREAM_COUNT), req,
+                     f"late PUBLISH_DONE Stream Count: seen {done.stream_count}, expected {late.streams_seen()} (the "
+                     "fill stream included)")
+            for label, sub, tapped in (("live", early, early_tap), ("late", late, tap)):
+                done_after_streams(f, req, label, sub, tapped.snapshot())
+
+    run_findings("late subscriber", scenario)
 
 
 @pytest.mark.req("MOQT-RELAY-NO-MODIFY", "MOQT-RELAY-NO-REORDER")

@@ -135,6 +135,11 @@ NAMESPACE_LIMITS = {
                                                                   _namespace([*ns.fields[:-1], b""]))),
     "33-namespace-fields": Offence(lambda r, ns: _raw_subscribe(r, ns, "Track Namespace",
                                                                 _namespace([*ns.fields, *[b"f"] * (33 - len(ns))]))),
+    # the value classes a narrow check misses: all-ones (2^64-1 fields, no field follows) and one byte over the
+    # Full Track Name bound (namespace field bytes + name = 4 097)
+    "all-ones-field-count": Offence(lambda r, ns: _raw_subscribe(r, ns, "Track Namespace", vi64(2**64 - 1))),
+    "full-track-name-4097-bytes": Offence(lambda r, ns: _raw_subscribe(
+        r, ns, "Track Name", vi64(4097 - sum(map(len, ns.fields))) + b"n" * (4097 - sum(map(len, ns.fields))))),
 }
 # FILL_PARAMETERS holding FORWARD (0x10), which d22 Table 7 does not allow inside it.
 _FILL_WITH_FORWARD = vi64(3) + vi64(1) + vi64(ParamType.FORWARD) + bytes([1])

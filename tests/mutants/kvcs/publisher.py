@@ -8,6 +8,7 @@ that must fail. The harness starts them like the reference: in-process, against 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -180,6 +181,24 @@ class NoEndOfTrackPublisher(KvcsPublisher):
         local.ended = True
         for stream_id in list(local.subscribers):
             local.finish(stream_id, PublishDoneCode.TRACK_ENDED)
+
+
+class EarlyPublishDonePublisher(KvcsPublisher):
+    """MOQT-SUB-PUBLISH-DONE: sends PUBLISH_DONE on each live subscription while its End of Track stream is still
+    open, and FINs that stream only once PUBLISH_DONE has left (its Stream Count is right)."""
+
+    def end_track(self, local: LocalTrack) -> None:
+        session = local.session
+        group = 0 if local.largest is None else local.largest.group + 1
+        local.ended = True
+        for request_stream in list(local.subscribers):
+            del local.subscribers[request_stream]
+            sid = session.open_subgroup(request_stream, group, 0, self.priority(min(group, self.spec.layers - 1)))
+            session.write_object(sid, 0, status=ObjectStatus.END_OF_TRACK)
+            session.publish_done(request_stream, PublishDoneCode.TRACK_ENDED)  # counts sid, still open
+            # once PUBLISH_DONE has left (bounded at 0.2 s, by when it has on loopback)
+            local.client.connection.when_sent([request_stream], functools.partial(session.end_data_stream, sid),
+                                              0.2)
 
 
 class RoundedPriorityPublisher(KvcsPublisher):
@@ -366,6 +385,8 @@ MUTANTS: dict[str, Mutant] = {
                                    ("test_each_group_is_one_subgroup_0_stream_in_ascending_object_order",)),
     "NoEndOfGroupPublisher": Mutant(SUITE, "KVCS-GROUP-END-OF-GROUP", ("test_end_of_group_after_each_layer",)),
     "NoEndOfTrackPublisher": Mutant(SUITE, "KVCS-GROUP-END-OF-TRACK", ("test_end_of_track_after_the_last_layer",)),
+    "EarlyPublishDonePublisher": Mutant(SUITE, "MOQT-SUB-PUBLISH-DONE",
+                                        ("test_publish_done_follows_the_streams_it_counts",)),
     "RoundedPriorityPublisher": Mutant(SUITE, "KVCS-OBJ-PRIORITY", ("test_data_priority_is_floor_128_g_over_l",)),
     "UrgentManifestPriorityPublisher": Mutant(SUITE, "KVCS-OBJ-MANIFEST-PRIORITY", ("test_manifest_priority_is_0",)),
     "LateManifestPublisher": Mutant(SUITE, "KVCS-PUB-MANIFEST-FIRST",

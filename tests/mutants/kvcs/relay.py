@@ -22,6 +22,7 @@ from kvconform.moqt.session import Request, SessionUsageError
 from kvconform.moqt.structures import KeyValuePair, Location, Parameters, TrackNamespace
 from tests.mutants import Mutant
 from tests.mutants.moqt import (
+    FinAfterDoneRelay,
     _GrantedFetch,
     _GrantedPublishNamespace,
     _GrantedSubscribe,
@@ -199,7 +200,18 @@ class FewStreamsRelay(Relay):
             return await super().start()
 
 
+# ---- ending subscriptions --------------------------------------------------------------------------------
+
+
+class LateDoneRelay(FinAfterDoneRelay):
+    """MOQT-SUB-PUBLISH-DONE: holds each fill stream's FIN back until the subscription ends, then sends PUBLISH_DONE
+    first and the FIN only once PUBLISH_DONE has left (a KVCS consumer after the end sees its layers, then the
+    end out of order)."""
+
+
 MUTANTS: dict[str, Mutant] = {
+    "LateDoneRelay": Mutant(SUITE, "MOQT-SUB-PUBLISH-DONE",
+                            ("test_a_consumer_after_the_end_gets_every_layer_then_publish_done",)),
     "ScopeBlindRelay": Mutant(SUITE, "KVCS-RELAY-AUTHZ-SCOPE",
                               (*_AUTH_CROSS, "test_no_namespace_of_another_scope_leaks_to_a_broader_prefix")),
     "DiscoveryLeakRelay": Mutant(SUITE, "KVCS-RELAY-AUTHZ-SCOPE",
