@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.decode.transfer import (
     ATOMIC,
@@ -26,14 +27,17 @@ from kvconform.conformance.tlkv.decode.transfer import (
     valid_version,
 )
 from kvconform.conformance.tlkv.malformations import (
+    HAND_WRITTEN,
     MALFORMATIONS,
     Malformation,
     acceptable,
     applicable,
     full_block,
+    in_version,
     record_hash,
     statuses,
 )
+from kvconform.conformance.tlkv.reader.judge import envelope_version
 from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
@@ -67,7 +71,7 @@ def _version(dut: DecodeUnderTest) -> int:
 
 def _push_with_bad_last(client: KvTransferClient, dut: DecodeUnderTest, rng: np.random.Generator,
                         bad: Chunk | bytes | None = None, bad_payload: bytes = b"",
-                        bad_hash: int | None = None) -> tuple[list[Block], PushOutcome]:
+                        bad_hash: int | None = None, bad_format: int | None = None) -> tuple[list[Block], PushOutcome]:
     """Two good chunks of fresh full blocks, then the bad one (a chunk, raw bytes, or a payload to wrap). At a
     declared geometry where no block fits in a chunk there are no good chunks: the bad one goes alone."""
     v = _version(dut)
@@ -76,27 +80,42 @@ def _push_with_bad_last(client: KvTransferClient, dut: DecodeUnderTest, rng: np.
     chunks: list[Chunk | bytes] = [chunk_for(rid, i, b, v, dut) for i, b in enumerate(good)]
     if bad is None:
         h = bad_hash if bad_hash is not None else int(rng.integers(1, 1 << 63))
-        bad = Chunk.for_payload(rid, len(good), h, v, bad_payload)
+        bad = Chunk.for_payload(rid, len(good), h, v if bad_format is None else bad_format, bad_payload)
     chunks.append(bad)
     return good, push(client, chunks)
 
 
+def _rule_cases() -> list[tuple[Malformation, int]]:
+    """Every chunkable malformation in v1, the version every decode side reads, and the hand-written ones (one
+    per reader rule) in v2 too: a decode side may read each version on a path of its own, and every rule must hold
+    on both. Under --sweep wide every malformation in both versions."""
+    v1 = [(m, 1) for m in CHUNKABLE if in_version(m, 1)]
+    v2 = [(m, 2) for m in CHUNKABLE if in_version(m, 2)]
+    return v1 + sweep.pick([c for c in v2 if c[0] in HAND_WRITTEN], [c for c in v2 if c[0] not in HAND_WRITTEN])
+
+
 def _rule_params() -> list[object]:
-    return [pytest.param(m, marks=pytest.mark.req(m.decode_rule, STATUS, ATOMIC), id=m.id) for m in CHUNKABLE]
+    return [pytest.param((m, v), marks=pytest.mark.req(m.decode_rule, STATUS, ATOMIC), id=f"{m.id}-v{v}")
+            for m, v in _rule_cases()]
 
 
-@pytest.mark.parametrize("m", _rule_params())
-def test_reader_rule_in_chunk(m: Malformation, tlkv_decode: DecodeUnderTest, client: KvTransferClient,
-                              rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("case", _rule_params())
+def test_reader_rule_in_chunk(case: tuple[Malformation, int], tlkv_decode: DecodeUnderTest, pics: Pics,
+                              client: KvTransferClient, rng: np.random.Generator) -> None:
+    m, v = case
+    pics.require("tlkv.decode.versions", v)
     g = tlkv_decode.geometry
-    if not applicable(m, g):
-        not_applicable(f"{m.id} needs block_tokens >= {m.min_block_tokens}; the declared pool has {g.block_tokens}")
+    if not applicable(m, g, v):
+        not_applicable(f"{m.id} does not exist at the declared pool geometry {g} in v{v} (it needs block_tokens "
+                       f">= {m.min_block_tokens}, and a value that is not the valid one or an earlier class's)")
     block = full_block(rng, g)
-    payload = m.build(g, _version(tlkv_decode), [block])
-    # The chunk names the hash its envelope record carries, so only the one rule is broken.
+    payload = m.build(g, v, [block])
+    # The chunk names the hash its envelope record carries, and (a malformed version) the kv_format of the version
+    # its envelope says, so only the one rule is broken.
     good, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad_payload=payload,
-                                        bad_hash=record_hash(payload, block.block_hash))
-    expect_refusal(outcome, _sized(acceptable("decode", m), payload), what=f"a chunk whose envelope breaks "
+                                        bad_hash=record_hash(payload, block.block_hash),
+                                        bad_format=envelope_version(payload) if m.kv_format_follows else v)
+    expect_refusal(outcome, _sized(acceptable("decode", m), payload), what=f"a v{v} chunk whose envelope breaks "
                    f"{m.decode_rule} ({m.id})", rule=m.decode_rule, status_req=STATUS)
     expect_nothing_stored(client, [*good, block], f"stream ending in a {m.id} chunk")
 
