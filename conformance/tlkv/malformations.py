@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -174,19 +174,23 @@ def n_blocks_wrap32(g: Geometry, v: int) -> int:
     return 1 + (1 << 32) // math.gcd(step, 1 << 32)
 
 
-def _distinct(field_classes: list[tuple[str, Value]], valid: Value) -> list[tuple[str, Value, Callable[[Geometry, int],
-                                                                                                    bool]]]:
-    """Each class with its `applies`: its value differs from the valid one and from every earlier class's."""
-    out = []
-    for i, (name, value) in enumerate(field_classes):
-        earlier = [f for _, f in field_classes[:i]]
+@dataclass(frozen=True)
+class _Applies:
+    """A value class exists where its value differs from the valid one and from every earlier class's."""
 
-        def applies(g: Geometry, v: int, value: Value = value, earlier: list[Value] = earlier) -> bool:
-            x = value(g, v)
-            return x != valid(g, v) and all(x != e(g, v) for e in earlier)
+    value: Value
+    valid: Value
+    earlier: tuple[Value, ...]
 
-        out.append((name, value, applies))
-    return out
+    def __call__(self, g: Geometry, v: int) -> bool:
+        x = self.value(g, v)
+        return x != self.valid(g, v) and all(x != e(g, v) for e in self.earlier)
+
+
+def _distinct(classes: Sequence[tuple[str, Value]], valid: Value) -> list[tuple[str, Value, _Applies]]:
+    """Each class with its `applies`."""
+    return [(name, value, _Applies(value, valid, tuple(f for _, f in classes[:i])))
+            for i, (name, value) in enumerate(classes)]
 
 
 def _header(field: str, rule: str, error: str, valid: Value, classes: list[tuple[str, Value]],
@@ -229,19 +233,31 @@ def _dimension(field: str, name: str, changes: Callable[[Geometry], dict[str, in
                         value_class=name, applies=applies)
 
 
+# (class, built): a dimension's value classes, and whether the records can carry the P of the value.
+DIM_CLASSES = (("zero", True), ("minus-one", True), ("all-ones", False), ("wrap16", False))
+
+
+def _dim_value(dim: str, kind: str, g: Geometry, v: int = 0) -> int:
+    x: int = getattr(g, dim)
+    return {"zero": 0, "minus-one": x - 1, "all-ones": U32, "wrap16": x + (1 << 16)}[kind]  # wrap16: a u16 reads x
+
+
+def _dim_valid(dim: str, g: Geometry, v: int = 0) -> int:
+    x: int = getattr(g, dim)
+    return x
+
+
+def _dim_change(dim: str, value: Value, g: Geometry) -> dict[str, int]:
+    return {dim: value(g, 0)}
+
+
 def _dimensions() -> list[Malformation]:
     out = []
     for dim in DIMS:
-        classes: list[tuple[str, Callable[[Geometry], int], bool]] = [
-            ("zero", lambda g: 0, True),
-            ("minus-one", lambda g, dim=dim: getattr(g, dim) - 1, True),
-            ("all-ones", lambda g: U32, False),
-            ("wrap16", lambda g, dim=dim: getattr(g, dim) + (1 << 16), False),  # a u16 reader reads the pool's
-        ]
-        values = [(n, (lambda g, v, f=f: f(g))) for n, f, _ in classes]
-        for (name, _, applies), (_, f, built) in zip(_distinct(values, lambda g, v, dim=dim: getattr(g, dim)),
-                                                     classes, strict=True):
-            out.append(_dimension(dim, name, lambda g, f=f, dim=dim: {dim: f(g)}, applies, built))
+        values: list[tuple[str, Value]] = [(kind, partial(_dim_value, dim, kind)) for kind, _ in DIM_CLASSES]
+        for (kind, value, applies), (_, built) in zip(_distinct(values, partial(_dim_valid, dim)), DIM_CLASSES,
+                                                      strict=True):
+            out.append(_dimension(dim, kind, partial(_dim_change, dim, value), applies, built))
     # Values that keep P (and so the length) equal: only a reader comparing each dimension sees them.
     out.append(_dimension("n_layers", "product-kept", lambda g: {"n_layers": g.n_kv_heads, "n_kv_heads": g.n_layers},
                           lambda g, v: g.n_layers != g.n_kv_heads, True))
@@ -264,6 +280,10 @@ def _record(field: str, name: str, rule: str, fields: Callable[[Geometry], dict[
     reqs = (rule, "TLKV-READ-NOALLOC") if record else (rule,)
     return Malformation(f"{field.replace('_', '-')}-{name}{suffix}", reqs, "format", build, n_blocks=n_blocks,
                         min_block_tokens=min_block_tokens, chunkable=not record, field=field, value_class=name)
+
+
+def _hash_on_partial(block_hash: int, g: Geometry) -> dict[str, int]:
+    return {"n_tokens": g.block_tokens - 1, "block_hash": block_hash}
 
 
 def _crc(name: str, wrong: Callable[[int], int]) -> Malformation:
@@ -306,12 +326,10 @@ GENERATED: list[Malformation] = [
     *_dimensions(),
     _record("n_tokens", "all-ones", "TLKV-READ-NTOKENS", lambda g: {"n_tokens": U32, "block_hash": 0}),
     _record("n_tokens", "wrap16", "TLKV-READ-NTOKENS", lambda g: {"n_tokens": g.block_tokens + (1 << 16)}),
-    *[_record("block_hash", name, "TLKV-READ-HASH-FULL",
-              lambda g, h=h: {"n_tokens": g.block_tokens - 1, "block_hash": h}, min_block_tokens=2)
+    *[_record("block_hash", name, "TLKV-READ-HASH-FULL", partial(_hash_on_partial, h), min_block_tokens=2)
       for name, h in (("one", 1), ("high32", 1 << 32), ("top-bit", 1 << 63), ("all-ones", U64))],
-    _record("block_hash", "on-partial", "TLKV-READ-HASH-FULL",
-            lambda g: {"n_tokens": g.block_tokens - 1, "block_hash": 1 << 32}, min_block_tokens=2, n_blocks=3,
-            record=2),
+    _record("block_hash", "on-partial", "TLKV-READ-HASH-FULL", partial(_hash_on_partial, 1 << 32), min_block_tokens=2,
+            n_blocks=3, record=2),
     _crc("zero", lambda c: 0),
     _crc("all-ones", lambda c: U32),
     _crc("plus-one", lambda c: (c + 1) & U32),

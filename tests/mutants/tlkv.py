@@ -647,6 +647,22 @@ def _all_ones_is_empty_slot(self: DecodeSide, hashes: Iterable[int]) -> list[boo
     return [k and h != (1 << 64) - 1 for h, k in zip(hs, DecodeSide.has_blocks(self, hs), strict=True)]
 
 
+class _EmptyFormatUnchecked(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if not chunk.payload and chunk.kv_format not in self._side.versions:
+            return dataclasses.replace(chunk, kv_format=min(self._side.versions))  # no payload: nothing to read
+        return chunk
+
+
+class _EmptyCrcUnchecked(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        return dataclasses.replace(chunk, crc32c=0) if not chunk.payload else chunk  # no payload: nothing to check
+
+
+EmptyFormatUncheckedDecode = _decode(_EmptyFormatUnchecked, "TLKV-XFER-FORMAT: checks kv_format only on chunks "
+                                                            "with a payload.")
+EmptyCrcUncheckedDecode = _decode(_EmptyCrcUnchecked, "TLKV-XFER-CRC: checks KvChunk.crc32c only on chunks with a "
+                                                      "payload.")
 VersionAsDataLossDecode = _decode(_VersionAsDataLoss, "TLKV-READ-STATUS: answers DATA_LOSS, not "
                                                       "FAILED_PRECONDITION, for an envelope of a version it does not "
                                                       "read (looked at before the chunk's kv_format).")
@@ -835,6 +851,8 @@ MUTANTS: dict[str, Mutant] = {
     "V2AnywayDecode": Mutant("tlkv-decode", "TLKV-READ-V1-ONLY", ("test_v1_only_refuses_v2",),
                              pics=("tlkv.decode.versions=[1]",)),
     "GarbageEndsStreamDecode": Mutant("tlkv-decode", "TLKV-XFER-PROTO", ("test_unparseable_chunk",)),
+    "EmptyFormatUncheckedDecode": Mutant("tlkv-decode", "TLKV-XFER-FORMAT", ("test_rule_on_empty_payload",)),
+    "EmptyCrcUncheckedDecode": Mutant("tlkv-decode", "TLKV-XFER-CRC", ("test_rule_on_empty_payload",)),
     "VersionAsDataLossDecode": Mutant("tlkv-decode", "TLKV-READ-STATUS", ("test_reader_rule_in_chunk",)),
     "V2SkipsEnvelopeCrcDecode": Mutant("tlkv-decode", "TLKV-READ-CRC", ("test_reader_rule_in_chunk",)),
     "RegistersUnhashedFullDecode": Mutant("tlkv-decode", "TLKV-HASH-RESERVED-ZERO", ("test_boundary_hashes",)),

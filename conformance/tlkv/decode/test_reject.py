@@ -15,9 +15,11 @@ import pytest
 from kvconform import sweep
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.decode.transfer import (
+    ACCEPT,
     ATOMIC,
     CALL_TIMEOUT,
     chunk_for,
+    expect_accepted,
     expect_nothing_stored,
     expect_refusal,
     fits,
@@ -271,3 +273,31 @@ def test_unparseable_chunk(tlkv_decode: DecodeUnderTest, client: KvTransferClien
     expect_refusal(outcome, statuses("unparseable"), what="bytes that are not a KvChunk", rule="TLKV-XFER-PROTO",
                    status_req="TLKV-XFER-PROTO")
     expect_nothing_stored(client, good, "stream ending in an unparseable message")
+
+
+# The chunk rules on the other path of a chunk: an empty payload ("use the copy you hold"). (rule, its status set,
+# the chunk's kv_format and crc32c: an unread kv_format, or a crc32c that is not the CRC-32C of no bytes, 0.)
+EMPTY_PAYLOAD_RULES = {
+    "kv-format-255": ("TLKV-XFER-FORMAT", "unread-kv-format", 255, 0),
+    "crc-all-ones": ("TLKV-XFER-CRC", "chunk-crc", None, 0xFFFFFFFF),
+}
+
+
+@pytest.mark.parametrize("rule", [pytest.param(k, marks=pytest.mark.req(r[0], ATOMIC, ACCEPT), id=k)
+                                  for k, r in EMPTY_PAYLOAD_RULES.items()])
+def test_rule_on_empty_payload(rule: str, tlkv_decode: DecodeUnderTest, client: KvTransferClient,
+                               rng: np.random.Generator) -> None:
+    """ "A chunk whose kv_format the decode side does not read fails the stream" and "KvChunk.crc32c is the CRC-32C
+    of the payload bytes" hold for a chunk with an empty payload too: one for a block the decode side holds, with
+    kv_format 255 or a crc32c other than 0 (the CRC-32C of no bytes), fails its stream, which stores nothing."""
+    req, outcomes, kv_format, crc = EMPTY_PAYLOAD_RULES[rule]
+    v = valid_version(tlkv_decode)
+    held_block, fresh = fresh_blocks(rng, tlkv_decode, 2, tail=False)
+    first = [chunk_for(request_id(), 0, held_block, v, tlkv_decode)]
+    expect_accepted(push(client, first), first, tlkv_decode, what="a valid stream of one full block")
+    rid = request_id()
+    empty = Chunk(rid, 1, held_block.block_hash, v if kv_format is None else kv_format, b"", crc)
+    outcome = push(client, [chunk_for(rid, 0, fresh, v, tlkv_decode), empty])
+    expect_refusal(outcome, statuses(outcomes), what=f"an empty payload for a held block with kv_format "
+                   f"{empty.kv_format} and crc32c 0x{crc:08X}", rule=req, status_req=req)
+    expect_nothing_stored(client, [fresh], f"stream ending in an empty payload with {rule}")
