@@ -28,6 +28,7 @@ from kvconform.conformance.tlkv.decode.transfer import (
     request_id,
     valid_version,
 )
+from kvconform.conformance.tlkv.judging import cites
 from kvconform.conformance.tlkv.malformations import (
     HAND_WRITTEN,
     MALFORMATIONS,
@@ -45,7 +46,7 @@ from kvconform.targets.spec import Pics
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.envelope import Block, encode_envelope
 from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome
-from kvconform.verdicts import check, not_applicable
+from kvconform.verdicts import check, not_applicable, violation
 
 pytestmark = pytest.mark.usefixtures("tlkv_decode_sanity")
 
@@ -280,13 +281,14 @@ def test_unparseable_chunk(tlkv_decode: DecodeUnderTest, client: KvTransferClien
 
 # The chunk rules on the other path of a chunk: an empty payload ("use the copy you hold"). (rule, its status set,
 # the chunk's kv_format and crc32c: an unread kv_format, or a crc32c that is not the CRC-32C of no bytes, 0.)
+EMPTY_HELD = "TLKV-XFER-EMPTY-HELD"
 EMPTY_PAYLOAD_RULES = {
     "kv-format-255": ("TLKV-XFER-FORMAT", "unread-kv-format", 255, 0),
     "crc-all-ones": ("TLKV-XFER-CRC", "chunk-crc", None, 0xFFFFFFFF),
 }
 
 
-@pytest.mark.parametrize("rule", [pytest.param(k, marks=pytest.mark.req(r[0], ATOMIC, ACCEPT), id=k)
+@pytest.mark.parametrize("rule", [pytest.param(k, marks=pytest.mark.req(r[0], ATOMIC, ACCEPT, EMPTY_HELD), id=k)
                                   for k, r in EMPTY_PAYLOAD_RULES.items()])
 def test_rule_on_empty_payload(rule: str, tlkv_decode: DecodeUnderTest, client: KvTransferClient,
                                rng: np.random.Generator) -> None:
@@ -301,6 +303,10 @@ def test_rule_on_empty_payload(rule: str, tlkv_decode: DecodeUnderTest, client: 
     rid = request_id()
     empty = Chunk(rid, 1, held_block.block_hash, v if kv_format is None else kv_format, b"", crc)
     outcome = push(client, [chunk_for(rid, 0, fresh, v, tlkv_decode), empty])
+    if outcome.status_name == "NOT_FOUND" and cites(EMPTY_HELD):
+        violation(f"an empty payload for a held block (with {rule}) was refused NOT_FOUND: the block is held, and "
+                  "the rule it breaks has its own status", req=EMPTY_HELD, seen=outcome.status_name,
+                  expected=", ".join(statuses(outcomes)))
     expect_refusal(outcome, statuses(outcomes), what=f"an empty payload for a held block with kv_format "
                    f"{empty.kv_format} and crc32c 0x{crc:08X}", rule=req, status_req=req)
     expect_nothing_stored(client, [fresh], f"stream ending in an empty payload with {rule}")
