@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from kvconform import sweep
 from kvconform.tlkv.blockhash import block_fills
 from kvconform.tlkv.content import make_kv
 from kvconform.tlkv.geometry import Geometry
@@ -33,14 +34,19 @@ class Case:
         return -(-self.n_tokens // self.geometry.block_tokens)
 
 
-WRITER_CASES = [
+WRITER_CASES = sweep.pick([
     Case("B16-tail15", Geometry(16, 3, 2, 8), 3 * 16 + 15),
     Case("B16-exact", Geometry(16, 3, 2, 8), 2 * 16),
     Case("B16-tail1", Geometry(16, 2, 3, 5), 16 + 1),
     Case("B1-never-tail", Geometry(1, 2, 2, 3), 5),
     Case("B2-spec-shape", Geometry(2, 1, 1, 2), 5),
     Case("B7-only-partial", Geometry(7, 4, 1, 9), 6),
-]
+], [
+    # --sweep wide: the engine's own geometry (2 MiB v1 blocks), D = 1 (an axis of one element), odd L with Hkv 1.
+    Case("B16-engine", Geometry(16, 32, 8, 128), 16 + 7),
+    Case("B3-D1", Geometry(3, 2, 5, 1), 3 * 4 + 2),
+    Case("B2-L7", Geometry(2, 7, 1, 16), 2 * 3 + 1),
+])
 
 
 def case_seed(base: int, *key: object) -> int:

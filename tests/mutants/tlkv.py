@@ -36,7 +36,7 @@ from kvconform.tlkv.grpc_client import KvTransferClient
 from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.payload import E4M3_MAX, encode_payload, v2_scales
 from kvconform.tlkv.prefill import plan_push
-from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader, FormatError, Header, VersionError
+from kvconform.tlkv.reader import Envelope, EnvelopeError, EnvelopeReader, FormatError, Header, Record, VersionError
 from tests.mutants import Mutant
 
 F16Array = npt.NDArray[np.float16]
@@ -265,6 +265,110 @@ HashOnPartialReader = _reader(_HashOnPartial)
 HashOnPartialReader.__doc__ = "TLKV-READ-HASH-FULL: accepts a non-zero block_hash on a partial block."
 IgnoresShapeReader = _reader(_IgnoresShape)
 IgnoresShapeReader.__doc__ = "TLKV-READ-SHAPE: does not compare the dimensions with the pool's."
+
+
+class _Narrow(EnvelopeReader):
+    """Reads some fields in an integer narrower than the text's: the CRC is checked over the bytes as received,
+    every other rule over the fields as this reader holds them (`narrow` rewrites them in a copy)."""
+
+    def narrow(self, buf: bytearray) -> None:
+        raise NotImplementedError
+
+    def read(self, data: bytes | bytearray | memoryview) -> Envelope:
+        raw = memoryview(data).cast("B")
+        self.check_min_length(raw)
+        super().check_crc(raw)
+        buf = bytearray(raw)
+        self.narrow(buf)
+        return super().read(bytes(buf))
+
+    def check_crc(self, buf: memoryview) -> None:
+        return None  # checked in read(), over the bytes as received
+
+    def record_offsets(self, buf: bytearray) -> list[int]:
+        version = struct.unpack_from("<H", buf, 4)[0]
+        if version not in (1, 2):
+            return []
+        step = 12 + self.geometry.payload_size(version)
+        return list(range(28, len(buf) - 4 - 11, step))
+
+
+class _U16Dims(_Narrow):
+    def narrow(self, buf: bytearray) -> None:
+        for off in (12, 16, 20, 24):
+            struct.pack_into("<I", buf, off, struct.unpack_from("<I", buf, off)[0] & 0xFFFF)
+
+
+class _U16Fill(_Narrow):
+    def narrow(self, buf: bytearray) -> None:
+        for off in self.record_offsets(buf):
+            struct.pack_into("<I", buf, off + 8, struct.unpack_from("<I", buf, off + 8)[0] & 0xFFFF)
+
+
+class _U32HashTest(EnvelopeReader):
+    def check_record(self, i: int, block_hash: int, n_tokens: int) -> None:
+        super().check_record(i, block_hash & 0xFFFFFFFF, n_tokens)  # `(uint32_t)block_hash != 0`
+
+
+class _U8Version(_Narrow):
+    def narrow(self, buf: bytearray) -> None:
+        buf[5] = 0
+
+
+class _Length32(EnvelopeReader):
+    def check_length(self, buf: memoryview, hdr: Header) -> None:
+        b, layers, hkv, d = hdr.block_tokens, hdr.n_layers, hdr.n_kv_heads, hdr.head_dim
+        p = layers * 2 * hkv * b * d * 2 if hdr.version == 1 else layers * 2 * hkv * (b * d + 4)
+        expected = (28 + hdr.n_blocks * (12 + p) + 4) & 0xFFFFFFFF  # a uint32_t length
+        if len(buf) != expected:
+            raise FormatError("TLKV-READ-LENGTH", "length", len(buf), str(expected))
+
+    def read_records(self, buf: memoryview, hdr: Header) -> list[Record]:
+        p = self.geometry.payload_size(hdr.version)
+        fits = (len(buf) - 32) // (12 + p)  # it walks the records until the bytes end
+        return super().read_records(buf, dataclasses.replace(hdr, n_blocks=min(hdr.n_blocks, fits)))
+
+
+class _ProductShape(EnvelopeReader):
+    def check_shape(self, hdr: Header) -> None:
+        g = self.geometry
+        product = hdr.n_layers * hdr.n_kv_heads * hdr.block_tokens * hdr.head_dim
+        if product != g.n_layers * g.n_kv_heads * g.block_tokens * g.head_dim:
+            super().check_shape(hdr)
+
+
+class _ZeroCrcAbsent(EnvelopeReader):
+    def check_crc(self, buf: memoryview) -> None:
+        if struct.unpack_from("<I", buf, len(buf) - 4)[0] != 0:
+            super().check_crc(buf)
+
+
+class _FirstRecordOnly(EnvelopeReader):
+    def check_record(self, i: int, block_hash: int, n_tokens: int) -> None:
+        if i == 0:
+            super().check_record(i, block_hash, n_tokens)
+
+
+U16DimsReader = _reader(_U16Dims)
+U16DimsReader.__doc__ = ("TLKV-READ-SHAPE: holds the four u32 dimensions in 16 bits, so block_tokens B + 2^16 "
+                         "matches a pool of B.")
+U16FillReader = _reader(_U16Fill)
+U16FillReader.__doc__ = "TLKV-READ-NTOKENS: holds n_tokens in 16 bits, so B + 2^16 reads as a full block."
+U32HashReader = _reader(_U32HashTest)
+U32HashReader.__doc__ = ("TLKV-READ-HASH-FULL: tests block_hash != 0 on its low 32 bits, so a partial block whose "
+                         "hash is 2^32 passes as unhashed.")
+U8VersionReader = _reader(_U8Version)
+U8VersionReader.__doc__ = "TLKV-READ-VERSION: reads the u16 version's low byte only, so version 257 reads as 1."
+Length32Reader = _reader(_Length32)
+Length32Reader.__doc__ = ("TLKV-READ-LENGTH: computes 28 + n * (12 + P) + 4 in 32 bits, so an n_blocks whose "
+                          "product wraps to the one-block length passes.")
+ProductShapeReader = _reader(_ProductShape)
+ProductShapeReader.__doc__ = ("TLKV-READ-SHAPE: compares the product of the dimensions with the pool's, not each "
+                              "dimension (n_layers and n_kv_heads swapped pass).")
+ZeroCrcAbsentReader = _reader(_ZeroCrcAbsent)
+ZeroCrcAbsentReader.__doc__ = "TLKV-READ-CRC: takes a stored crc32c of 0 for \"no CRC\" and skips the check."
+FirstRecordOnlyReader = _reader(_FirstRecordOnly)
+FirstRecordOnlyReader.__doc__ = "TLKV-READ-NTOKENS: checks n_tokens (and block_hash) of the first record only."
 
 
 class _AllocatesAsItGoesSession(ReferenceReaderSession):
@@ -509,6 +613,69 @@ NoSizeLimitDecode = _decode(PushStream, "TLKV-XFER-MAX-PAYLOAD: takes a chunk ov
 MiscountingDecode = _decode(_Miscounts, "TLKV-XFER-RESPONSE: counts reused blocks in blocks_stored too.")
 
 
+class _VersionAsDataLoss(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if len(chunk.payload) >= 6 and _envelope_version(chunk.payload) not in self._side.versions:
+            raise TransferError(Status.DATA_LOSS, "TLKV-READ-VERSION", "the envelope is of an unknown version")
+        return chunk
+
+
+class _V2SkipsEnvelopeCrc(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if chunk.kv_format == 2 and len(chunk.payload) >= 32 and chunk.crc32c == crc32c(chunk.payload):
+            # Its v2 path never checks the envelope's own CRC: as if the envelope's CRC were always right.
+            return Chunk.for_payload(chunk.request_id, chunk.block_index, chunk.block_hash, 2, with_crc(chunk.payload))
+        return chunk
+
+
+class _RegistersUnhashedFull(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        g = self._side.geometry
+        if len(chunk.payload) >= 40 and RECORD_HEADER.unpack_from(chunk.payload, 28) == (0, g.block_tokens):
+            self._side.zero_registered = True  # type: ignore[attr-defined]
+        return chunk
+
+
+def _holds_zero_when_registered(self: DecodeSide, hashes: Iterable[int]) -> list[bool]:
+    hs = list(hashes)
+    held = DecodeSide.has_blocks(self, hs)
+    return [k or (h == 0 and getattr(self, "zero_registered", False)) for h, k in zip(hs, held, strict=True)]
+
+
+def _all_ones_is_empty_slot(self: DecodeSide, hashes: Iterable[int]) -> list[bool]:
+    hs = list(hashes)
+    return [k and h != (1 << 64) - 1 for h, k in zip(hs, DecodeSide.has_blocks(self, hs), strict=True)]
+
+
+class _EmptyFormatUnchecked(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        if not chunk.payload and chunk.kv_format not in self._side.versions:
+            return dataclasses.replace(chunk, kv_format=min(self._side.versions))  # no payload: nothing to read
+        return chunk
+
+
+class _EmptyCrcUnchecked(_StreamHook):
+    def adjust(self, chunk: Chunk) -> Chunk | None:
+        return dataclasses.replace(chunk, crc32c=0) if not chunk.payload else chunk  # no payload: nothing to check
+
+
+EmptyFormatUncheckedDecode = _decode(_EmptyFormatUnchecked, "TLKV-XFER-FORMAT: checks kv_format only on chunks "
+                                                            "with a payload.")
+EmptyCrcUncheckedDecode = _decode(_EmptyCrcUnchecked, "TLKV-XFER-CRC: checks KvChunk.crc32c only on chunks with a "
+                                                      "payload.")
+VersionAsDataLossDecode = _decode(_VersionAsDataLoss, "TLKV-READ-STATUS: answers DATA_LOSS, not "
+                                                      "FAILED_PRECONDITION, for an envelope of a version it does not "
+                                                      "read (looked at before the chunk's kv_format).")
+V2SkipsEnvelopeCrcDecode = _decode(_V2SkipsEnvelopeCrc, "TLKV-READ-CRC: its v2 path never checks the envelope's "
+                                                        "CRC (the v1 path does).")
+RegistersUnhashedFullDecode = _decode(_RegistersUnhashedFull, "TLKV-HASH-RESERVED-ZERO: registers a full block "
+                                                              "whose record carries block_hash 0 under 0.",
+                                      has_blocks=_holds_zero_when_registered)
+AllOnesEmptySlotDecode = _decode(_StreamHook, "TLKV-XFER-DEDUP: a hash table using 0xFFFFFFFFFFFFFFFF as its empty "
+                                              "slot: a block of that hash is stored but never found held.",
+                                 has_blocks=_all_ones_is_empty_slot)
+
+
 class _ScrambledHasBlocks(DecodeSide):
     def has_blocks(self, hashes: Iterable[int]) -> list[bool]:
         return sorted(super().has_blocks(hashes), reverse=True)
@@ -643,6 +810,18 @@ MUTANTS: dict[str, Mutant] = {
     "V2AsFormatErrorReader": Mutant("tlkv-reader", "TLKV-READ-V1-ONLY", ("test_v1_only_reader_refuses_v2_cleanly",)),
     "V1OnlyReader": Mutant("tlkv-reader", "TLKV-READ-V2-BOTH", ("test_v2_reader_reads_both",)),
     "IgnoresShapeReader": Mutant("tlkv-reader", "TLKV-READ-SHAPE", ("test_rule",)),
+    # Holding the dimensions in 16 bits it computes P from them too, so the length rule fails with it (the
+    # differential fuzz blames TLKV-READ-LENGTH, the reference's first failing rule for such an envelope).
+    "U16DimsReader": Mutant("tlkv-reader", "TLKV-READ-SHAPE", ("test_rule",), collateral=("TLKV-READ-LENGTH",)),
+    "U16FillReader": Mutant("tlkv-reader", "TLKV-READ-NTOKENS", ("test_rule",)),
+    "U32HashReader": Mutant("tlkv-reader", "TLKV-READ-HASH-FULL", ("test_rule",)),
+    "U8VersionReader": Mutant("tlkv-reader", "TLKV-READ-VERSION", ("test_rule",)),
+    "Length32Reader": Mutant("tlkv-reader", "TLKV-READ-LENGTH", ("test_rule",)),
+    "ProductShapeReader": Mutant("tlkv-reader", "TLKV-READ-SHAPE", ("test_rule",)),
+    "ZeroCrcAbsentReader": Mutant("tlkv-reader", "TLKV-READ-CRC", ("test_rule",)),
+    # The same skipped loop leaves every later record's block_hash unchecked too: a real second breakage.
+    "FirstRecordOnlyReader": Mutant("tlkv-reader", "TLKV-READ-NTOKENS", ("test_rule",),
+                                    collateral=("TLKV-READ-HASH-FULL",)),
     "AllocatesAsItGoesReader": Mutant("tlkv-reader", "TLKV-READ-NOALLOC", ("test_rule_allocates_nothing",
                                                                              "test_differential_fuzz")),
     "DropsValuesReader": Mutant("tlkv-reader", "TLKV-READ-VALUES", ("test_values_round_trip",)),
@@ -672,6 +851,12 @@ MUTANTS: dict[str, Mutant] = {
     "V2AnywayDecode": Mutant("tlkv-decode", "TLKV-READ-V1-ONLY", ("test_v1_only_refuses_v2",),
                              pics=("tlkv.decode.versions=[1]",)),
     "GarbageEndsStreamDecode": Mutant("tlkv-decode", "TLKV-XFER-PROTO", ("test_unparseable_chunk",)),
+    "EmptyFormatUncheckedDecode": Mutant("tlkv-decode", "TLKV-XFER-FORMAT", ("test_rule_on_empty_payload",)),
+    "EmptyCrcUncheckedDecode": Mutant("tlkv-decode", "TLKV-XFER-CRC", ("test_rule_on_empty_payload",)),
+    "VersionAsDataLossDecode": Mutant("tlkv-decode", "TLKV-READ-STATUS", ("test_reader_rule_in_chunk",)),
+    "V2SkipsEnvelopeCrcDecode": Mutant("tlkv-decode", "TLKV-READ-CRC", ("test_reader_rule_in_chunk",)),
+    "RegistersUnhashedFullDecode": Mutant("tlkv-decode", "TLKV-HASH-RESERVED-ZERO", ("test_boundary_hashes",)),
+    "AllOnesEmptySlotDecode": Mutant("tlkv-decode", "TLKV-XFER-DEDUP", ("test_boundary_hashes",)),
     "ResendsHeldPrefill": Mutant("tlkv-prefill", "TLKV-XFER-EMPTY-HELD", ("test_empty_payload_exactly_for_held",
                                                                          "test_bytes_moved")),
     # Not asking, it cannot know which blocks are held and sends their payloads: a real second breakage.

@@ -87,8 +87,10 @@ def test_v1_only_reader_reporting_allocations_passes(tmp_path: Path) -> None:
     assert set(run.verdicts) == {"pass", "not-applicable"}, run.describe()
     assert run.verdict_of("test_v1_only_reader_refuses_v2_cleanly") == "pass", run.describe()
     assert "test_rule_allocates_nothing[last-of-three-bad-v1]" in run.with_verdict("pass"), run.describe()
-    # v2 is not declared: every v2 case is not-applicable, none runs.
-    assert all(n.endswith("-v2]") or "[2]" in n or "vector" in n or "reads_both" in n
+    # v2 is not declared: every v2 case is not-applicable, none runs; so is a generated value class that does not
+    # exist at the small geometry (n_kv_heads 1 - 1 is the zero class already).
+    absent = {t["nodeid"].split("::")[-1] for t in run.tests if "does not exist at the declared" in t["message"]}
+    assert all(n.endswith("-v2]") or "[2]" in n or "vector" in n or "reads_both" in n or n in absent
                for n in run.with_verdict("not-applicable")), run.describe()
 
 

@@ -37,7 +37,7 @@ def test_unavailable_is_not_a_rejection(tmp_path: Path) -> None:
     assert atomicity and atomicity[0]["verdict"] == "fail", run.describe()
     blamed = {t["nodeid"].split("::")[-1]: t["blamed"] for t in run.tests}
     assert blamed["test_empty_payload_for_unheld_block"] == "TLKV-XFER-EMPTY-HELD"
-    assert blamed["test_reader_rule_in_chunk[crc-field]"] == "TLKV-READ-STATUS"
+    assert blamed["test_reader_rule_in_chunk[crc-field-v1]"] == "TLKV-READ-STATUS"
     assert blamed["test_has_blocks_order"] == "TLKV-XFER-ACCEPT", "a valid stream answered UNAVAILABLE"
 
 

@@ -12,11 +12,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.decode.transfer import (
+    ACCEPT,
     ATOMIC,
     CALL_TIMEOUT,
     chunk_for,
+    expect_accepted,
     expect_nothing_stored,
     expect_refusal,
     fits,
@@ -25,21 +28,25 @@ from kvconform.conformance.tlkv.decode.transfer import (
     request_id,
     valid_version,
 )
+from kvconform.conformance.tlkv.judging import cites
 from kvconform.conformance.tlkv.malformations import (
+    HAND_WRITTEN,
     MALFORMATIONS,
     Malformation,
     acceptable,
     applicable,
     full_block,
+    in_version,
     record_hash,
     statuses,
 )
+from kvconform.conformance.tlkv.reader.judge import envelope_version
 from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.envelope import Block, encode_envelope
 from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome
-from kvconform.verdicts import check, not_applicable
+from kvconform.verdicts import check, not_applicable, violation
 
 pytestmark = pytest.mark.usefixtures("tlkv_decode_sanity")
 
@@ -67,36 +74,54 @@ def _version(dut: DecodeUnderTest) -> int:
 
 def _push_with_bad_last(client: KvTransferClient, dut: DecodeUnderTest, rng: np.random.Generator,
                         bad: Chunk | bytes | None = None, bad_payload: bytes = b"",
-                        bad_hash: int | None = None) -> tuple[list[Block], PushOutcome]:
-    """Two good chunks of fresh full blocks, then the bad one (a chunk, raw bytes, or a payload to wrap). At a
+                        bad_hash: int | None = None, bad_format: int | None = None,
+                        n_good: int = 2) -> tuple[list[Block], PushOutcome]:
+    """`n_good` good chunks of fresh full blocks, then the bad one (a chunk, raw bytes, or a payload to wrap). At a
     declared geometry where no block fits in a chunk there are no good chunks: the bad one goes alone."""
     v = _version(dut)
-    good = fresh_blocks(rng, dut, 2, tail=False) if fits(dut, v) else []
+    good = fresh_blocks(rng, dut, n_good, tail=False) if fits(dut, v) else []
     rid = request_id()
     chunks: list[Chunk | bytes] = [chunk_for(rid, i, b, v, dut) for i, b in enumerate(good)]
     if bad is None:
         h = bad_hash if bad_hash is not None else int(rng.integers(1, 1 << 63))
-        bad = Chunk.for_payload(rid, len(good), h, v, bad_payload)
+        bad = Chunk.for_payload(rid, len(good), h, v if bad_format is None else bad_format, bad_payload)
     chunks.append(bad)
     return good, push(client, chunks)
 
 
+def _rule_cases() -> list[tuple[Malformation, int]]:
+    """Every chunkable malformation in v1, the version every decode side reads, and the hand-written ones (one
+    per reader rule) in v2 too: a decode side may read each version on a path of its own, and every rule must hold
+    on both. Under --sweep wide every malformation in both versions."""
+    v1 = [(m, 1) for m in CHUNKABLE if in_version(m, 1)]
+    v2 = [(m, 2) for m in CHUNKABLE if in_version(m, 2)]
+    return v1 + sweep.pick([c for c in v2 if c[0] in HAND_WRITTEN], [c for c in v2 if c[0] not in HAND_WRITTEN])
+
+
 def _rule_params() -> list[object]:
-    return [pytest.param(m, marks=pytest.mark.req(m.decode_rule, STATUS, ATOMIC), id=m.id) for m in CHUNKABLE]
+    return [pytest.param((m, v), marks=pytest.mark.req(m.decode_rule, STATUS, ATOMIC), id=f"{m.id}-v{v}")
+            for m, v in _rule_cases()]
 
 
-@pytest.mark.parametrize("m", _rule_params())
-def test_reader_rule_in_chunk(m: Malformation, tlkv_decode: DecodeUnderTest, client: KvTransferClient,
-                              rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("case", _rule_params())
+def test_reader_rule_in_chunk(case: tuple[Malformation, int], tlkv_decode: DecodeUnderTest, pics: Pics,
+                              client: KvTransferClient, rng: np.random.Generator) -> None:
+    m, v = case
+    pics.require("tlkv.decode.versions", v)
     g = tlkv_decode.geometry
-    if not applicable(m, g):
-        not_applicable(f"{m.id} needs block_tokens >= {m.min_block_tokens}; the declared pool has {g.block_tokens}")
+    if not applicable(m, g, v):
+        not_applicable(f"{m.id} does not exist at the declared pool geometry {g} in v{v} (it needs block_tokens "
+                       f">= {m.min_block_tokens}, and a value that is not the valid one or an earlier class's)")
     block = full_block(rng, g)
-    payload = m.build(g, _version(tlkv_decode), [block])
-    # The chunk names the hash its envelope record carries, so only the one rule is broken.
+    payload = m.build(g, v, [block])
+    # The chunk names the hash its envelope record carries, and (a malformed version) the kv_format of the version
+    # its envelope says, so only the one rule is broken. A generated value class goes after one good chunk (it tests
+    # how a field is read; the hand-written case of its rule goes after two): at a pool near 4 MiB it moves less.
     good, outcome = _push_with_bad_last(client, tlkv_decode, rng, bad_payload=payload,
-                                        bad_hash=record_hash(payload, block.block_hash))
-    expect_refusal(outcome, _sized(acceptable("decode", m), payload), what=f"a chunk whose envelope breaks "
+                                        bad_hash=record_hash(payload, block.block_hash),
+                                        bad_format=envelope_version(payload) if m.kv_format_follows else v,
+                                        n_good=2 if m in HAND_WRITTEN else 1)
+    expect_refusal(outcome, _sized(acceptable("decode", m), payload), what=f"a v{v} chunk whose envelope breaks "
                    f"{m.decode_rule} ({m.id})", rule=m.decode_rule, status_req=STATUS)
     expect_nothing_stored(client, [*good, block], f"stream ending in a {m.id} chunk")
 
@@ -252,3 +277,36 @@ def test_unparseable_chunk(tlkv_decode: DecodeUnderTest, client: KvTransferClien
     expect_refusal(outcome, statuses("unparseable"), what="bytes that are not a KvChunk", rule="TLKV-XFER-PROTO",
                    status_req="TLKV-XFER-PROTO")
     expect_nothing_stored(client, good, "stream ending in an unparseable message")
+
+
+# The chunk rules on the other path of a chunk: an empty payload ("use the copy you hold"). (rule, its status set,
+# the chunk's kv_format and crc32c: an unread kv_format, or a crc32c that is not the CRC-32C of no bytes, 0.)
+EMPTY_HELD = "TLKV-XFER-EMPTY-HELD"
+EMPTY_PAYLOAD_RULES = {
+    "kv-format-255": ("TLKV-XFER-FORMAT", "unread-kv-format", 255, 0),
+    "crc-all-ones": ("TLKV-XFER-CRC", "chunk-crc", None, 0xFFFFFFFF),
+}
+
+
+@pytest.mark.parametrize("rule", [pytest.param(k, marks=pytest.mark.req(r[0], ATOMIC, ACCEPT, EMPTY_HELD), id=k)
+                                  for k, r in EMPTY_PAYLOAD_RULES.items()])
+def test_rule_on_empty_payload(rule: str, tlkv_decode: DecodeUnderTest, client: KvTransferClient,
+                               rng: np.random.Generator) -> None:
+    """ "A chunk whose kv_format the decode side does not read fails the stream" and "KvChunk.crc32c is the CRC-32C
+    of the payload bytes" hold for a chunk with an empty payload too: one for a block the decode side holds, with
+    kv_format 255 or a crc32c other than 0 (the CRC-32C of no bytes), fails its stream, which stores nothing."""
+    req, outcomes, kv_format, crc = EMPTY_PAYLOAD_RULES[rule]
+    v = valid_version(tlkv_decode)
+    held_block, fresh = fresh_blocks(rng, tlkv_decode, 2, tail=False)
+    first = [chunk_for(request_id(), 0, held_block, v, tlkv_decode)]
+    expect_accepted(push(client, first), first, tlkv_decode, what="a valid stream of one full block")
+    rid = request_id()
+    empty = Chunk(rid, 1, held_block.block_hash, v if kv_format is None else kv_format, b"", crc)
+    outcome = push(client, [chunk_for(rid, 0, fresh, v, tlkv_decode), empty])
+    if outcome.status_name == "NOT_FOUND" and cites(EMPTY_HELD):
+        violation(f"an empty payload for a held block (with {rule}) was refused NOT_FOUND: the block is held, and "
+                  "the rule it breaks has its own status", req=EMPTY_HELD, seen=outcome.status_name,
+                  expected=", ".join(statuses(outcomes)))
+    expect_refusal(outcome, statuses(outcomes), what=f"an empty payload for a held block with kv_format "
+                   f"{empty.kv_format} and crc32c 0x{crc:08X}", rule=req, status_req=req)
+    expect_nothing_stored(client, [fresh], f"stream ending in an empty payload with {rule}")

@@ -14,6 +14,7 @@ import pytest
 from kvconform.conformance.tlkv.decode.transfer import (
     ACCEPT,
     CALL_TIMEOUT,
+    TRANSPORT,
     chunk_for,
     expect_accepted,
     expect_refusal,
@@ -25,10 +26,11 @@ from kvconform.conformance.tlkv.decode.transfer import (
     request_id,
     valid_version,
 )
-from kvconform.conformance.tlkv.malformations import statuses
+from kvconform.conformance.tlkv.malformations import full_block, statuses
 from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
+from kvconform.tlkv.envelope import Block
 from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome
 from kvconform.verdicts import check, check_equal, not_applicable
 
@@ -75,12 +77,12 @@ def test_partial_tail_is_never_deduplicated(tlkv_decode: DecodeUnderTest, client
     chunks = [chunk_for(rid, i, b, v, tlkv_decode) for i, b in enumerate(blocks)]
     expect_accepted(push(client, chunks), chunks, tlkv_decode, what="a valid stream of a full block and a tail")
     outcome = push(client, [Chunk.for_payload(request_id(), 0, 0, v, b"")])
-    if outcome.ok:
-        # Is it the tail it reuses, or does it take an empty payload for any block it does not hold?
-        unheld = int(rng.integers(1, 1 << 63))
-        check(not push(client, [Chunk.for_payload(request_id(), 0, unheld, v, b"")]).ok,
-              "an empty payload with block_hash 0 was answered OK, and so is one for a block never stored",
-              req="TLKV-XFER-EMPTY-HELD", seen="OK", expected="a refusal")
+    # Is it the tail it reuses, or does it take an empty payload for any block it does not hold? Asked whatever
+    # the answer above, so the id this check cites for it is always asserted.
+    unheld = int(rng.integers(1, 1 << 63))
+    check(not push(client, [Chunk.for_payload(request_id(), 0, unheld, v, b"")]).ok,
+          "an empty payload for a block never stored was answered OK", req="TLKV-XFER-EMPTY-HELD", seen="OK",
+          expected="a refusal")
     expect_refusal(outcome, statuses("unheld-empty"), what="an empty payload with block_hash 0 (the partial tail "
                    "just stored)", rule="TLKV-HASH-FULL-ONLY", status_req="TLKV-HASH-FULL-ONLY")
 
@@ -139,3 +141,38 @@ def test_response_counts(tlkv_decode: DecodeUnderTest, client: KvTransferClient,
         seen = (r.blocks_stored, r.blocks_reused, r.payload_bytes) if r is not None else None
         check_equal(f"{what}: PushKvResponse (blocks_stored, blocks_reused, payload_bytes)", seen, want,
                     req="TLKV-XFER-RESPONSE")
+
+
+# Full-block hashes at their boundaries (DESIGN.md principle 8): 1, the value a computed 0 becomes; 2^63, negative in
+# a signed 64-bit integer; 2^64 - 1, all ones, the "empty slot" of many hash tables. Each is a legal hash.
+BOUNDARY_HASHES = (1, 1 << 63, (1 << 64) - 1)
+RESERVED_ZERO = "TLKV-HASH-RESERVED-ZERO"
+
+
+@pytest.mark.req("TLKV-XFER-DEDUP", RESERVED_ZERO, ACCEPT)
+def test_boundary_hashes(tlkv_decode: DecodeUnderTest, client: KvTransferClient, rng: np.random.Generator) -> None:
+    """Full blocks whose hashes are 1, 2^63 and 2^64 - 1 are stored and held afterwards; a full block whose record
+    carries block_hash 0 ("0 for an unregistered block") is never registered under 0, the value reserved for "no
+    hash", whether the decode side stores it or refuses it. A boundary hash is one value, not a fresh one: a decode side
+    that already holds it (an earlier run against it) is only asked about it."""
+    v = valid_version(tlkv_decode)
+    g = tlkv_decode.geometry
+    held_before = held_each(client, list(BOUNDARY_HASHES))
+    fresh = [h for h, k in zip(BOUNDARY_HASHES, held_before, strict=True) if not k]
+    blocks = [Block(h, g.block_tokens, full_block(rng, g).kv) for h in fresh]
+    rid = request_id()
+    chunks = [chunk_for(rid, i, b, v, tlkv_decode) for i, b in enumerate(blocks)]
+    if chunks:
+        expect_accepted(push(client, chunks), chunks, tlkv_decode, what="a valid stream of full blocks with hashes "
+                        + ", ".join(f"0x{h:016X}" for h in fresh))
+    held = held_each(client, list(BOUNDARY_HASHES))
+    check(all(held), "full blocks with hashes 1, 2^63 and 2^64 - 1, held after a successful stream (HasBlocks)",
+          req="TLKV-XFER-DEDUP", seen=held, expected=[True] * len(held))
+    unhashed = Block(0, g.block_tokens, full_block(rng, g).kv)
+    chunk = chunk_for(request_id(), 0, unhashed, v, tlkv_decode)
+    outcome = push(client, [chunk])
+    check(outcome.ok or outcome.status_name not in TRANSPORT, "a full block whose record carries block_hash 0: "
+          f"the answer ({outcome.status_name}: {outcome.details!r})", req=RESERVED_ZERO,
+          seen=outcome.status_name, expected="OK or a protocol refusal")
+    check_equal("HasBlocks(0) after a full block with block_hash 0 was pushed: 0 means no hash",
+                has_blocks(client, [0])[0], False, req=RESERVED_ZERO)

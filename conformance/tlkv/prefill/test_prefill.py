@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvconform import sweep
 from kvconform.capture import hooks as capture
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.hashes import CHAIN, FULL_BLOCK_RULES, FULL_ONLY, ZERO_IS_ONE, judge_hashes
@@ -59,7 +60,7 @@ class Scenario:
     first_tokens: tuple[int, ...] = ()  # fixed leading tokens; the rest are random
 
 
-SCENARIOS = [
+SCENARIOS = sweep.pick([
     Scenario("cold-tail", Geometry(16, 2, 2, 8), 3 * 16 + 5, frozenset(), 1),
     Scenario("prefix-held", Geometry(16, 2, 2, 8), 4 * 16 + 9, frozenset({0, 1}), 1),
     Scenario("middle-held", Geometry(16, 2, 2, 8), 4 * 16 + 1, frozenset({2}), 1),
@@ -68,7 +69,11 @@ SCENARIOS = [
     Scenario("b1-prefix-held", Geometry(1, 2, 2, 4), 5, frozenset({0, 1}), 1),
     # Block 0's fnv1a64 is 0: the decode side holds it under hash 1, the replacement.
     Scenario("zero-hash-held", Geometry(16, 2, 2, 4), 2 * 16 + 3, frozenset({0}), 1, ZERO_HASH_TOKENS),
-]
+], [
+    # --sweep wide: two held blocks apart in v2 at odd B and D; the engine's geometry (2 MiB v1 chunks).
+    Scenario("v2-gaps-held", Geometry(3, 2, 3, 5), 5 * 3 + 2, frozenset({1, 3}), 2),
+    Scenario("engine-prefix-held", Geometry(16, 32, 8, 128), 2 * 16 + 1, frozenset({0}), 1),
+])
 
 
 @dataclass

@@ -67,8 +67,8 @@ def _seed_cases(g: Geometry, versions: list[int], rng: np.random.Generator) -> l
     """One case per malformation first, so every rule is exercised whatever the seed."""
     out: list[tuple[str, bytes]] = []
     for m in MALFORMATIONS:
-        if applicable(m, g):
-            v = versions[len(out) % len(versions)]
+        v = versions[len(out) % len(versions)]
+        if applicable(m, g, v):
             out.append((f"malformation {m.id} (v{v})", m.build(g, v, [full_block(rng, g) for _ in range(m.n_blocks)])))
     return out
 

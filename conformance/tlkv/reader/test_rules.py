@@ -15,13 +15,17 @@ import numpy as np
 import pytest
 from _pytest.mark import ParameterSet
 
+from kvconform import sweep
 from kvconform.conformance.tlkv.malformations import (
+    GENERATED,
+    HAND_WRITTEN,
     MALFORMATIONS,
     Malformation,
     acceptable,
     applicable,
     full_block,
     header_of,
+    in_version,
 )
 from kvconform.conformance.tlkv.reader.judge import (
     NOALLOC,
@@ -45,16 +49,22 @@ from kvconform.verdicts import not_applicable
 VERSIONS = (1, 2)
 
 
+SAMPLE = Geometry(4, 1, 2, 2)
+
+
 @cache
-def _sample(m: Malformation, version: int) -> bytes:
-    """`m`'s envelope on a small geometry, fixed contents: its version field does not depend on the geometry."""
-    g = Geometry(4, 1, 2, 2)
+def _sample(m: Malformation, version: int) -> bytes | None:
+    """`m`'s envelope on a small geometry, fixed contents (None where it does not exist there): its version field
+    does not depend on the geometry."""
+    if not applicable(m, SAMPLE, version):
+        return None
     rng = np.random.default_rng(0)
-    return m.build(g, version, [full_block(rng, g) for _ in range(m.n_blocks)])
+    return m.build(SAMPLE, version, [full_block(rng, SAMPLE) for _ in range(m.n_blocks)])
 
 
 def _header_version(m: Malformation, version: int) -> int | None:
-    return envelope_version(_sample(m, version))
+    sample = _sample(m, version)
+    return version if sample is None else envelope_version(sample)
 
 
 def _rule_reqs(m: Malformation, version: int) -> list[str]:
@@ -62,12 +72,29 @@ def _rule_reqs(m: Malformation, version: int) -> list[str]:
     return reqs + ([V2_BOTH] if _header_version(m, version) == 2 and m.error != "version" else [])
 
 
+def _allocation_cases() -> list[Malformation]:
+    """The NOALLOC check's malformations: the hand-written ones and the generated multi-record ones (a broken last
+    record is where a reader allocating as it goes differs); under --sweep wide every generated one too."""
+    return [*HAND_WRITTEN, *sweep.pick([m for m in GENERATED if m.n_blocks > 1],
+                                       [m for m in GENERATED if m.n_blocks == 1])]
+
+
+def _versions(m: Malformation) -> tuple[int, ...]:
+    """The versions `m` is imported in: both for a hand-written one (one per reader rule: every rule in each
+    version's path), v1 for a generated value class (its field is read the same way in both), both under
+    --sweep wide."""
+    return VERSIONS if m in HAND_WRITTEN or sweep.level() == "wide" else (1,)
+
+
 def _params(allocation: bool) -> list[ParameterSet]:
     """One case per (malformation, version): marked for the rule check, or (`allocation`) the NOALLOC check."""
     out: list[ParameterSet] = []
-    for m in MALFORMATIONS:
-        for v in VERSIONS:
-            if v == 2 and _sample(m, 2) == _sample(m, 1):
+    for m in _allocation_cases() if allocation else MALFORMATIONS:
+        for v in _versions(m):
+            if not in_version(m, v):
+                continue
+            sample = _sample(m, v)
+            if v == 2 and sample is not None and sample == _sample(m, 1):
                 continue  # the same bytes whatever the version (the empty envelope)
             marks = pytest.mark.req(*([NOALLOC] if allocation else _rule_reqs(m, v)))
             out.append(pytest.param((m, v), marks=marks, id=f"{m.id}-v{v}"))
@@ -93,9 +120,10 @@ def rule_import(request: pytest.FixtureRequest, tlkv_reader: ReaderUnderTest, pi
     if version not in tlkv_reader.versions:
         not_applicable(f"PICS tlkv.reader.versions = {sorted(tlkv_reader.versions)}: the reader does not read "
                        f"v{version}")
-    if not applicable(m, g):
-        not_applicable(f"{m.id} needs block_tokens >= {m.min_block_tokens}, the declared pool geometry has "
-                       f"{g.block_tokens}")
+    if not applicable(m, g, version):
+        not_applicable(f"{m.id} does not exist at the declared pool geometry {g} in v{version} (it needs "
+                       f"block_tokens >= {m.min_block_tokens}, and a value that is not the valid one or an earlier "
+                       "value class's)")
     rng = np.random.default_rng(case_seed(session_seed, "reader-rule", m.id, version))
     data = m.build(g, version, [full_block(rng, g) for _ in range(m.n_blocks)])
     evidence.record("sent", "envelope", {"malformation": m.id, **header_of(data)}, raw=data)
