@@ -70,9 +70,12 @@ def test_render_joins_results_and_triage(tmp_path: Path) -> None:
     assert key == ("kvconform/kbtp/ring.py:70:return handle - self.base_handle -> "
                    "return handle ^ self.base_handle")
     doc = render(runs, {key: "equivalent: base_handle is aligned"})
-    assert "| `kvconform/kbtp/ring.py` | 3 | 3 | 1 | 0 | 2 | 0 | 0 | 0 | 33 % |" in doc
+    assert "| `kvconform/kbtp/ring.py` | 3 | 3 | 1 | 0 | 2 | 1 | 0 | 0 | 0 | 33 % | 50 % |" in doc
     assert "equivalent: base_handle is aligned" in doc
     assert "1 survivor(s) untriaged." in doc
+    assert "## Gaps handed to the suites" not in doc
+    gap = render(runs, {key: "gap handed to kbtp-target: an unaligned Base Handle"})
+    assert "## Gaps handed to the suites" in gap and "an unaligned Base Handle" in gap.split("## Gaps")[1]
     assert "`python -m pytest conformance/kbtp`" in doc
     triage = tmp_path / "triage.yaml"
     triage.write_text(f"{json.dumps(key)}: 'killed by new check test_x'\n")

@@ -191,13 +191,18 @@ def render(runs: Mapping[str, Mapping[str, Any]], triage: Mapping[str, str]) -> 
            "(killed + timeout) / (killed + timeout + survived). *Not sampled*: generated but outside the seeded "
            "sample; *not run*: the module's time budget ran out first; *incompetent*: the mutant could not run "
            "(not counted).", "",
-           "| module | generated | run | killed | timeout | survived | incompetent | not sampled | not run | score |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "*Equivalent*: survivors the triage shows to behave as the reference on every input the text allows; "
+           "*score without equivalents* = (killed + timeout) / (killed + timeout + survived - equivalent).", "",
+           "| module | generated | run | killed | timeout | survived | equivalent | incompetent | not sampled | "
+           "not run | score | score without equivalents |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for module in sorted(runs):
         s = Summary.from_json(runs[module]["summary"])
-        score = f"{100 * s.score:.0f} %" if s.score is not None else "—"
-        out.append(f"| `{module}` | {s.generated} | {s.run} | {s.killed} | {s.timeout} | {s.survived} | "
-                   f"{s.incompetent} | {s.not_sampled} | {s.not_run} | {score} |")
+        equivalent = sum(triage.get(triage_key(module, sv), "").startswith("equivalent") for sv in s.survivors)
+        caught, judged = s.killed + s.timeout, s.killed + s.timeout + s.survived
+        out.append(f"| `{module}` | {s.generated} | {s.run} | {s.killed} | {s.timeout} | {s.survived} | {equivalent} | "
+                   f"{s.incompetent} | {s.not_sampled} | {s.not_run} | {_percent(caught, judged)} | "
+                   f"{_percent(caught, judged - equivalent)} |")
     out += ["", "## How each module was run", ""]
     for module in sorted(runs):
         r = runs[module]
@@ -218,7 +223,21 @@ def render(runs: Mapping[str, Mapping[str, Any]], triage: Mapping[str, str]) -> 
         out.append("")
     if untriaged:
         out += [f"{untriaged} survivor(s) untriaged.", ""]
+    gaps = [(module, sv, triage[triage_key(module, sv)]) for module in sorted(runs)
+            for sv in Summary.from_json(runs[module]["summary"]).survivors
+            if "gap handed to" in triage.get(triage_key(module, sv), "")]
+    if gaps:
+        out += ["## Gaps handed to the suites", "",
+                "Survivors that a black-box suite could kill with a scenario or an assertion it does not have yet "
+                "(the suites belong to their lanes; each entry names the suite, the requirement and what kills it):",
+                ""]
+        out += [f"- `{module}:{sv['line']}` `{sv['change']}`: {note}" for module, sv, note in gaps]
+        out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f} %" if whole > 0 else "—"
 
 
 def load_triage(path: Path = TRIAGE) -> dict[str, str]:
