@@ -191,6 +191,14 @@ def render(runs: Mapping[str, Mapping[str, Any]], triage: Mapping[str, str]) -> 
            "(killed + timeout) / (killed + timeout + survived). *Not sampled*: generated but outside the seeded "
            "sample; *not run*: the module's time budget ran out first; *incompetent*: the mutant could not run "
            "(not counted).", "",
+           "The suites share some of the cores they test (the KBTP harness encodes its requests with "
+           "kvconform.kbtp.messages, the TLKV reader suite builds its malformed envelopes with the reference "
+           "writer): a mutant of a shared codec changes both sides, and the suites' committed vectors are what "
+           "catch it. A survivor is triaged as *equivalent* (behaves as the reference on every input the role's "
+           "interface can give it, with the reason), *outside the suites' reach* (code a black-box suite cannot "
+           "drive: the reference's own introspection, the vector generator, library entry points no role "
+           "exposes; a real survivor, not counted as equivalent), or a *gap handed to* a suite (the scenario or "
+           "assertion that would kill it).", "",
            "*Equivalent*: survivors the triage shows to behave as the reference on every input the text allows; "
            "*score without equivalents* = (killed + timeout) / (killed + timeout + survived - equivalent).", "",
            "| module | generated | run | killed | timeout | survived | equivalent | incompetent | not sampled | "
@@ -206,7 +214,10 @@ def render(runs: Mapping[str, Mapping[str, Any]], triage: Mapping[str, str]) -> 
     out += ["", "## How each module was run", ""]
     for module in sorted(runs):
         r = runs[module]
-        out.append(f"- `{module}`: {r['how']}, {r['finished']}; `{r['command']}`")
+        redraw = ("" if r.get("sample_order") == "mutation" or not r.get("sample") else
+                  " (drawn by cosmic-ray's random job ids, before the sample was ordered by mutation: the seed does "
+                  "not redraw it)")
+        out.append(f"- `{module}`: {r['how']}{redraw}, {r['finished']}; `{r['command']}`")
     out += ["", "## Survivors", ""]
     untriaged = 0
     for module in sorted(runs):
@@ -302,11 +313,13 @@ def _sample(session: Path, size: int, seed: int) -> int:
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     with use_db(str(session), WorkDB.Mode.open) as db:
-        jobs = sorted(w.job_id for w in db.pending_work_items)
-        if len(jobs) <= size:
+        # Ordered by what each mutant is (job ids are random per init), so a seed draws the same sample again.
+        items = sorted(db.pending_work_items, key=lambda w: [(str(m.module_path), m.operator_name, m.occurrence)
+                                                             for m in w.mutations])
+        if len(items) <= size:
             return 0
-        keep = set(random.Random(seed).sample(jobs, size))
-        skipped = [j for j in jobs if j not in keep]
+        keep = {w.job_id for w in random.Random(seed).sample(items, size)}
+        skipped = [w.job_id for w in items if w.job_id not in keep]
         db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
         return len(skipped)
 
@@ -349,7 +362,7 @@ def run_module(core_name: str, module: str, *, work: Path, budget: float, sample
     finished = (f"budget {budget:.0f} s ran out after {summary.run} mutants" if code is None
                 else f"{elapsed:.0f} s (baseline and setup {baseline:.0f} s)")
     return {"summary": summary.to_json(), "command": command.replace(sys.executable, "python"), "how": how,
-            "finished": finished, "seed": seed, "sample": sample, "budget": budget}
+            "finished": finished, "seed": seed, "sample": sample, "budget": budget, "sample_order": "mutation"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
