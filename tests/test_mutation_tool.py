@@ -71,6 +71,7 @@ def test_render_joins_results_and_triage(tmp_path: Path) -> None:
                    "return handle ^ self.base_handle")
     doc = render(runs, {key: "equivalent: base_handle is aligned"})
     assert "| `kvconform/kbtp/ring.py` | 3 | 3 | 1 | 0 | 2 | 1 | 0 | 0 | 0 | 33 % | 50 % |" in doc
+    assert "| all | 3 | 3 | 1 | 0 | 2 | 1 | 0 | 0 | 0 | 33 % | 50 % |" in doc
     assert "equivalent: base_handle is aligned" in doc
     assert "1 survivor(s) untriaged." in doc
     assert "## Gaps handed to the suites" not in doc

@@ -211,13 +211,28 @@ def render(runs: Mapping[str, Mapping[str, Any]], triage: Mapping[str, str]) -> 
         out.append(f"| `{module}` | {s.generated} | {s.run} | {s.killed} | {s.timeout} | {s.survived} | {equivalent} | "
                    f"{s.incompetent} | {s.not_sampled} | {s.not_run} | {_percent(caught, judged)} | "
                    f"{_percent(caught, judged - equivalent)} |")
+    if runs:
+        tot = [Summary.from_json(runs[m]["summary"]) for m in runs]
+        equivalent = sum(triage.get(triage_key(s.module, sv), "").startswith("equivalent")
+                         for s in tot for sv in s.survivors)
+        caught = sum(s.killed + s.timeout for s in tot)
+        judged = caught + sum(s.survived for s in tot)
+        out.append(f"| all | {sum(s.generated for s in tot)} | {sum(s.run for s in tot)} | "
+                   f"{sum(s.killed for s in tot)} | {sum(s.timeout for s in tot)} | {sum(s.survived for s in tot)} | "
+                   f"{equivalent} | {sum(s.incompetent for s in tot)} | {sum(s.not_sampled for s in tot)} | "
+                   f"{sum(s.not_run for s in tot)} | {_percent(caught, judged)} | "
+                   f"{_percent(caught, judged - equivalent)} |")
+    missing = [m for core in CORES.values() for m in core.modules if m not in runs]
+    if missing:
+        out += ["", "Not run yet (no result): " + ", ".join(f"`{m}`" for m in missing) + "."]
     out += ["", "## How each module was run", ""]
     for module in sorted(runs):
         r = runs[module]
         redraw = ("" if r.get("sample_order") == "mutation" or not r.get("sample") else
                   " (drawn by cosmic-ray's random job ids, before the sample was ordered by mutation: the seed does "
                   "not redraw it)")
-        out.append(f"- `{module}`: {r['how']}{redraw}, {r['finished']}; `{r['command']}`")
+        invocation = f"`nice -n 19 {r['invocation']}` ran " if r.get("invocation") else ""
+        out.append(f"- `{module}`: {invocation}{r['how']}{redraw}, {r['finished']}; each mutant: `{r['command']}`")
     out += ["", "## Survivors", ""]
     untriaged = 0
     for module in sorted(runs):
@@ -393,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"mutation: {module} ...", flush=True)
                 entry = run_module(name, module, work=work, budget=args.budget, sample=args.sample,
                                    seed=args.seed, cosmic_ray=str(Path(args.cosmic_ray).absolute()))
+                entry["invocation"] = shlex.join(["python", "tools/mutation.py", "run", name, "--module", module,
+                                                  "--sample", str(args.sample), "--budget", f"{args.budget:g}",
+                                                  "--seed", str(args.seed)])
                 results = load_results()
                 results[module] = entry
                 RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
