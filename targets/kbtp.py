@@ -75,6 +75,9 @@ class TargetParams:
     # Per-Initiator-ID quotas a scenario asks for (the text's deferred-free example: X 1, Y 3); a target
     # that cannot honour them raises TargetUnavailable and the check is inconclusive.
     quotas: tuple[tuple[bytes, int], ...] = field(default=())
+    # Initiator IDs the target is configured not to trust with direct modes (KBTP-DIRECT-TRUST); empty: none
+    # declared, and the trust check is not-applicable.
+    untrusted_initiators: tuple[bytes, ...] = field(default=())
 
     @property
     def profile(self) -> Profile:
@@ -99,6 +102,7 @@ class TargetParams:
             cross_initiator_load=bool(raw.get("cross_initiator_load", d.cross_initiator_load)),
             interleavings=int(raw.get("interleavings", d.interleavings)),
             generation_cycles=int(raw.get("generation_cycles", d.generation_cycles)),
+            untrusted_initiators=tuple(bytes.fromhex(str(i)) for i in raw.get("untrusted_initiators", ())),
         )
 
     def with_(self, **changes: Any) -> TargetParams:
@@ -232,7 +236,7 @@ def target_config(params: TargetParams) -> Any:
         shared_ring_slots=params.ring_slots, quota=params.quota, handle_count=params.handle_count,
         max_initiators=params.max_initiators, max_inline=params.max_inline,
         ticket_timeout_ms=params.ticket_timeout_ms, features=params.features,
-        quotas=dict(params.quotas))
+        quotas=dict(params.quotas), untrusted_initiators=frozenset(params.untrusted_initiators))
 
 
 class _ReferenceEndpoint:

@@ -16,6 +16,7 @@ from tests.mutants import kbtp
 from tests.mutants.runner import ROOT, Lane
 
 LANE = Lane(kbtp, select_checks=True, timeout=600)
+UNTRUSTED = kbtp.UNTRUSTED_PICS
 
 (test_mutant_is_caught, test_every_mutant_is_listed_with_a_real_requirement,
  test_every_check_has_a_mutant_it_catches) = LANE.tests()
@@ -41,7 +42,9 @@ REFERENCE_RUNS = {
 @pytest.mark.parametrize("variant", sorted(REFERENCE_RUNS))
 def test_reference_passes(variant: str, tmp_path: Path) -> None:
     suite, pics = REFERENCE_RUNS[variant]
-    run = LANE.run(suite, "reference", tmp_path, (*pics, "kbtp.target.interleavings=30"))
+    # Declared untrusted Initiator IDs (the declaration KBTP-DIRECT-TRUST is checked against) in every target run.
+    trust = (UNTRUSTED,) if suite == "kbtp-target" else ()
+    run = LANE.run(suite, "reference", tmp_path, (*pics, *trust, "kbtp.target.interleavings=30"))
     assert run.coverage, run.output
     bad = [(t["nodeid"], t.get("message", "")) for t in run.coverage["tests"]
            if t["verdict"] in ("fail", "inconclusive")]

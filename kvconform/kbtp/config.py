@@ -48,6 +48,9 @@ class TargetConfig:
       that could do masked FetchAdd.
     - ``clear_freed``: zero freed blocks before they return to a ring other trust domains allocate from
       (None: only when more than one trust domain is configured).
+    - ``untrusted_initiators``: Initiator IDs the target does not trust with its structures: they are served in
+      the default mode only, never offered DIRECT_LOAD or DIRECT_ALLOC (KBTP-DIRECT-TRUST); every other
+      initiator of the trust domain is trusted for all its blocks.
     """
 
     block_size: int = 4096
@@ -70,6 +73,7 @@ class TargetConfig:
     # Initiator ID -> trust domain; an ID not listed is in ``default_domain``.
     trust_domains: dict[bytes, str] = field(default_factory=dict)
     default_domain: str = "default"
+    untrusted_initiators: frozenset[bytes] = frozenset()
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.pool_blocks <= 0:
@@ -85,6 +89,9 @@ class TargetConfig:
             raise ConfigError("quota must be >= 0, handle_count and max_initiators > 0")
         if self.max_inline < 0 or self.request_credits <= 0:
             raise ConfigError("max_inline must be >= 0 and request_credits > 0")
+        bad = sorted(i.hex() for i in self.untrusted_initiators if len(i) != 16)
+        if bad:
+            raise ConfigError(f"untrusted_initiators {bad}: an Initiator ID is 128 bits (16 octets)")
         if int(self.features) & ~int(ALL_FEATURES):
             raise ConfigError(f"features {int(self.features):#06x} has bits the text does not define")
 

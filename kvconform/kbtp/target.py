@@ -635,8 +635,9 @@ class ReferenceTarget:
         return self.config.quotas.get(initiator_id, self.config.quota)
 
     def trusts_direct(self, record: InitiatorRecord) -> bool:
-        """Direct modes only for initiators trusted for every block the exposed STags reach (one trust domain)."""
-        return not self.config.multi_domain
+        """Direct modes only for initiators trusted for every block the exposed STags reach (one trust domain,
+        and not configured untrusted)."""
+        return not self.config.multi_domain and record.initiator_id not in self.config.untrusted_initiators
 
     def grant_features(self, record: InitiatorRecord, requested: Features) -> Features:
         """Requested and offered (ADDR_LE is the target's choice, so always when configured); never

@@ -705,3 +705,27 @@ def test_a_gone_initiator_with_an_outstanding_ticket_does_not_make_the_watcher_s
 
     run1(h, scenario())  # raised HarnessError (the step budget used up) before the fix
     assert h.fabric.steps < 1000, h.fabric.steps
+
+
+def test_untrusted_initiators_get_no_direct_mode() -> None:
+    """KBTP-DIRECT-TRUST: an Initiator ID configured untrusted is served in the default mode only (no
+    DIRECT_LOAD, no DIRECT_ALLOC, no partition); the trusted one next to it gets both."""
+    ids = initiator_ids(2, 5)
+    cfg = TargetConfig(pool_blocks=12, shared_blocks=4, block_size=64, quota=2,
+                       untrusted_initiators=frozenset({ids[1]}))
+    h = build(2, config=cfg, seed=5)
+    trusted, untrusted = h.initiators
+
+    def scenario() -> Any:
+        a = yield from trusted.hello()
+        b = yield from untrusted.hello()
+        return a, b
+
+    a, b = run1(h, scenario())
+    direct = Features.DIRECT_LOAD | Features.DIRECT_ALLOC
+    assert a.status == b.status == Status.OK
+    assert Features(a.features) & direct == direct and a.direct_alloc is not None
+    assert not Features(b.features) & direct and b.direct_load is None and b.direct_alloc is None
+    assert h.target.records[ids[1]].partition is None
+    with pytest.raises(ConfigError):
+        TargetConfig(untrusted_initiators=frozenset({b"short"}))

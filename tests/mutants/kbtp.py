@@ -902,6 +902,34 @@ class TailNotWrappedWhenFull(ReferenceTargetDriver):
     target_class = _TailUnwrappedTarget
 
 
+# issue 11: trust
+
+
+class _TrustsEveryone(ReferenceTarget):
+    def trusts_direct(self, record: Any) -> bool:
+        return True
+
+
+class DirectModesForEveryone(ReferenceTargetDriver):
+    """KBTP-DIRECT-TRUST: the configured untrusted Initiator IDs are ignored: every initiator asking for a direct
+    mode gets it, with the STags of the table, pool, partition, ring and Head."""
+
+    target_class = _TrustsEveryone
+
+
+class _TrustByIdPrefix(ReferenceTarget):
+    def trusts_direct(self, record: Any) -> bool:
+        prefixes = {i[:8] for i in self.config.untrusted_initiators}
+        return not self.config.multi_domain and record.initiator_id[:8] not in prefixes
+
+
+class DistrustsByIdPrefix(ReferenceTargetDriver):
+    """KBTP-ACK-FEATURES: Initiator IDs are matched against the untrusted list on their first 8 octets, so a
+    trusted initiator whose ID shares them with an untrusted one is denied the declared direct features."""
+
+    target_class = _TrustByIdPrefix
+
+
 # ---- initiators -----------------------------------------------------------------------------------------
 
 
@@ -1343,6 +1371,8 @@ class OverstatesCompletionCredits(ReferenceInitiatorDriver):
 
 _IB = ("kbtp.target.binding=ib-rc", "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]")
 _DECLARED_QUOTA = ("kbtp.target.quota=2",)  # a declared value (testbed defaults are no claim)
+UNTRUSTED_ID = "7e3a0c55d1f24b8e9a6c0b13f5e2d47a"  # also declared by the reference runs (tests/test_mutants_kbtp.py)
+UNTRUSTED_PICS = f'kbtp.target.untrusted_initiators=["{UNTRUSTED_ID}"]'
 
 MUTANTS: dict[str, Mutant] = {
     # kbtp-target: session establishment
@@ -1434,6 +1464,11 @@ MUTANTS: dict[str, Mutant] = {
     "BindHandleUnchecked": Mutant("kbtp-target", "KBTP-VAL-HANDLE", ("test_bind_refusals",)),
     "EmptySlotsNotInitialisedEmpty": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
     "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
+    # kbtp-target, issue 11: trust (the declaration KBTP-DIRECT-TRUST is checked against)
+    "DirectModesForEveryone": Mutant("kbtp-target", "KBTP-DIRECT-TRUST",
+                                     ("test_no_direct_mode_for_untrusted_initiators",), (UNTRUSTED_PICS,)),
+    "DistrustsByIdPrefix": Mutant("kbtp-target", "KBTP-ACK-FEATURES", ("test_no_direct_mode_for_untrusted_initiators",),
+                                  (UNTRUSTED_PICS, "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, ADDR_LE]")),
     # kbtp-initiator
     "HelloWithRequestId": Mutant("kbtp-initiator", "KBTP-HELLO-HEADER-ZERO", ("test_hello",)),
     "ConstantInitiatorId": Mutant("kbtp-initiator", "KBTP-HELLO-ID-ENTROPY", ("test_initiator_id_entropy",)),
