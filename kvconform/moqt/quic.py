@@ -212,7 +212,8 @@ class MoqtProtocol(QuicConnectionProtocol):
             return True
         if getattr(sender, "_buffer_fin", 0) is None:
             return False  # the FIN is not even written yet
-        return not getattr(sender, "_pending", None) and not getattr(sender, "_pending_eof", False)
+        pending = getattr(sender, "_pending", None)  # a RangeSet: no truth value (its __bool__ raises), a length
+        return (pending is None or len(pending) == 0) and not getattr(sender, "_pending_eof", False)
 
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
