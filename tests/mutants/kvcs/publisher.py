@@ -416,3 +416,32 @@ MUTANTS: dict[str, Mutant] = {
 
 # Checks no publisher mutant is required to fail, and why.
 UNMUTATED_CHECKS: dict[str, str] = {}
+
+
+# issue 11: declared limits
+
+FETCH_LIMIT = ("kvcs.publisher.fetch_limit=2",)
+
+
+class IgnoredFetchLimitPublisher(KvcsPublisher):
+    """KVCS-SEC-FETCH-LIMIT: declares a limit of 2 concurrent fetches (and counts them) but never refuses one, so
+    a third starts while two are in progress."""
+
+    def fetch_refused(self, active: int) -> bool:
+        return False
+
+
+class EarlyFetchLimitPublisher(KvcsPublisher):
+    """KVCS-SEC-FETCH-LIMIT: refuses a FETCH already at one below its declared limit (>= limit - 1 in progress),
+    so the second of a declared 2 is refused with only one in progress."""
+
+    def fetch_refused(self, active: int) -> bool:
+        return self.fetch_limit is not None and active >= self.fetch_limit - 1
+
+
+MUTANTS.update({
+    "IgnoredFetchLimitPublisher": Mutant(SUITE, "KVCS-SEC-FETCH-LIMIT", ("test_the_declared_fetch_limit_holds",),
+                                         FETCH_LIMIT),
+    "EarlyFetchLimitPublisher": Mutant(SUITE, "KVCS-SEC-FETCH-LIMIT", ("test_the_declared_fetch_limit_holds",),
+                                       FETCH_LIMIT),
+})
