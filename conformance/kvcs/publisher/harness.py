@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable
@@ -137,6 +138,7 @@ class Seen:
     priority: int | None
     properties: bytes
     header_flags: int | None = None  # SUBGROUP_HEADER Type Flags (subgroup streams)
+    at: float = 0.0  # time.monotonic() when the relay received it
 
 
 @dataclass
@@ -188,6 +190,8 @@ class Observation:
     granted_streams_uni: int | None = None
     # the order the publisher sent its stream frames in (QUIC packet numbers; None: not recorded)
     send_order: SendOrder | None = None
+    # time.monotonic() when the relay answered the publisher's PUBLISH_NAMESPACE with REQUEST_OK (None: never)
+    accepted_at: float | None = None
 
     # -- derived views --------------------------------------------------------------------------------
 
@@ -314,6 +318,7 @@ class RecordingRelay(Relay):
         self.probe_kinds: dict[int, str] = {}
         self.granted_streams_uni: dict[int, int | None] = {}  # peer number -> its initial_max_streams_uni
         self.taps: dict[int, PacketTap] = {}  # peer number -> what its packets carried, in send order
+        self.accepted_at: float | None = None  # when the source's PUBLISH_NAMESPACE got REQUEST_OK
 
     # -- recording ------------------------------------------------------------------------------------
 
@@ -394,6 +399,7 @@ class RecordingRelay(Relay):
                         obj.properties or b"")
         else:
             return  # an End of Range record names no object
+        seen = dataclasses.replace(seen, at=time.monotonic())
         self.objects.append(seen)
         if seen.via == "live" and seen.track in (MANIFEST, MANIFEST_COSE) and self.source is not None:
             self._follow_manifest(seen)
@@ -443,6 +449,7 @@ class RecordingRelay(Relay):
             return
         try:
             super().handle_publish_namespace(peer, req, msg)
+            self.accepted_at = time.monotonic()
         except _Refusal as refusal:
             self._refuse(peer, req, refusal.code, refusal.reason)
 
@@ -578,7 +585,7 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
     return Observation(case, spec, token, keys, list(relay.announces), list(relay.objects),
                        sorted(relay.answers.values(), key=lambda a: a.seq), complete,
                        time.monotonic() - started, exit_, notes, granted,
-                       tap.snapshot() if tap is not None else None)
+                       tap.snapshot() if tap is not None else None, relay.accepted_at)
 
 
 def _wait_publication(thread: LoopThread, relay: RecordingRelay, driver: PublisherDriver, spec: CacheSpec,

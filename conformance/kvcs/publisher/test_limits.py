@@ -1,10 +1,13 @@
 """kvcs-publisher: limits the publisher declares (KVCS "Security Considerations": "publishers SHOULD limit the
-number of concurrent fetches per subscriber").
+number of concurrent fetches per subscriber"; "Publisher Behavior": "During live production it publishes each
+Object as soon as the layer of the block is computed").
 
-The text sets no number, so the check holds a publisher to the limit it declares (PICS
+Neither text sets a number, so the checks hold a publisher to what it declares. Fetches: the check holds it to
+the limit it declares (PICS
 ``kvcs.publisher.fetch_limit: N``; undeclared: not applicable). The scenario (``limits.py``) keeps the fetches
 that started in progress by withholding flow-control credit from their data streams, sends N FETCHes on the
-publisher's one session and then one more, and then releases the credit.
+publisher's one session and then one more, and then releases the credit. Live timing: a declared bound on its
+computation per layer (PICS ``kvcs.publisher.live_delay_ms``; undeclared: not applicable).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import findings, track_name
+from kvconform.conformance.kvcs.publisher.harness import Observation, findings, need_live, track_name
 from kvconform.conformance.kvcs.publisher.limits import FetchProbe, LimitObservation
+from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import RequestErrorCode
-from kvconform.verdicts import inconclusive
+from kvconform.targets.spec import Pics
+from kvconform.verdicts import inconclusive, not_applicable
 
 REQ = "KVCS-SEC-FETCH-LIMIT"
 # How a publisher may refuse a FETCH for load (profile section 10.2).
@@ -64,4 +69,44 @@ def test_the_declared_fetch_limit_holds(kvcs_fetch_limit: Any) -> None:
                      f"FETCH_OK {p.answer.ok}, data streams {ends or 'none'}")
             found.add(REQ, f"{what}: not served once the credit was released ({state}); a fetch under the limit, "
                            "or one waiting for a slot, must be served")
+    found.judge()
+
+
+LIVE = "KVCS-PUB-LIVE-ASAP"
+# Seconds the check allows on top of the declared computation time for sending, the transport and the harness's
+# own scheduling (coarse: a loaded CI machine; a publisher that holds its layers back misses it by its whole
+# production time).
+TRANSPORT_ALLOWANCE = 1.5
+
+
+@pytest.mark.req(LIVE)
+def test_live_objects_arrive_within_the_declared_layer_time(pics: Pics, kvcs_plain: Any) -> None:
+    """With a declared live_delay_ms D (each layer computed within D of the previous one, the first within D of
+    the REQUEST_OK to its PUBLISH_NAMESPACE), every Object of Group g of the plain case's 20 layers arrives live
+    by (g + 1) x D + TRANSPORT_ALLOWANCE after that REQUEST_OK: a publisher that holds layers back until later
+    ones are computed misses it."""
+    path = "kvcs.publisher.live_delay_ms"
+    if pics.is_defaulted(path):
+        not_applicable(f"PICS {path} is only a testbed default, not the publisher's declaration")
+    delay = float(pics.require(path)) / 1000.0
+    obs: Observation = kvcs_plain
+    need_live(obs)
+    if obs.accepted_at is None:
+        inconclusive("the harness's REQUEST_OK to the publisher's PUBLISH_NAMESPACE was not recorded")
+    found = findings(f"case {obs.case.name}: live Objects arrive later than the declared layer time "
+                     f"{delay * 1000:g} ms allows", LIVE)
+    for track in obs.data_tracks():
+        if track.segment != 0:
+            continue
+        last: dict[int, float] = {}
+        for o in obs.live(track.name):
+            if o.status == ObjectStatus.NORMAL:
+                last[o.location.group] = max(last.get(o.location.group, 0.0), o.at)
+        for group, at in sorted(last.items()):
+            late = at - obs.accepted_at
+            bound = (group + 1) * delay + TRANSPORT_ALLOWANCE
+            if late > bound:
+                found.add(LIVE, f"{track} Group {group}: its last Object arrived {late:.2f} s after REQUEST_OK, "
+                                f"expected by {bound:.2f} s ((g + 1) x {delay * 1000:g} ms + {TRANSPORT_ALLOWANCE} s)")
+                break
     found.judge()
