@@ -16,7 +16,7 @@ cancelled, stopped or left unread.
 1. sends ``limit`` FETCHes of whole data tracks (from {0,0}, Ascending) and waits (bounded) until each started
    (FETCH_OK or its data stream opened) or was refused, or until nothing happened for ``SETTLE`` seconds (a
    publisher that serves them one at a time leaves the others waiting: that is a limit too);
-2. sends one FETCH more and waits the same way;
+2. sends one FETCH more (``--sweep wide``: three more) and waits the same way;
 3. releases the credit and waits (bounded) until every fetch ended.
 
 Every answer and stream event is stamped with the relay's event sequence number and whether it came while the
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvconform import sweep
 from kvconform.conformance.kvcs.publisher.harness import (
     Answer,
     Case,
@@ -85,6 +86,7 @@ class LimitObservation:
     """What ``observe_fetch_limit`` saw (see the module docstring)."""
 
     limit: int
+    extra: int  # how many FETCHes over the limit were sent
     complete: bool  # the publication was complete before the fetches were sent
     tracks: list[bytes]
     probes: list[FetchProbe]
@@ -98,7 +100,8 @@ class LimitObservation:
                    and (p.ended is None or p.ended > seq) and (p.refused is None or p.refused > seq))
 
     def summary(self) -> dict[str, Any]:
-        return {"limit": self.limit, "complete": self.complete, "released": self.released, "notes": self.notes,
+        return {"limit": self.limit, "extra": self.extra, "complete": self.complete, "released": self.released,
+                "notes": self.notes,
                 "fetches": [{"track": p.answer.track.decode("ascii", "replace"), "sent": p.sent,
                              "started": p.started, "started_held": p.started_held, "refused": p.refused,
                              "error_code": p.answer.error_code, "ended": p.ended,
@@ -215,7 +218,8 @@ def observe_fetch_limit(driver: PublisherDriver, seed: int, limit: int, *,
 def _drive(thread: LoopThread, relay: HoldingRelay, limit: int, complete: bool, notes: list[str]) -> LimitObservation:
     tracks = sorted({a.track for a in relay.answers.values() if a.kind == "subscribe" and a.ok
                      and a.track not in (MANIFEST, MANIFEST_COSE)})
-    obs = LimitObservation(limit, complete, tracks, [], None, PublisherExit(None, "", ""), notes)
+    extra = max(sweep.pick([1], [3]))  # N + 1 is the boundary; a wide sweep presses past it
+    obs = LimitObservation(limit, extra, complete, tracks, [], None, PublisherExit(None, "", ""), notes)
     if not complete or not tracks:
         notes.append(f"no complete publication to fetch from (data tracks served: {len(tracks)})")
         return obs
@@ -231,7 +235,7 @@ def _drive(thread: LoopThread, relay: HoldingRelay, limit: int, complete: bool, 
         return thread.run(run(), 5.0)
 
     thread.run(hold(), 5.0)
-    for count in (limit, 1):  # the declared limit's worth, then one more
+    for count in (limit, extra):  # the declared limit's worth, then more
         batch = send(count)
         obs.probes.extend(batch)
         _wait(thread, relay, functools.partial(_answered, batch), SETTLE, PHASE_TIMEOUT)
