@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kvconform import sweep
@@ -40,14 +38,13 @@ from kvconform.conformance.kvcs.publisher.harness import (
     Case,
     RecordingRelay,
     _wait_publication,
-    harness_policy,
+    publishing,
 )
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import FetchOk, RequestError
-from kvconform.moqt.policy import policy_from_mapping
-from kvconform.moqt.quic import LoopThread, MoqtConnection, granting_stream_data_uni
+from kvconform.moqt.quic import LoopThread, MoqtConnection
 from kvconform.moqt.relay import Peer
 from kvconform.moqt.session import DataStreamEnded, DataStreamOpened, Event, MessageReceived
 from kvconform.moqt.structures import Parameters, ParamType
@@ -173,43 +170,13 @@ class HoldingRelay(RecordingRelay):
 def observe_fetch_limit(driver: PublisherDriver, seed: int, limit: int, *,
                         log: Callable[[str], None] | None = None) -> LimitObservation:
     """Run the scenario (see the module docstring); always stops the publisher and the relay."""
-    spec, keys = CASE.spec(seed)
-    token = f"kvcs-scope-token-{seed % 10**8:08d}".encode()
-    names = [MANIFEST, MANIFEST_COSE] + [t.name for s in spec.segment_layout()
-                                         for t in spec.data_tracks(s.segment, kv=True)]
-    notes: list[str] = []
-    thread = LoopThread(name="kvcs-publisher-fetch-limit")
-    relay: HoldingRelay | None = None
-    obs: LimitObservation | None = None
-    with tempfile.TemporaryDirectory(prefix="kvconform-kvcs-limit-") as tmp:
-        cache = spec.write_json(Path(tmp) / "cache.json")
-        try:
-            policy = policy_from_mapping(harness_policy(spec, token), "kvcs-publisher harness policy")
-
-            async def start() -> HoldingRelay:
-                r = HoldingRelay(content_prefix=spec.namespace(b"\0" * 16).content_prefix(), track_names=names,
-                                 policy=policy, host="127.0.0.1", port=0)
-                with granting_stream_data_uni(WINDOW):
-                    return await r.start()  # type: ignore[return-value]
-
-            relay = thread.run(start(), 10.0)
-            driver.start(relay.url, cache, token.decode())
-            exit_ = PublisherExit(None, "", "")
-            try:
-                complete = _wait_publication(thread, relay, driver, spec, keys, notes)
-                obs = _drive(thread, relay, limit, complete, notes)
-            finally:
-                exit_ = driver.stop()
-            obs.exit = exit_
-        finally:
-            if relay is not None:
-                with contextlib.suppress(Exception):
-                    thread.run(relay.close_sessions(), 2.0)
-                with contextlib.suppress(Exception):
-                    thread.run(relay.close(3.0), 5.0)
-            thread.close(3.0)
-    if obs is None:
-        raise HarnessBug("kvcs-publisher fetch-limit scenario ended without an observation")
+    with publishing(CASE, driver, seed, relay_class=HoldingRelay, stream_data_uni=WINDOW) as run:
+        relay = run.relay
+        if not isinstance(relay, HoldingRelay):
+            raise HarnessBug(f"the fetch-limit scenario got a {type(relay).__name__}, not a HoldingRelay")
+        complete = _wait_publication(run.thread, relay, driver, run.spec, run.keys, run.notes)
+        obs = _drive(run.thread, relay, limit, complete, run.notes)
+    obs.exit = run.exit
     if log is not None:
         log(f"fetch-limit: {obs.summary()}")
     return obs
