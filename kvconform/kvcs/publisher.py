@@ -34,9 +34,8 @@ are in progress is refused with REQUEST_ERROR EXCESSIVE_LOAD (profile section 10
 Each behaviour is one overridable method (``auth_tokens``, ``announced_namespace``, ``track_properties``,
 ``priority``, ``manifest_priority``, ``layer_order``, ``object_payload``, ``publish_layer``, ``end_track``,
 ``manifest_due``, ``build_manifest``, ``manifest_payload``, ``publish_manifest``, ``fetch_refused``, and the
-async hook
-``segment_added`` before a segment's first layer): the mutant publishers in tests/mutants/kvcs/publisher.py
-override one each.
+async hook ``segment_added`` before a segment's first layer): the mutant publishers in
+tests/mutants/kvcs/publisher.py override one each.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ class MoqtProtocol(QuicConnectionProtocol):
             return True
         if getattr(sender, "_buffer_fin", 0) is None:
             return False  # the FIN is not even written yet
-        pending = getattr(sender, "_pending", None)  # a RangeSet: no truth value (its __bool__ raises), a length
+        pending = getattr(sender, "_pending", None)  # a RangeSet: its truth value raises, its len() does not
         return (pending is None or len(pending) == 0) and not getattr(sender, "_pending_eof", False)
 
     def _schedule_pump(self) -> None:
