@@ -151,6 +151,8 @@ def serve_kvcs_publisher(argv: list[str], stop: threading.Event | None = None) -
                         help="completed layers between manifest versions (at most 8)")
     parser.add_argument("--layer-interval", type=float, default=0.0,
                         help="seconds of simulated computation per layer (live production)")
+    parser.add_argument("--fetch-limit", type=int, default=None, metavar="N",
+                        help="serve at most N FETCHes of the session at once (declare kvcs.publisher.fetch_limit: N)")
     parser.add_argument("--publisher-class", default="kvconform.kvcs.publisher:KvcsPublisher",
                         help="module:Class of the publisher to run (a KvcsPublisher subclass)")
     try:
@@ -163,7 +165,7 @@ def serve_kvcs_publisher(argv: list[str], stop: threading.Event | None = None) -
         pub_id = bytes.fromhex(args.pub_id) if args.pub_id is not None else None
         publisher = publisher_class(spec, pub_id=pub_id, kv_track=args.kv, deterministic=args.deterministic,
                                     cache_duration_ms=args.cache_duration, manifest_every=args.manifest_every,
-                                    layer_interval=args.layer_interval)
+                                    layer_interval=args.layer_interval, fetch_limit=args.fetch_limit)
     except (KvcsError, ValueError, ImportError) as exc:
         print(f"kvconform serve kvcs-publisher: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ Public API::
 
     pub = KvcsPublisher(spec, pub_id=None, kv_track=False, deterministic=False,
                         cache_duration_ms=DEFAULT_CACHE_DURATION_MS, manifest_every=8, signing_key=None,
-                        layer_interval=0.0)
+                        layer_interval=0.0, fetch_limit=None)
     pub.namespace        # KvcsNamespace; the Publication ID is random unless ``pub_id`` is given
     pub.manifest_track   # b"manifest", or b"manifest.cose" when the spec has ``signing`` (or a key is given)
     pub.tracks()         # every DataTrack it serves, segment by segment
@@ -26,11 +26,16 @@ a manifest version marking the segment complete. Manifest versions are Object 0 
 with Publisher Priority 0. Every track carries the Track Property MAX_CACHE_DURATION and no delivery
 timeout.
 
+With ``fetch_limit`` N (KVCS "Security Considerations": "publishers SHOULD limit the number of concurrent
+fetches per subscriber") it serves at most N FETCHes of its session at once: a FETCH counts from its arrival
+until its data stream's data and FIN have been sent (or it was refused or reset), and one arriving while N
+are in progress is refused with REQUEST_ERROR EXCESSIVE_LOAD (profile section 10.2) and a Retry Interval.
+
 Each behaviour is one overridable method (``auth_tokens``, ``announced_namespace``, ``track_properties``,
 ``priority``, ``manifest_priority``, ``layer_order``, ``object_payload``, ``publish_layer``, ``end_track``,
-``manifest_due``, ``build_manifest``, ``manifest_payload``, ``publish_manifest``, and the async hook
-``segment_added`` before a segment's first layer): the mutant publishers in tests/mutants/kvcs/publisher.py
-override one each.
+``manifest_due``, ``build_manifest``, ``manifest_payload``, ``publish_manifest``, ``fetch_refused``, and the
+async hook ``segment_added`` before a segment's first layer): the mutant publishers in
+tests/mutants/kvcs/publisher.py override one each.
 """
 
 from __future__ import annotations
@@ -47,12 +52,15 @@ from kvconform.kvcs.cose import ProducerKey, sign
 from kvconform.kvcs.namespace import KvcsNamespace, new_publication_id
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack
 from kvconform.moqt.data import ObjectStatus
+from kvconform.moqt.errors import RequestErrorCode
+from kvconform.moqt.messages import Fetch
 from kvconform.moqt.structures import AuthToken, KeyValuePair, PropertyType, TrackNamespace
 
 if TYPE_CHECKING:
     from kvconform.kvcs.content import CacheSpec, SegmentLayout
     from kvconform.kvcs.manifest import Manifest
     from kvconform.moqt.client import LocalTrack, MoqtClient
+    from kvconform.moqt.session import RequestReceived
 
 __all__ = ["DEFAULT_CACHE_DURATION_MS", "MANIFEST_EVERY", "MANIFEST_PRIORITY", "KvcsPublisher", "Progress",
            "load_publisher_class", "serve_publisher"]
@@ -62,6 +70,10 @@ MANIFEST_PRIORITY = 0  # "The manifest track uses Publisher Priority 0."
 MANIFEST_EVERY = 8  # "a new manifest version at least every eight completed layers"
 CONNECT_TIMEOUT = 10.0
 STOP_POLL = 0.2  # seconds: how often serve_publisher looks at its stop event
+# A fetch whose data cannot leave (a subscriber that grants no flow-control credit) stops counting against
+# ``fetch_limit`` after this long, so one stalled fetch never blocks a session for good.
+FETCH_SLOT_TIMEOUT = 120.0
+FETCH_RETRY_MS = 100  # the Retry Interval of an EXCESSIVE_LOAD refusal (sent as ms + 1, profile section 5)
 
 
 @dataclass(frozen=True)
@@ -84,9 +96,11 @@ class KvcsPublisher:
     def __init__(self, spec: CacheSpec, *, pub_id: bytes | None = None, kv_track: bool = False,
                  deterministic: bool = False, cache_duration_ms: int = DEFAULT_CACHE_DURATION_MS,
                  manifest_every: int = MANIFEST_EVERY, signing_key: ProducerKey | None = None,
-                 layer_interval: float = 0.0) -> None:
+                 layer_interval: float = 0.0, fetch_limit: int | None = None) -> None:
         if manifest_every < 1:
             raise ValueError(f"manifest_every: {manifest_every}, expected >= 1")
+        if fetch_limit is not None and fetch_limit < 1:
+            raise ValueError(f"fetch_limit: {fetch_limit}, expected >= 1 (or None: no limit)")
         self.spec = spec
         self.namespace: KvcsNamespace = spec.namespace(pub_id if pub_id is not None else new_publication_id())
         self.kv_track = kv_track
@@ -104,6 +118,8 @@ class KvcsPublisher:
         self.completed: dict[bytes, int] = {}  # data track name -> completed layers
         self.added: list[int] = []  # segments listed in the manifest so far
         self.manifest_versions = 0
+        self.fetch_limit = fetch_limit
+        self.fetches_active = 0  # FETCHes of the session in progress (see fetch_refused)
         self._progress: ProgressHook | None = None
 
     # -- what is published (one method per behaviour) ---------------------------------------------------
@@ -176,6 +192,36 @@ class KvcsPublisher:
         self.manifest_versions += 1
         self._report(Progress("manifest", version=version))
 
+    def fetch_refused(self, active: int) -> bool:
+        """Whether a FETCH arriving while ``active`` others are in progress is refused: at the declared limit."""
+        return self.fetch_limit is not None and active >= self.fetch_limit
+
+    def _limit_fetches(self, client: MoqtClient, event: RequestReceived) -> bool:
+        """The session's request hook: counts FETCHes in progress and refuses one over the limit (True: handled
+        here); everything else, and an admitted FETCH, the client serves as usual."""
+        if self.fetch_limit is None or not isinstance(event.message, Fetch):
+            return False
+        sid = event.stream_id
+        if self.fetch_refused(self.fetches_active):
+            client.session.reject(sid, RequestErrorCode.EXCESSIVE_LOAD,
+                                  f"{self.fetches_active} fetches in progress, the limit is {self.fetch_limit}",
+                                  retry_interval=FETCH_RETRY_MS + 1)
+            return True
+        self.fetches_active += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.fetches_active -= 1
+
+        def watch() -> None:  # the client served it just after this hook returned: its data stream exists now
+            client.connection.when_sent(client.session.data_streams_of(sid), release, FETCH_SLOT_TIMEOUT)
+
+        asyncio.get_running_loop().call_soon(watch)
+        return False
+
     # -- driving it ---------------------------------------------------------------------------------------
 
     def register(self, client: MoqtClient) -> None:
@@ -193,6 +239,8 @@ class KvcsPublisher:
         """Announce, then publish the whole cache (see the module docstring); RequestRejected when the
         relay refuses the PUBLISH_NAMESPACE."""
         self._progress = on_progress
+        if self.fetch_limit is not None:
+            client.on_request = self._limit_fetches
         self.register(client)
         await client.publish_namespace(self.announced_namespace(), auth=self.auth_tokens(token), timeout=timeout)
         for seg in self.layout:

@@ -45,7 +45,8 @@ from kvconform.moqt.session import (
 )
 from kvconform.moqt.url import MoqtUrl, parse_url
 
-__all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_streams_uni",
+__all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_stream_data_uni",
+           "granting_streams_uni",
            "peer_transport_parameters", "quic_configuration", "serve"]
 
 T = TypeVar("T")
@@ -323,6 +324,30 @@ def granting_streams_uni(count: int) -> Iterator[None]:
         _GRANTED_STREAMS_UNI.reset(reset)
 
 
+# initial_max_stream_data_uni the servers started inside `granting_stream_data_uni` grant their peers; None:
+# aioquic's own (1 MiB).
+_GRANTED_STREAM_DATA_UNI: ContextVar[int | None] = ContextVar("kvconform_granted_stream_data_uni", default=None)
+
+
+@contextlib.contextmanager
+def granting_stream_data_uni(octets: int) -> Iterator[None]:
+    """Servers started (`serve`) inside this block grant each peer-opened unidirectional stream `octets` of
+    flow-control credit in initial_max_stream_data_uni instead of aioquic's 1 MiB (how the kvcs-publisher
+    harness holds a fetch stream open: aioquic doubles the credit as data arrives, unless the connection's
+    owner withholds it)."""
+    reset = _GRANTED_STREAM_DATA_UNI.set(octets)
+    try:
+        yield
+    finally:
+        _GRANTED_STREAM_DATA_UNI.reset(reset)
+
+
+def _grant_stream_data_uni(quic: QuicConnection, octets: int | None) -> None:
+    """Set the per-stream credit `quic` announces for peer-opened uni streams (before its handshake)."""
+    if octets is not None and hasattr(quic, "_local_max_stream_data_uni"):
+        quic._local_max_stream_data_uni = octets
+
+
 def _grant_streams_uni(quic: QuicConnection, count: int | None) -> None:
     """Set the uni-stream limit `quic` announces in its transport parameters (before its handshake)."""
     limit = getattr(quic, "_local_max_streams_uni", None)
@@ -542,9 +567,11 @@ async def serve(
                                        qlog_dir=qlog_dir, secrets_log=secrets_log)
     holder: list[MoqtServer] = []
     streams_uni = _GRANTED_STREAMS_UNI.get()  # read now: create_protocol runs in the socket's callbacks
+    stream_data_uni = _GRANTED_STREAM_DATA_UNI.get()
 
     def create_protocol(quic: QuicConnection, **kwargs: Any) -> MoqtProtocol:
         _grant_streams_uni(quic, streams_uni)  # aioquic answers the ClientHello only after this returns
+        _grant_stream_data_uni(quic, stream_data_uni)
         config = config_factory() if config_factory is not None else SessionConfig(role=Role.SERVER)
         protocol = MoqtProtocol(quic, session=Session(config), transcript=transcript, **kwargs)
         connection = MoqtConnection(protocol, None, None)

@@ -171,6 +171,8 @@ def test_a_producer_key_in_the_spec_signs_manifest_cose(alg: str) -> None:
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="manifest_every"):
         KvcsPublisher(example_spec(), manifest_every=0)
+    with pytest.raises(ValueError, match="fetch_limit"):
+        KvcsPublisher(example_spec(), fetch_limit=0)
     with pytest.raises(ValueError, match="module:Class"):
         load_publisher_class("nocolon")
     with pytest.raises(ValueError, match="not a subclass"):

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from kvconform.moqt.errors import SessionError
 from kvconform.moqt.filters import FillParameters, LocationFilter
 from kvconform.moqt.messages import FetchOk, PublishDone, PublishNamespace, RequestError, SubscribeOk
 from kvconform.moqt.policy import Right, TokenKey, policy_from_mapping
-from kvconform.moqt.quic import LoopThread
+from kvconform.moqt.quic import LoopThread, granting_stream_data_uni
 from kvconform.moqt.relay import Peer, Relay, Upstream, _Refusal
 from kvconform.moqt.sendorder import PacketTap, SendOrder
 from kvconform.moqt.session import (
@@ -56,10 +57,11 @@ from kvconform.moqt.session import (
 )
 from kvconform.moqt.structures import KeyValuePair, Location, Parameters, ParamType, TrackNamespace
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
-from kvconform.verdicts import Findings, HarnessBug, inconclusive
+from kvconform.verdicts import Findings, inconclusive
 
-__all__ = ["CASES", "PARSE_ERRORS", "PUBLISH_TIMEOUT", "Announce", "Answer", "Case", "Observation",
-           "RecordingRelay", "Seen", "findings", "need_live", "need_publication", "observe", "readable_manifests",
+__all__ = ["CASES", "PARSE_ERRORS", "PUBLISH_TIMEOUT", "Announce", "Answer", "Case", "Observation", "PublisherRun",
+           "RecordingRelay", "Seen", "findings", "need_live", "need_publication", "observe", "publishing",
+           "readable_manifests",
            "track_name"]
 
 # What decoding what a target sent may raise: KvcsError / CoseError (the parsers' own, naming the field and the
@@ -137,6 +139,7 @@ class Seen:
     priority: int | None
     properties: bytes
     header_flags: int | None = None  # SUBGROUP_HEADER Type Flags (subgroup streams)
+    at: float = 0.0  # time.monotonic() when the relay received it
 
 
 @dataclass
@@ -188,6 +191,8 @@ class Observation:
     granted_streams_uni: int | None = None
     # the order the publisher sent its stream frames in (QUIC packet numbers; None: not recorded)
     send_order: SendOrder | None = None
+    # time.monotonic() when the relay answered the publisher's PUBLISH_NAMESPACE with REQUEST_OK (None: never)
+    accepted_at: float | None = None
 
     # -- derived views --------------------------------------------------------------------------------
 
@@ -314,6 +319,7 @@ class RecordingRelay(Relay):
         self.probe_kinds: dict[int, str] = {}
         self.granted_streams_uni: dict[int, int | None] = {}  # peer number -> its initial_max_streams_uni
         self.taps: dict[int, PacketTap] = {}  # peer number -> what its packets carried, in send order
+        self.accepted_at: float | None = None  # when the source's PUBLISH_NAMESPACE got REQUEST_OK
 
     # -- recording ------------------------------------------------------------------------------------
 
@@ -394,6 +400,7 @@ class RecordingRelay(Relay):
                         obj.properties or b"")
         else:
             return  # an End of Range record names no object
+        seen = dataclasses.replace(seen, at=time.monotonic())
         self.objects.append(seen)
         if seen.via == "live" and seen.track in (MANIFEST, MANIFEST_COSE) and self.source is not None:
             self._follow_manifest(seen)
@@ -443,6 +450,7 @@ class RecordingRelay(Relay):
             return
         try:
             super().handle_publish_namespace(peer, req, msg)
+            self.accepted_at = time.monotonic()
         except _Refusal as refusal:
             self._refuse(peer, req, refusal.code, refusal.reason)
 
@@ -531,36 +539,51 @@ def harness_policy(spec: CacheSpec, token: bytes) -> dict[str, Any]:
                         "subscribe": [prefix]}]}
 
 
-def observe(case: Case, driver: PublisherDriver, seed: int, *,
-            log: Callable[[str], None] | None = None) -> Observation:
-    """Run one publication against the recording relay (see the module docstring); always stops both."""
+@dataclass
+class PublisherRun:
+    """A publisher started against a recording relay (``publishing``): what a scenario drives and reads."""
+
+    spec: CacheSpec
+    keys: dict[bytes, str]
+    token: bytes
+    thread: LoopThread
+    relay: RecordingRelay
+    notes: list[str]
+    exit: PublisherExit = field(default_factory=lambda: PublisherExit(None, "", ""))
+
+
+@contextlib.contextmanager
+def publishing(case: Case, driver: PublisherDriver, seed: int, *, relay_class: type[RecordingRelay] = RecordingRelay,
+               stream_data_uni: int | None = None) -> Iterator[PublisherRun]:
+    """Start a ``relay_class`` relay on 127.0.0.1 (granting ``stream_data_uni`` octets per uni stream when given)
+    and the publisher against it with ``case``'s cache spec; always stops both (the publisher's exit lands in
+    ``PublisherRun.exit``)."""
     spec, keys = case.spec(seed)
     token = f"kvcs-scope-token-{seed % 10**8:08d}".encode()
     names = [MANIFEST, MANIFEST_COSE] + [t.name for s in spec.segment_layout()
                                          for t in spec.data_tracks(s.segment, kv=True)]
-    notes: list[str] = []
     thread = LoopThread(name=f"kvcs-publisher-harness-{case.name}")
     relay: RecordingRelay | None = None
-    started = time.monotonic()
-    complete = False
-    exit_ = PublisherExit(None, "", "")
     with tempfile.TemporaryDirectory(prefix="kvconform-kvcs-pub-") as tmp:
         cache = spec.write_json(Path(tmp) / "cache.json")
         try:
             policy = policy_from_mapping(harness_policy(spec, token), "kvcs-publisher harness policy")
 
             async def start() -> RecordingRelay:
-                r = RecordingRelay(content_prefix=spec.namespace(b"\0" * 16).content_prefix(), track_names=names,
-                                   policy=policy, host="127.0.0.1", port=0)
-                return await r.start()  # type: ignore[return-value]
+                r = relay_class(content_prefix=spec.namespace(b"\0" * 16).content_prefix(), track_names=names,
+                                policy=policy, host="127.0.0.1", port=0)
+                with contextlib.ExitStack() as grants:
+                    if stream_data_uni is not None:
+                        grants.enter_context(granting_stream_data_uni(stream_data_uni))
+                    return await r.start()  # type: ignore[return-value]
 
             relay = thread.run(start(), 10.0)
             driver.start(relay.url, cache, token.decode())
+            run = PublisherRun(spec, keys, token, thread, relay, [])
             try:
-                complete = _wait_publication(thread, relay, driver, spec, keys, notes)
-                _probe(thread, relay, notes)
+                yield run
             finally:
-                exit_ = driver.stop()
+                run.exit = driver.stop()
         finally:
             if relay is not None:
                 with contextlib.suppress(Exception):
@@ -568,17 +591,25 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
                 with contextlib.suppress(Exception):
                     thread.run(relay.close(3.0), 5.0)
             thread.close(3.0)
+
+
+def observe(case: Case, driver: PublisherDriver, seed: int, *,
+            log: Callable[[str], None] | None = None) -> Observation:
+    """Run one publication against the recording relay (see the module docstring); always stops both."""
+    started = time.monotonic()
+    with publishing(case, driver, seed) as run:
+        complete = _wait_publication(run.thread, run.relay, driver, run.spec, run.keys, run.notes)
+        _probe(run.thread, run.relay, run.notes)
     if log is not None:
         log(f"{case.name}: complete={complete} after {time.monotonic() - started:.1f} s")
-    if relay is None:  # start() raised, and that propagated; kept for the type checker
-        raise HarnessBug("kvcs-publisher harness: the recording relay was never started")
+    relay = run.relay
     grants = relay.granted_streams_uni
     granted = grants.get(relay.source.number) if relay.source is not None else next(iter(grants.values()), None)
     tap = relay.taps.get(relay.source.number) if relay.source is not None else None
-    return Observation(case, spec, token, keys, list(relay.announces), list(relay.objects),
+    return Observation(case, run.spec, run.token, run.keys, list(relay.announces), list(relay.objects),
                        sorted(relay.answers.values(), key=lambda a: a.seq), complete,
-                       time.monotonic() - started, exit_, notes, granted,
-                       tap.snapshot() if tap is not None else None)
+                       time.monotonic() - started, run.exit, run.notes, granted,
+                       tap.snapshot() if tap is not None else None, relay.accepted_at)
 
 
 def _wait_publication(thread: LoopThread, relay: RecordingRelay, driver: PublisherDriver, spec: CacheSpec,

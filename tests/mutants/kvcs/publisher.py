@@ -7,13 +7,14 @@ that must fail. The harness starts them like the reference: in-process, against 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from kvconform.kvcs.content import CacheSpec
+from kvconform.kvcs.content import CacheSpec, SegmentLayout
 from kvconform.kvcs.cose import ProducerKey, sign
 from kvconform.kvcs.manifest import Manifest
 from kvconform.kvcs.payload import decode_object, encode_raw
@@ -416,3 +417,48 @@ MUTANTS: dict[str, Mutant] = {
 
 # Checks no publisher mutant is required to fail, and why.
 UNMUTATED_CHECKS: dict[str, str] = {}
+
+
+# issue 11: declared limits
+
+FETCH_LIMIT = ("kvcs.publisher.fetch_limit=2",)
+
+
+class IgnoredFetchLimitPublisher(KvcsPublisher):
+    """KVCS-SEC-FETCH-LIMIT: declares a limit of 2 concurrent fetches (and counts them) but never refuses one, so
+    a third starts while two are in progress."""
+
+    def fetch_refused(self, active: int) -> bool:
+        return False
+
+
+class EarlyFetchLimitPublisher(KvcsPublisher):
+    """KVCS-SEC-FETCH-LIMIT: refuses a FETCH already at one below its declared limit (>= limit - 1 in progress),
+    so the second of a declared 2 is refused with only one in progress."""
+
+    def fetch_refused(self, active: int) -> bool:
+        return self.fetch_limit is not None and active >= self.fetch_limit - 1
+
+
+LIVE_DELAY = ("kvcs.publisher.live_delay_ms=100",)
+# Its computation per layer, as declared: 100 ms, 2 s for the 20 layers of the plain case (below the harness's QUIET
+# of 3 s, so the publication is still observed); Group 0 then arrives >= 2 s after REQUEST_OK, past 0.1 + 1.5 s.
+BATCH_LAYER_SECONDS = 0.1
+
+
+class BatchedLayersPublisher(KvcsPublisher):
+    """KVCS-PUB-LIVE-ASAP: computes every layer of a segment (0.1 s each, as it declares) before it publishes the
+    first one, so Group 0 arrives after the whole production instead of after one layer's computation."""
+
+    async def segment_added(self, seg: SegmentLayout) -> None:
+        await asyncio.sleep(self.spec.layers * BATCH_LAYER_SECONDS)
+
+
+MUTANTS.update({
+    "BatchedLayersPublisher": Mutant(SUITE, "KVCS-PUB-LIVE-ASAP",
+                                     ("test_live_objects_arrive_within_the_declared_layer_time",), LIVE_DELAY),
+    "IgnoredFetchLimitPublisher": Mutant(SUITE, "KVCS-SEC-FETCH-LIMIT", ("test_the_declared_fetch_limit_holds",),
+                                         FETCH_LIMIT),
+    "EarlyFetchLimitPublisher": Mutant(SUITE, "KVCS-SEC-FETCH-LIMIT", ("test_the_declared_fetch_limit_holds",),
+                                       FETCH_LIMIT),
+})
