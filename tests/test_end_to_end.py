@@ -73,7 +73,8 @@ def test_prefill_suite_passes_against_the_spawned_reference_tool(tmp_path: Path)
     ("tlkv-reader", "import --envelope {envelope} --pool {pool} --versions {versions} --out {out}",
      ("--pics-set", "tlkv.reader.versions=[1, 2]", "--pics-set", "tlkv.reader.any_geometry=true",
       "--pics-set", "tlkv.reader.v1_only_mode=true",
-      "--pics-set", "tlkv.reader.geometry={block_tokens: 4, n_layers: 2, n_kv_heads: 2, head_dim: 3}",
+      # n_layers != n_kv_heads and block_tokens != head_dim: the shape malformations that swap them exist here
+      "--pics-set", "tlkv.reader.geometry={block_tokens: 4, n_layers: 3, n_kv_heads: 2, head_dim: 3}",
       "-k", "test_rule or test_values or reads_both or refuses")),
 ])
 def test_writer_and_reader_suites_pass_against_the_spawned_reference_tool(suite: str, tool: str,
