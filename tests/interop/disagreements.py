@@ -57,6 +57,10 @@ SUITE_FAILS_ON_AIOMOQT: dict[str, str] = {
     "test_everything_the_relay_writes_decodes":
         "#18: when a publisher's session ends, NAMESPACE_DONE for its namespace is sent twice on the subscriber's "
         "SUBSCRIBE_NAMESPACE stream (relay log, 2026-12-01); the second one ends no announced namespace",
+    "test_a_subscriber_after_the_end_gets_the_track_then_publish_done":
+        "#19: PUBLISH_DONE is sent before the data streams it counts are closed (packet numbers, 2026-12-02)",
+    "test_ids_at_vi64_width_boundaries_survive_the_cache":
+        "#20: the FETCH leg serves none of the objects of groups >= 127 (likely #3: the FETCH narrowed upstream)",
 }
 
 # The kvcs-relay conformance suite run against aiomoqt's relay with PICS kvcs.relay.authorization: false
@@ -69,6 +73,8 @@ KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT: dict[str, str] = {
     "test_subscribe_namespace_into_another_scope_is_refused": "no authorization (KVCS-RELAY-AUTHZ-SCOPE)",
     "test_no_namespace_of_another_scope_leaks_to_a_broader_prefix": "no authorization (KVCS-RELAY-AUTHZ-SCOPE)",
     "test_publish_namespace_into_another_scope_is_refused": "no authorization (KVCS-RELAY-AUTHZ-SCOPE)",
+    "test_a_consumer_after_the_end_gets_every_layer_then_publish_done":
+        "#21: a consumer after the end waits past 5 s for PUBLISH_DONE and the streams it counts (cf. #19)",
     "test_layers_are_served_from_cache_only_within_max_cache_duration":
         "#12: objects served 1500 ms after they arrived with MAX_CACHE_DURATION 1000 ms",
     "test_consumers_joining_a_live_publication_get_every_object_once":
