@@ -83,6 +83,21 @@ VI64_GROUPS = sweep.pick([0, 127, 128, 16383, 16384, 2**32 - 1, 2**32],
 VI64_OBJECTS = (0, 127, 128, 16383, 16384)
 
 
+async def _later_subscriber_sees_the_cache(f: Findings, client: Any, ns: Any, token: Any, published: Any) -> None:
+    """A later subscriber's fill ends with FIN and, like its FETCH, carries every published object unchanged."""
+    req = "MOQT-RELAY-CACHE-IDENTICAL"
+    later = await subscribe(client, ns, auth=token)
+    with waiting("the end of the later subscriber's fill stream"):
+        state = await later.wait_fill(CLIENT_TIMEOUT)
+    f.expect(state == "fin", req, f"[later subscriber, fill] fill stream: seen {state}, expected FIN")
+    compare(f, req, "later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
+    try:
+        result = await fetch(client, ns, auth=token)
+        compare(f, req, "FETCH", result.objects, published)
+    except RequestRejected as exc:
+        f.add(req, f"[FETCH] of the cached track: seen {rejection(exc)}, expected FETCH_OK and the objects")
+
+
 @pytest.mark.req("MOQT-RELAY-CACHE-IDENTICAL", "MOQT-RELAY-NO-MODIFY")
 def test_ids_at_vi64_width_boundaries_survive_the_cache(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """Groups and objects whose IDs sit at the vi64 width steps and at 2^32 are forwarded live with their IDs
@@ -106,17 +121,7 @@ def test_ids_at_vi64_width_boundaries_survive_the_cache(moqt_relay: RelayUnderTe
                     await first.next_object(CLIENT_TIMEOUT)
             compare(f, "MOQT-RELAY-NO-MODIFY", "first subscriber, live",
                     [o for o in first.objects if o.kind == "subgroup"], published)
-            later = await subscribe(later_client, ns, auth=token)
-            with waiting("the end of the later subscriber's fill stream"):
-                state = await later.wait_fill(CLIENT_TIMEOUT)
-            req = "MOQT-RELAY-CACHE-IDENTICAL"
-            f.expect(state == "fin", req, f"[later subscriber, fill] fill stream: seen {state}, expected FIN")
-            compare(f, req, "later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
-            try:
-                result = await fetch(later_client, ns, auth=token)
-                compare(f, req, "FETCH", result.objects, published)
-            except RequestRejected as exc:
-                f.add(req, f"[FETCH] of the cached track: seen {rejection(exc)}, expected FETCH_OK and the objects")
+            await _later_subscriber_sees_the_cache(f, later_client, ns, token, published)
 
     run_findings("vi64 boundary IDs", scenario)
 
@@ -141,16 +146,7 @@ def test_cached_objects_are_byte_identical(moqt_relay: RelayUnderTest, rng: np.r
                 while not published.keys() <= first.seen:
                     await first.next_object(CLIENT_TIMEOUT)
             compare(f, req, "first subscriber, live", list(first.objects), published)
-            later = await subscribe(later_client, ns, auth=token)
-            with waiting("the end of the later subscriber's fill stream"):
-                state = await later.wait_fill(CLIENT_TIMEOUT)
-            f.expect(state == "fin", req, f"[later subscriber, fill] fill stream: seen {state}, expected FIN")
-            compare(f, req, "later subscriber, fill", [o for o in later.objects if o.kind == "fill"], published)
-            try:
-                result = await fetch(later_client, ns, auth=token)
-                compare(f, req, "FETCH", result.objects, published)
-            except RequestRejected as exc:
-                f.add(req, f"[FETCH] of the cached track: seen {rejection(exc)}, expected FETCH_OK and the objects")
+            await _later_subscriber_sees_the_cache(f, later_client, ns, token, published)
 
     run_findings("cache identity", scenario, req=req)
 
