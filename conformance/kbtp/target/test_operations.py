@@ -17,7 +17,7 @@ import pytest
 
 from kvconform.conformance.kbtp import expect
 from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import Ended, Gen, HarnessInitiator, header_only
+from kvconform.conformance.kbtp.client import PREPARED, Ended, Gen, HarnessInitiator, header_only, prepare_handles
 from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Opcode, RequestFlags, Status
@@ -224,7 +224,6 @@ CASES = [
     Case("load-into-short-buffer", ("KBTP-LOAD-FITS",), Status.TOO_LARGE, _load(0, length=15), needs=(0,)),
     Case("alloc-over-block-size", ("KBTP-VAL-LENGTH",), Status.TOO_LARGE, _alloc_rdma(6, BIG), allocates=True),
 ]
-PREPARED = {0: (b"0" * 16, SEAL), 1: (b"1" * 16, 0)}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.req(*c.reqs), id=c.id) for c in CASES])
@@ -241,12 +240,7 @@ def test_validation(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None
         ack = yield from bed.open(a)
         if len(case.needs) > ack.allocation_quota:
             not_applicable(f"Allocation Quota {ack.allocation_quota}: the case needs {len(case.needs)} bound handle(s)")
-        gens = {}
-        for h in case.needs:
-            data, flags = PREPARED[h]
-            r = yield from a.alloc_store(a.handle(h), data, flags=flags)
-            expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE of prepared handle {h}")
-            gens[h] = r.generation
+        gens = yield from prepare_handles(a, case.needs)
         gen = gens[case.needs[0]] % 0xFFFF + 1 if "stale" in case.id else 0  # +1 skipping zero: never the entry's
         reply = yield from case.send(a, gen, req)
         acceptable = {case.expected}

@@ -24,7 +24,7 @@ import pytest
 
 from kvconform import sweep
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import Ended, Gen, HarnessInitiator
+from kvconform.conformance.kbtp.client import PREPARED, Ended, Gen, HarnessInitiator, prepare_handles
 from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
@@ -35,7 +35,6 @@ from kvconform.verdicts import check, inconclusive, not_applicable
 SEAL = int(RequestFlags.SEAL)
 UNSEALED_OK = int(RequestFlags.ALLOW_UNSEALED)
 R_EFFECT = "KBTP-VAL-NO-EFFECT"
-PREPARED = {0: (b"0" * 16, SEAL), 1: (b"1" * 16, 0)}  # handle index: (data, flags) bound before the request
 GUARD = b"\xa5"  # octets of a LOAD buffer the target must not write
 OUTSIDE = 0x7FFF_0000_0000_0000  # a handle no initiator is authorised for (unless the range holds it)
 
@@ -290,12 +289,7 @@ def _judge(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
             # for what the refusal did.
             yield from _rounds(a, [a.handle(ack.handle_count - 1 - i) for i in range(q)], _ring_slots(kbtp_target),
                                "nothing yet (the control round before the refusal)", req="KBTP-QUOTA-ALLOC-BOUNDED")
-        gens = {}
-        for h in case.needs:
-            data, flags = PREPARED[h]
-            r = yield from a.alloc_store(a.handle(h), data, flags=flags)
-            expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE of prepared handle {h}")
-            gens[h] = r.generation
+        gens = yield from prepare_handles(a, case.needs)
         c = Ctx(a, bs, ack.max_inline, gens[case.needs[0]] if case.needs else 0)
         dst = None
         if isinstance(case.build, tuple):
