@@ -43,7 +43,6 @@ from kvconform.rdma.fabric import (
     Connection,
     ConnState,
     DdpEType,
-    DdpTaggedCode,
     DdpUntaggedCode,
     FabricUsageError,
     Layer,
@@ -52,7 +51,6 @@ from kvconform.rdma.fabric import (
     Node,
     Op,
     Pause,
-    RdmapCode,
     RdmapEType,
     Region,
     RunResult,
@@ -65,6 +63,7 @@ from kvconform.rdma.fabric import (
     masked_add,
     masked_cmp_swap,
 )
+from kvconform.rdma.memory import atomic_misaligned, remote_invalidate_refusal, resolve
 from kvconform.rdma.profiles import RDMAP_7306, Binding, PlacementModel, Profile
 from kvconform.rdma.scheduler import FifoScheduler, RandomScheduler, Scheduler, Step
 
@@ -873,14 +872,8 @@ class EmuFabric:
                 checked = self._remote(peer, wr.stag, wr.to, wr.dst.length, Access.REMOTE_READ, tagged=False)
             else:
                 checked = self._remote(peer, wr.stag, wr.to, 8, Access.REMOTE_ATOMIC, tagged=False)
-                if not isinstance(checked, Terminate) and wr.to % 8:
-                    checked = Terminate(
-                        Layer.RDMAP,
-                        RdmapEType.REMOTE_OPERATION,
-                        RdmapCode.UNSPECIFIED,
-                        f"atomic Remote Tagged Offset {wr.to:#x} is not 8-octet aligned (RFC 7306)",
-                        peer.name,
-                    )
+                if not isinstance(checked, Terminate):
+                    checked = atomic_misaligned(wr.to, peer.name) or checked
             if isinstance(checked, Terminate):
                 status = (
                     Status.REM_INV_REQ_ERR if checked.etype == RdmapEType.REMOTE_OPERATION else Status.REM_ACCESS_ERR
@@ -904,51 +897,12 @@ class EmuFabric:
         self, at: EmuConnection, stag: int, to: int, length: int, right: Access, *, tagged: bool
     ) -> tuple[EmuBuffer, int] | Terminate:
         """Resolve (STag, TO, length) at ``at``'s node, or the Terminate its RNIC sends (§2.2, §2.6)."""
-
-        def term(ddp: DdpTaggedCode, rdmap: RdmapCode, why: str) -> Terminate:
-            reason = f"{why} (stag {stag:#x}, to {to:#x}, len {length}) at {at.name}"
-            if tagged:  # RDMA Write buffers are checked by DDP (tagged buffer errors)
-                return Terminate(Layer.DDP, DdpEType.TAGGED_BUFFER, ddp, reason, at.name)
-            return Terminate(Layer.RDMAP, RdmapEType.REMOTE_PROTECTION, rdmap, reason, at.name)
-
-        obj = at.node._stags.get(stag)
-        if obj is None:
-            return term(DdpTaggedCode.INVALID_STAG, RdmapCode.INVALID_STAG, "invalid STag")
-        if isinstance(obj, Window):
-            if obj.connection != at.name:
-                return term(
-                    DdpTaggedCode.STAG_NOT_ASSOCIATED,
-                    RdmapCode.STAG_NOT_ASSOCIATED,
-                    f"window bound to {obj.connection}, not this stream",
-                )
-            region = obj.region
-            if at.node._stags.get(region.stag) is not region:
-                return term(DdpTaggedCode.INVALID_STAG, RdmapCode.INVALID_STAG, "window's region deregistered")
-            base = obj.to(0)
-            start = region.offset + obj.offset
-        else:
-            base = obj.to_base
-            start = obj.offset
-        if not int(obj.access) & int(right):
-            return Terminate(
-                Layer.RDMAP,
-                RdmapEType.REMOTE_PROTECTION,
-                RdmapCode.ACCESS_RIGHTS,
-                f"access rights violation: {right.name} not granted (stag {stag:#x}) at {at.name}",
-                at.name,
-            )
-        if to + length > U64 + 1:
-            return term(DdpTaggedCode.TO_WRAP, RdmapCode.TO_WRAP, "Tagged Offset wrap")
-        off = to - base
-        if off < 0 or off + length > obj.length:
-            return term(
-                DdpTaggedCode.BASE_BOUNDS,
-                RdmapCode.BASE_BOUNDS,
-                f"base or bounds violation: [{off}, +{length}) outside {obj.length} octets",
-            )
-        buf = obj.buffer if isinstance(obj, Region) else obj.region.buffer
+        got = resolve(at.node._stags, at.name, stag, to, length, right, tagged=tagged)
+        if isinstance(got, Terminate):
+            return got
+        buf, off = got
         assert isinstance(buf, EmuBuffer)
-        return buf, start + off
+        return buf, off
 
     # ---- responder: placement, delivery, Read/atomic processing -------------------------------------------
 
@@ -1098,26 +1052,7 @@ class EmuFabric:
         self._advance_inbound(at)
 
     def _remote_invalidate(self, at: EmuConnection, stag: int) -> Terminate | None:
-        obj = at.node._stags.get(stag)
-        why = ""
-        code = RdmapCode.STAG_CANNOT_BE_INVALIDATED
-        if obj is None:
-            why, code = "invalid STag", RdmapCode.INVALID_STAG
-        elif isinstance(obj, Window):
-            if obj.connection != at.name:
-                why, code = f"window bound to {obj.connection}", RdmapCode.STAG_NOT_ASSOCIATED
-        elif not obj.remote_invalidate:
-            why = "a plain memory region cannot be remotely invalidated (§2.4)"
-        if not why:
-            return None
-        etype = (
-            RdmapEType.REMOTE_OPERATION
-            if code is RdmapCode.STAG_CANNOT_BE_INVALIDATED
-            else RdmapEType.REMOTE_PROTECTION
-        )
-        return Terminate(
-            Layer.RDMAP, etype, code, f"Send with Invalidate of stag {stag:#x}: {why} at {at.name}", at.name
-        )
+        return remote_invalidate_refusal(at.node._stags, at.name, stag)
 
     def _advance_responses(self, at: EmuConnection) -> None:
         if at._resp_active or not at.responses:
