@@ -135,6 +135,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if args.strict:
         pytest_args.append("--kvconform-strict")
     pytest_args += ["--kvconform-suite-budget", str(args.suite_budget), "--kvconform-sweep", args.sweep]
+    if args.kbtp_wire != "emulated":
+        pytest_args += ["--kvconform-kbtp-wire", args.kbtp_wire]
     pytest_args += ["--kvconform-capture", args.capture, "--kvconform-capture-with", args.capture_with]
     if args.seed is not None:
         pytest_args += ["--kvconform-seed", str(args.seed)]
@@ -453,6 +455,10 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--sweep", choices=("boundary", "wide"), default="boundary",
                      help="geometries each suite sweeps: boundary (default: the values where wrong implementations "
                           "differ) or wide (more besides, within --suite-budget); docs/boundaries.md lists them")
+    run.add_argument("--kbtp-wire", choices=("emulated", "iwarp", "roce"), default="emulated",
+                     help="in-process KBTP targets and initiators (reference, python:) over the emulated fabric "
+                          "(default) or that wire format on loopback sockets; kbtp+iwarp:// and kbtp+roce:// "
+                          "targets always use their own")
     _capture_arguments(run)
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)

@@ -3,6 +3,7 @@
     kvconform serve tlkv-decode [--host 127.0.0.1] [--port 50051] [--pool 16,32,8,128] [--versions 1,2]
     kvconform serve moqt-relay [--host 127.0.0.1] [--port 4443] [--policy FILE] [--relay-class module:Class]
     kvconform serve kvcs-publisher --relay URL --cache SPEC [--token T] [--kv] [--deterministic] [...]
+    kvconform serve kbtp-target --binding iwarp|roce [--port 0] [--features ...] [--pool ...] [...]
 
 prints ``listening on HOST:PORT`` (flushed) once it accepts connections (``--port 0`` picks a free
 port), shows per-status counters every few seconds when stdout is a terminal, and stops cleanly on
@@ -31,6 +32,8 @@ SUMMARIES: dict[str, str] = {
     "tlkv-decode": "tl.kv.v1 decode side (KvTransfer gRPC server)",
     "moqt-relay": "caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)",
     "kvcs-publisher": "KVCS Original Publisher (MOQT draft-22 client of a relay)",
+    "kbtp-target": "KBTP target (the reference pool owner) over userspace iWARP or RoCEv2",
+    "kbtp-initiator": "KBTP initiator (the reference) under the cmd: contract: operations on stdin, answers on stdout",
 }
 STATS_INTERVAL = 5.0  # seconds between counter lines on a terminal
 EXAMPLE_POLICY = "example"  # serve moqt-relay --policy: the packaged policy the loopback PICS describe
@@ -174,6 +177,20 @@ def serve_kvcs_publisher(argv: list[str], stop: threading.Event | None = None) -
         return serve_publisher(args.relay, spec, token, stop, publisher=publisher)
 
 
+def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> int:
+    """The KBTP reference target over a wire binding (``kvconform.kbtp.serve``)."""
+    from kvconform.kbtp.serve import serve_kbtp_target as serve
+
+    return serve(argv, stop)
+
+
+def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -> int:
+    """The KBTP reference initiator as a ``cmd:`` process (``kvconform.kbtp.serve``)."""
+    from kvconform.kbtp.serve import serve_kbtp_initiator as serve
+
+    return serve(argv, stop)
+
+
 @contextmanager
 def _until_stopped(stop: threading.Event | None) -> Iterator[threading.Event]:
     """The event a component runs until: the caller's, or one SIGINT/SIGTERM set (handlers restored after;
@@ -201,6 +218,8 @@ COMPONENTS: dict[str, Callable[[list[str]], int]] = {
     "tlkv-decode": serve_tlkv_decode,
     "moqt-relay": serve_moqt_relay,
     "kvcs-publisher": serve_kvcs_publisher,
+    "kbtp-target": serve_kbtp_target,
+    "kbtp-initiator": serve_kbtp_initiator,
 }
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import IO, Protocol, runtime_checkable
 
 from kvconform.targets.drivers import DriverError, TargetUnavailable
 
@@ -115,8 +115,11 @@ class Process:
     that always stops it. Its stdout and stderr go to files in its own temporary folder."""
 
     def __init__(self, argv: list[str], *, cwd: str | os.PathLike[str] | None = None,
-                 env: Mapping[str, str] | None = None, what: str = "target") -> None:
+                 env: Mapping[str, str] | None = None, what: str = "target", pipes: bool = False) -> None:
         self.argv = argv
+        # pipes: stdin and stdout are the implementation's control channel (kbtp-initiator's cmd: contract);
+        # nothing ever waits for their end, so a child holding them open cannot stall the harness
+        self.pipes = pipes
         self.cwd = cwd
         self.what = what
         self.mark = uuid.uuid4().hex
@@ -136,6 +139,15 @@ class Process:
         self.stop()
 
     @property
+    def stdin(self) -> IO[bytes] | None:
+        return self._proc.stdin if self._proc is not None else None
+
+    @property
+    def stdout(self) -> IO[bytes] | None:
+        """With ``pipes``: the control channel's read end (the stdout file then stays empty)."""
+        return self._proc.stdout if self._proc is not None else None
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
@@ -146,8 +158,10 @@ class Process:
         self._started = time.monotonic()
         try:
             with open(out / "stdout", "wb") as stdout, open(out / "stderr", "wb") as stderr:
-                self._proc = subprocess.Popen(self.argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                              cwd=self.cwd, env=self._env, start_new_session=True)
+                stdin = subprocess.PIPE if self.pipes else subprocess.DEVNULL
+                self._proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE if self.pipes else stdout,
+                                              stderr=stderr, stdin=stdin, cwd=self.cwd, env=self._env,
+                                              start_new_session=True)
         except OSError as exc:
             self._tmp.cleanup()
             self._tmp = None
@@ -223,6 +237,10 @@ class Process:
         self._signal_group(signal.SIGKILL)
         self._kill_leftovers()
         code = self._proc.poll()
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         stdout, stderr = self.output()
         elapsed = time.monotonic() - self._started
         if self._tmp is not None:

@@ -33,12 +33,30 @@ def with_hint(exc: Violation, hint: str) -> Violation:
     return exc
 
 
-def make_fabric(params: TargetParams, seed: int, scheduler: Any = None, trace: bool = False) -> Any:
+def make_fabric(params: TargetParams, seed: int, scheduler: Any = None, trace: bool = False,
+                wire: str = "emulated") -> Any:
     """An emulated fabric on the declared binding's profile; ``seed`` picks a RandomScheduler unless a
-    scheduler (PCT, a schedule script) is given."""
+    scheduler (PCT, a schedule script) is given. ``wire`` iwarp / roce: a `WireFabric` over loopback sockets
+    instead (in-process targets over the real wire format; no scheduler to own)."""
+    if wire != "emulated":
+        from kvconform.rdma.wire.fabric import WireFabric
+
+        return WireFabric(params.profile, binding=wire, trace=trace)  # type: ignore[arg-type]
     from kvconform.rdma.emulated import EmuFabric
 
     return EmuFabric(params.profile, seed=seed, scheduler=scheduler, trace=trace)
+
+
+def require_owned_races(fabric: Any, scheduler: Any) -> None:
+    """A schedule script replays the text's interleaving step by step at the target's race points: only a
+    fabric the harness schedules (the emulated one, with the target in-process) can do that. Elsewhere the
+    check is inconclusive; the seeded repetitions of the race checks still run there as black-box attempts."""
+    from kvconform.rdma.scheduler import ScriptScheduler
+
+    if isinstance(scheduler, ScriptScheduler) and not getattr(fabric, "owns_races", True):
+        inconclusive("this check replays a named interleaving step by step at the target's race points, which "
+                     "needs the harness to schedule the target (the emulated fabric, an in-process target); over "
+                     "the wire the target is a black box, and the race checks' repeated attempts stand for it")
 
 
 @dataclass
@@ -52,6 +70,7 @@ class Bed:
     trace_dir: Path | None = None
     label: str = "run"
     trace: bool = False
+    wire: str = "emulated"  # in-process targets: emulated, or iwarp / roce over loopback sockets
     fabric: Any = field(init=False)
     target_node: Node = field(init=False)
     endpoint: TargetEndpoint = field(init=False)
@@ -59,7 +78,10 @@ class Bed:
     _runs: int = 0
 
     def __post_init__(self) -> None:
-        self.fabric = make_fabric(self.params, self.seed, self.scheduler, self.trace)
+        own = getattr(self.driver, "make_fabric", None)  # a target in another process: its driver's wire
+        self.fabric = own(self.params, trace=self.trace) if own else make_fabric(
+            self.params, self.seed, self.scheduler, self.trace, self.wire)
+        require_owned_races(self.fabric, self.scheduler)
         self.target_node = self.fabric.node("target")
         try:
             self.endpoint = self.driver.start(self.fabric, self.target_node, self.params)
@@ -74,8 +96,15 @@ class Bed:
         """A new harness initiator node with its connection attached to the target."""
         name = name or f"I{len(self.initiators)}"
         node = self.fabric.node(name)
-        t_conn, i_conn = self.fabric.connect(self.target_node, node, name=f"{name}-conn")
-        self.endpoint.attach(t_conn)
+        try:
+            dial = getattr(self.endpoint, "dial", None)  # a remote target: the harness connects to it
+            if dial is not None:
+                i_conn = dial(node, f"{name}-conn")
+            else:
+                t_conn, i_conn = self.fabric.connect(self.target_node, node, name=f"{name}-conn")
+                self.endpoint.attach(t_conn)
+        except OSError as exc:  # WireSetupError and socket errors: the connection never carried KBTP
+            raise TargetUnavailable(f"{name}: no connection to the target: {exc}") from exc
         ini = HarnessInitiator(self.fabric, node, i_conn, name)
         if initiator_id is not None:
             ini.initiator_id = initiator_id
@@ -132,6 +161,9 @@ class Bed:
         if result.reason == "max_steps":
             self.blame_waiting(f"the run did not settle within {MAX_STEPS} steps (still running: "
                                f"{list(result.blocked)})")
+        if result.reason == "deadline":
+            self.blame_waiting(f"the run did not end within the wire fabric's {self.fabric.run_timeout} s (still "
+                               f"running: {list(result.blocked)})")
         stuck = [n for n in handles if not handles[n].done]
         if stuck:
             raise HarnessBug(f"harness actors blocked without a bound: {[handles[n].waiting for n in stuck]} "
@@ -147,6 +179,16 @@ class Bed:
                 req, awaited = ini.waiting
                 violation(f"{what} while {ini.name} waited for the {awaited}", req=req, detail=hint)
         raise DriverError(f"{what} [{hint}]")
+
+    def close(self) -> None:
+        """End the bed: a remote target gets its sessions released (GOODBYE with RELEASE from every Initiator ID
+        the check used, so the next check finds the pool as the PICS declare it), then every socket closes."""
+        release = getattr(self.endpoint, "release_sessions", None)
+        if release is not None:
+            release(self)
+        close = getattr(self.fabric, "close", None)
+        if close is not None:
+            close()
 
     def run_one(self, gen: Gen) -> Any:
         self._runs += 1

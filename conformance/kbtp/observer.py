@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvconform.conformance.kbtp.bed import MAX_STEPS, make_fabric, with_hint
+from kvconform.conformance.kbtp.bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
 from kvconform.conformance.kbtp.client import HarnessInitiator
 from kvconform.fixtures import evidence
 from kvconform.kbtp.constants import EntryFlags
@@ -26,11 +26,13 @@ from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import ActorFailed, ActorGen
 from kvconform.rdma.fabric import Access
+from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
-from kvconform.verdicts import HarnessBug, Violation, check
+from kvconform.verdicts import HarnessBug, Violation, check, inconclusive
 
 START_GENERATION = 0xFFFE  # the first binding of every entry gets 0xFFFF (all ones), its free 1 (zero skipped)
 CREDIT_SLACK = 8  # receive buffers posted beyond the advertised Request Credits, to observe an overrun
+CONNECT_WAIT_S = 15.0  # a cmd: initiator process: from its start to its connection being set up
 
 
 @dataclass(frozen=True)
@@ -172,31 +174,71 @@ class InitiatorBed:
     request_credits: int | None = None  # advertised by the harness target (None: its configured 8)
     tickets_before_wrap: int = 0  # DIRECT_ALLOC Heads start this far (whole laps) below the wrap; 0: at ticket 0
     start_generation: int | None = START_GENERATION
+    wire: str = "emulated"  # the emulated fabric, or iwarp / roce over loopback sockets (see make_fabric)
     fabric: Any = field(init=False)
     target: ObservingTarget = field(init=False)
     endpoint: InitiatorEndpoint = field(init=False)
     failure: str | None = None  # how the initiator under test failed, when it did
+    initiator_node: Any = field(init=False, default=None)  # None: the initiator is another process
+    initiator_conn: Any = field(init=False, default=None)
     _runs: int = 0
 
     def __post_init__(self) -> None:
-        self.fabric = make_fabric(self.target_params, self.seed, self.scheduler, trace=True)
+        own = getattr(self.driver, "make_fabric", None)  # an initiator in another process: its driver's wire
+        self.fabric = own(self.target_params, trace=True) if own else make_fabric(
+            self.target_params, self.seed, self.scheduler, trace=True, wire=self.wire)
+        require_owned_races(self.fabric, self.scheduler)
         tnode = self.tnode = self.fabric.node("target")
         config = target_config(self.target_params)
         if self.request_credits is not None:
             config = dataclasses.replace(config, request_credits=self.request_credits + CREDIT_SLACK)
-        inode = self.initiator_node = self.fabric.node("I")
-        t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
-        self.target = ObservingTarget(self.fabric, tnode, config, advertised_credits=self.request_credits,
-                                      tickets_before_wrap=self.tickets_before_wrap,
-                                      exposed=lambda: exposed_stags(inode), posted=lambda: posted_receives(i_conn))
+        launch = getattr(self.driver, "launch", None)
+        if launch is None:
+            inode = self.initiator_node = self.fabric.node("I")
+            t_conn, i_conn = self.fabric.connect(tnode, inode, name="I-conn")
+            self.target = self._target(config, exposed=lambda: exposed_stags(inode),
+                                       posted=lambda: posted_receives(i_conn))
+            self.target_conn = t_conn.name
+            self.target.accept(t_conn)
+            self.endpoint = self.driver.start(self.fabric, inode, i_conn, self.params)
+            self.initiator_conn = i_conn
+            return
+        # A process: the harness target listens, the initiator connects to it; its memory and posts are its own
+        # (checks that read them are inconclusive: stags_observable, posted None).
+        self.initiator_node = None
+        self.initiator_conn = None
+        self.target = self._target(config, exposed=None, posted=None)
+        accepted: list[Any] = []
+
+        def on_accept(conn: Any) -> None:
+            if not accepted:
+                self.target_conn = conn.name
+                self.target.accept(conn)
+            accepted.append(conn)
+
+        listener = self.fabric.listen(tnode, "127.0.0.1", 0, on_accept)
+        url = f"kbtp+{self.fabric.binding}://127.0.0.1:{self.fabric.port_of(listener)}"
+        self.endpoint = launch(self.fabric, url, self.params)
+        if not self.fabric.await_event(lambda: bool(accepted), CONNECT_WAIT_S):
+            self.close()
+            raise TargetUnavailable(f"the initiator under test did not connect to {url} within {CONNECT_WAIT_S:g} s")
+
+    def _target(self, config: Any, *, exposed: Any, posted: Any) -> ObservingTarget:
+        target = ObservingTarget(self.fabric, self.tnode, config, advertised_credits=self.request_credits,
+                                 tickets_before_wrap=self.tickets_before_wrap, exposed=exposed, posted=posted)
         if self.start_generation is not None:
-            table = self.target.table
+            table = target.table
             for h in range(table.base_handle, table.base_handle + table.entries):
                 table.write_state(h, EntryFlags(0), self.start_generation)
-        self.target_conn = t_conn.name
-        self.target.accept(t_conn)
-        self.endpoint = self.driver.start(self.fabric, inode, i_conn, self.params)
-        self.initiator_conn = i_conn
+        return target
+
+    def close(self) -> None:
+        stop = getattr(self.endpoint, "close", None) if hasattr(self, "endpoint") else None
+        if stop is not None:
+            stop()
+        close = getattr(self.fabric, "close", None)
+        if close is not None:
+            close()
 
     def harness_client(self, name: str) -> HarnessInitiator:
         """A harness initiator on its own node, served by the same observing target (a second party)."""
@@ -295,7 +337,11 @@ class InitiatorBed:
                 if eff.get("do") == do and eff.get("wr") == wr]
 
     def post_step(self, wr: str) -> int | None:
-        """The step at which the initiator posted work request ``wr``."""
+        """The step at which the initiator posted work request ``wr`` (inconclusive for an initiator in another
+        process: its posts are its own)."""
+        if self.initiator_conn is None:
+            inconclusive("the check reads when the initiator posted its work requests, which an initiator in "
+                         "another process does not show the harness")
         for rec in self.fabric.trace:
             for eff in rec["effects"]:
                 if eff.get("do") == "post" and eff.get("wr") == wr and eff.get("who") == self.initiator_conn.name:

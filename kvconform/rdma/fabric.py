@@ -600,8 +600,9 @@ class Fabric(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """How a run ended: ``quiescent`` (nothing left to do) or ``max_steps``; actors still blocked."""
+    """How a run ended: ``quiescent`` (nothing left to do), ``max_steps``, or (a real-time fabric) its wall-clock
+    ``deadline``; actors still blocked."""
 
     steps: int
-    reason: Literal["quiescent", "max_steps"]
+    reason: Literal["quiescent", "max_steps", "deadline"]
     blocked: tuple[str, ...]  # non-daemon actors that never finished (a deadlock when reason is quiescent)

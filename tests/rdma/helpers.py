@@ -32,8 +32,16 @@ def pair(
     trace: bool = False,
     mem_access: Access = ALL_REMOTE,
     zero_based: bool = False,
+    wire: str | None = None,
 ) -> Pair:
-    fab = EmuFabric(profile, seed=seed, scheduler=scheduler, trace=trace)
+    """``wire`` iwarp / roce: the same pair over a `WireFabric` (real sockets on loopback, real wire format)."""
+    fab: EmuFabric
+    if wire is not None:
+        from kvconform.rdma.wire.fabric import WireFabric
+
+        fab = WireFabric(profile, binding=wire, trace=trace)  # type: ignore[arg-type]
+    else:
+        fab = EmuFabric(profile, seed=seed, scheduler=scheduler, trace=trace)
     t, i = fab.node("T"), fab.node("I")
     tc, ic = fab.connect(t, i)
     mem = t.register(t.alloc(256), mem_access, zero_based=zero_based)

@@ -1,0 +1,660 @@
+"""`WireFabric`: the fabric interface over real sockets, with a binding's sans-I/O engine per connection.
+
+The same actors (the reference target and initiator, the harness's clients, the suites) that run on the
+emulated fabric run here unchanged, in real time: an actor's step runs when the completion, predicate
+or timer it waits for is there, and between steps the fabric polls its sockets (bounded by the next
+timer, an engine's retransmission deadline, or the run's wall-clock bound). There is no scheduler to
+own: races happen as the kernel and the peer make them, which is why checks that replay a named
+interleaving stay with the emulated fabric (``owns_races`` is False here).
+
+Bindings (``binding=``):
+
+- ``iwarp``: RDMAP/DDP/MPA over one TCP connection (`kvconform.rdma.iwarp.IwarpEngine`).
+- ``roce``: IB RC over RoCEv2: a TCP side channel carries the out-of-band QP exchange of rdma-bindings
+  §5.1 (and its end is the connection's end); packets go over one UDP socket per fabric, demultiplexed by
+  Destination QP (`kvconform.rdma.roce.RoceEngine`).
+
+A node is local memory (the emulated fabric's buffers, regions, windows and STag checks, reused); a node in
+another process is a `RemoteNode`, only an address, which ``dial(remote, local)`` connects to.
+``listen(node, host, port, on_accept)`` serves connections. Both ends in one process (``connect(a, b)``
+of two local nodes) go through a real loopback socket pair too, which is how the harness's own tests run
+the reference and its mutants over the wire.
+
+Every connection can write a pcap of its wire (``capture_dir``), built from the bytes the engine sent
+and received with synthesized Ethernet/IPv4/TCP or UDP headers, so captures need no privileges and
+Wireshark / tshark dissect them as iWARP or InfiniBand (RoCEv2, UDP port 4791).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from kvconform.rdma.emulated import EmuConnection, EmuCQ, EmuFabric, EmuNode, _Wr
+from kvconform.rdma.fabric import (
+    Access,
+    Buffer,
+    Completion,
+    ConnState,
+    FabricUsageError,
+    Node,
+    Op,
+    RunResult,
+    Sge,
+    Status,
+    Terminate,
+)
+from kvconform.rdma.memory import atomic_misaligned, remote_invalidate_refusal, resolve
+from kvconform.rdma.profiles import Binding, Profile
+from kvconform.rdma.scheduler import FifoScheduler
+from kvconform.rdma.wire.capture import WireTap
+from kvconform.rdma.wire.engine import Engine, WorkRequest
+
+WireBindingName = Literal["iwarp", "roce"]
+ROCE_PORT = 4791  # IANA RoCEv2 UDP port (rdma-bindings §4.1)
+CONNECT_TIMEOUT_S = 10.0  # TCP connect plus MPA / out-of-band exchange
+RUN_TIMEOUT_S = 120.0  # wall-clock bound of one run(): a peer that never answers ends the run, not the suite
+SETTLE_S = 0.01  # run(): once every actor is done, the wire counts as quiet after this long without traffic
+_RECV = 1 << 16
+
+
+class WireSetupError(ConnectionError):
+    """A connection could not be set up (refused, reset, MPA or QP exchange failed): never a verdict."""
+
+
+@dataclass(frozen=True)
+class RemoteNode:
+    """A node in another process: only its address (the target under test behind a driver URL)."""
+
+    name: str
+    host: str
+    port: int
+    profile: Profile
+
+
+class _Memory:
+    """`LocalMemory` of one connection endpoint: the node's STags as its RNIC checks them."""
+
+    def __init__(self, fabric: WireFabric, node: EmuNode, conn: str) -> None:
+        self._fabric = fabric
+        self._node = node
+        self._conn = conn
+
+    def resolve(
+        self, stag: int, to: int, length: int, right: Access, *, tagged: bool
+    ) -> tuple[Buffer, int] | Terminate:
+        return resolve(self._node._stags, self._conn, stag, to, length, right, tagged=tagged)
+
+    def atomic_misaligned(self, to: int) -> Terminate | None:
+        return atomic_misaligned(to, self._conn)
+
+    def remote_invalidate(self, stag: int) -> Terminate | None:
+        refusal = remote_invalidate_refusal(self._node._stags, self._conn, stag)
+        if refusal is None:
+            del self._node._stags[stag]
+        return refusal
+
+    def note(self, what: str, **args: Any) -> None:
+        self._fabric._note(self._conn, what, **args)
+
+
+class WireConnection(EmuConnection):
+    """One endpoint: the emulated connection's local checks, a binding engine for everything remote."""
+
+    def __init__(self, fabric: WireFabric, node: EmuNode, name: str, cq: EmuCQ) -> None:
+        super().__init__(fabric, node, name, -1, cq)
+        self._wire = fabric
+        self.engine: Engine | None = None
+        self.sock: socket.socket | None = None  # the TCP stream (iWARP) or side channel (RoCE)
+        self.out = bytearray()  # stream bytes not yet accepted by the kernel
+        self.ready = False  # setup (MPA start frames / QP exchange) done
+        self.failed: str = ""  # why setup failed
+        self.pending: list[Callable[[Engine], None]] = []  # posts before the engine exists
+        self.tap: WireTap | None = None
+        self.local_addr: tuple[str, int] = ("127.0.0.1", 0)
+        self.peer_addr: tuple[str, int] = ("127.0.0.1", 0)
+        self.setup: Any = None  # binding-specific setup state (the RoCE QP exchange)
+        self.closing = False
+
+    @property
+    def state(self) -> ConnState:
+        if self.engine is None:
+            return ConnState.ERROR if self.failed else ConnState.CONNECTED
+        return self.engine.state
+
+    @property
+    def terminate(self) -> Terminate | None:
+        return None if self.engine is None else self.engine.terminate
+
+    def __repr__(self) -> str:
+        return f"WireConnection({self.name!r}, {self.state})"
+
+    def _with_engine(self, fn: Callable[[Engine], None]) -> None:
+        if self.engine is None:
+            self.pending.append(fn)
+        else:
+            fn(self.engine)
+            self._wire._flush(self)
+
+    def post_recv(self, sge: Sge | None, wr_id: int = 0) -> int:
+        if sge is not None:
+            self._local(sge, True, "post_recv")
+        if self.state is not ConnState.CONNECTED:
+            self.cq._push(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self.name))
+            return wr_id
+        self.rq.append((wr_id, sge))  # what is posted and not yet consumed, as the emulated connection keeps it
+        self._with_engine(lambda e: e.post_recv(wr_id, sge))
+        return wr_id
+
+    def _post(self, wr: _Wr) -> int:
+        if self.state is not ConnState.CONNECTED:
+            self.cq._push(Completion(wr.wr_id, wr.kind, Status.WR_FLUSH_ERR, self.name))
+            return wr.wr_id
+        self._wire._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
+        data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else self._wire._gather(wr.src)
+        req = WorkRequest(op=wr.kind, wr_id=wr.wr_id, tag=wr.tag, signaled=wr.signaled, fence=wr.fence, data=data,
+                          dst=wr.dst, stag=wr.stag, to=wr.to, imm=wr.imm, invalidate=wr.invalidate,
+                          solicited=wr.solicited, add=wr.add, mask=wr.mask, compare=wr.compare, swap=wr.swap,
+                          compare_mask=wr.compare_mask, swap_mask=wr.swap_mask)
+        self._with_engine(lambda e: e.post(req))
+        return wr.wr_id
+
+    def disconnect(self) -> None:
+        if self.engine is not None and self.engine.state is ConnState.CONNECTED:
+            self.engine.disconnect()
+            self._wire._flush(self)
+        self.closing = True
+        self._wire._maybe_close(self)
+
+
+@dataclass
+class _Listener:
+    node: EmuNode
+    sock: socket.socket
+    on_accept: Callable[[WireConnection], None]
+    names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class WireFabric(EmuFabric):
+    """The fabric interface in real time over sockets (see the module docstring)."""
+
+    owns_races = False
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        binding: WireBindingName | None = None,
+        trace: bool = False,
+        capture_dir: str | Path | None = None,
+        udp_port: int = 0,
+        host: str = "127.0.0.1",
+        run_timeout: float = RUN_TIMEOUT_S,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(profile, scheduler=FifoScheduler(), trace=trace)
+        self.binding: WireBindingName = binding or ("iwarp" if profile.binding is Binding.RDMAP else "roce")
+        if (self.binding == "iwarp") != (profile.binding is Binding.RDMAP):
+            raise FabricUsageError(f"binding {self.binding} cannot carry profile {profile.name} ({profile.binding})")
+        self.host = host
+        self.run_timeout = run_timeout
+        self.engine_options = dict(engine_options or {})
+        self.capture_dir = Path(capture_dir) if capture_dir else None
+        self._t0 = time.monotonic()
+        self._sel = selectors.DefaultSelector()
+        self._conns: list[WireConnection] = []
+        self._listeners: list[_Listener] = []
+        self._serving = False
+        self._readers = 0
+        self._udp: socket.socket | None = None
+        self._udp_port_wanted = udp_port
+        self._qpns: dict[int, WireConnection] = {}
+        self._next_qpn = 0x11 + (os.getpid() % 0x1000) * 0x100  # distinct per process, for readable captures
+
+    # ---- clock ---------------------------------------------------------------------------------------
+
+    def _clock(self) -> float:
+        return time.monotonic() - self._t0
+
+    @property
+    def now(self) -> float:
+        return self._clock()
+
+    # ---- construction --------------------------------------------------------------------------------
+
+    def remote(self, name: str, host: str, port: int) -> RemoteNode:
+        """The target (or peer) in another process at ``host:port``."""
+        return RemoteNode(name, host, port, self.profile)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        """A connection from ``local`` to a node in another process; returns once it is set up (bounded),
+        `WireSetupError` when it cannot be."""
+        if not isinstance(local, EmuNode) or local.name not in self._nodes:
+            raise FabricUsageError("dial: the local node must belong to this fabric")
+        conn = self._dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", (remote.host, remote.port),
+                          cq)
+        self._await_ready([conn])
+        return conn
+
+    def connect(
+        self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None, cq_b: EmuCQ | None = None
+    ) -> tuple[WireConnection, WireConnection]:
+        """Both ends in this process, over a real loopback socket pair; returns once both are set up."""
+        base = name or f"{a.name}-{b.name}"
+        for n in (a, b):
+            if not isinstance(n, EmuNode) or n.name not in self._nodes:
+                raise FabricUsageError("connect: nodes must belong to this fabric (dial() reaches other processes)")
+        assert isinstance(a, EmuNode) and isinstance(b, EmuNode)
+        accepted: list[WireConnection] = []
+        listener = self.listen(a, self.host, 0, accepted.append, name_of=lambda n: f"{base}.{a.name}", cq=cq_a)
+        try:
+            conn = self._dial(b, f"{base}.{b.name}", listener.sock.getsockname()[:2], cq_b)
+            self._await_ready([conn], lambda: bool(accepted) and accepted[0].ready)
+        finally:
+            self._sel.unregister(listener.sock)
+            listener.sock.close()
+            self._listeners.remove(listener)
+        conn.peer_name, accepted[0].peer_name = accepted[0].name, conn.name
+        return accepted[0], conn
+
+    def listen(
+        self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+        name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None,
+    ) -> _Listener:
+        """Serve connections on ``host:port`` (0: any free port; `port_of` tells which); ``on_accept`` gets
+        each connection once it is set up. RoCE also binds the fabric's UDP socket (``udp_port``)."""
+        if not isinstance(node, EmuNode):
+            raise FabricUsageError("listen: a local node of this fabric")
+        sock = socket.create_server((host, port), reuse_port=False)
+        sock.setblocking(False)
+        listener = _Listener(node, sock, on_accept)
+        self._listeners.append(listener)
+        self._sel.register(sock, selectors.EVENT_READ, ("accept", listener, name_of, cq))
+        if self.binding == "roce":
+            self._ensure_udp()
+        return listener
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever ``fd`` is readable (a process's pipe: the cmd: contract's channel)."""
+        self._sel.register(fd, selectors.EVENT_READ, ("reader", callback))
+        self._readers += 1
+
+    def remove_reader(self, fd: int) -> None:
+        self._sel.unregister(fd)
+        self._readers -= 1
+
+    @staticmethod
+    def port_of(listener: _Listener) -> int:
+        return int(listener.sock.getsockname()[1])
+
+    @property
+    def udp_port(self) -> int:
+        return 0 if self._udp is None else int(self._udp.getsockname()[1])
+
+    def _new_conn(self, node: EmuNode, ep_name: str, cq: EmuCQ | None) -> WireConnection:
+        if ep_name in node._connections:
+            raise FabricUsageError(f"connect: endpoint {ep_name!r} exists; pass name=")
+        conn = WireConnection(self, node, ep_name, cq or self._new_cq(f"{ep_name}.cq"))
+        node._connections[ep_name] = conn
+        self._conns.append(conn)
+        return conn
+
+    def _dial(self, node: EmuNode, ep_name: str, addr: tuple[str, int], cq: EmuCQ | None) -> WireConnection:
+        try:
+            sock = socket.create_connection(addr, timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            raise WireSetupError(f"{self.binding} connection to {addr[0]}:{addr[1]} failed: {exc}") from exc
+        conn = self._new_conn(node, ep_name, cq)
+        conn.peer_name = f"{addr[0]}:{addr[1]}"
+        self._attach_socket(conn, sock, initiator=True)
+        return conn
+
+    def _attach_socket(self, conn: WireConnection, sock: socket.socket, *, initiator: bool) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sock = sock
+        conn.local_addr = sock.getsockname()[:2]
+        conn.peer_addr = sock.getpeername()[:2]
+        path = None
+        if self.capture_dir is not None:
+            path = self.capture_dir / f"{conn.name.replace('/', '_')}.{self.binding}.pcap"
+        conn.tap = WireTap(conn.local_addr, conn.peer_addr, initiator=initiator, path=path)
+        self._sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+        if self.binding == "iwarp":
+            from kvconform.rdma.iwarp.engine import IwarpEngine
+
+            engine = IwarpEngine(conn.name, self._memory(conn), initiator=initiator,
+                                 **self.engine_options)
+            self._set_engine(conn, engine)
+            engine.start(self.now)
+            self._flush(conn)
+        else:
+            from kvconform.rdma.wire.roce_setup import RoceSetup
+
+            conn.setup = RoceSetup(self, conn, initiator=initiator)
+            conn.setup.begin()
+
+    def _memory(self, conn: WireConnection) -> _Memory:
+        return _Memory(self, conn.node, conn.name)
+
+    def _set_engine(self, conn: WireConnection, engine: Engine) -> None:
+        conn.engine = engine
+        for fn in conn.pending:
+            fn(engine)
+        conn.pending.clear()
+
+    def _ensure_udp(self) -> socket.socket:
+        if self._udp is None:
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            # DF set, so Linux sends IPv4 Identification 0, which the ICRC covers (rdma-vm-testbed.md)
+            udp.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
+            udp.bind((self.host, self._udp_port_wanted))
+            udp.setblocking(False)
+            self._sel.register(udp, selectors.EVENT_READ, ("udp",))
+            self._udp = udp
+        return self._udp
+
+    def _register_qpn(self, conn: WireConnection) -> int:
+        self._next_qpn += 1
+        self._qpns[self._next_qpn] = conn
+        return self._next_qpn
+
+    def await_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Pump I/O only (no actor steps) until ``predicate()`` or ``timeout`` seconds; whether it held."""
+        end = time.monotonic() + timeout
+        while not predicate():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self._poll_io(min(left, 0.05))
+            self._engine_timers()
+        return True
+
+    def _await_ready(self, conns: list[WireConnection], also: Callable[[], bool] | None = None) -> None:
+        """Pump I/O only (no actor steps: this may run inside an actor) until ``conns`` are set up."""
+        end = time.monotonic() + CONNECT_TIMEOUT_S
+        while not all(c.ready or c.failed for c in conns) or (also is not None and not also()):
+            left = end - time.monotonic()
+            if left <= 0:
+                raise WireSetupError(f"{self.binding} connection setup did not finish within {CONNECT_TIMEOUT_S} s "
+                                     f"({[c.name for c in conns if not c.ready]})")
+            self._poll_io(min(left, 0.05))
+            self._engine_timers()
+        for c in conns:
+            if c.failed:
+                raise WireSetupError(f"{self.binding} connection {c.name} was not set up: {c.failed}")
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def run(self, *, max_steps: int | None = None) -> RunResult:
+        """Run until every non-daemon actor is done, ``max_steps`` or the wall-clock bound (``deadline``)."""
+        limit = self.max_steps if max_steps is None else max_steps
+        reason = self._loop(None, self.now + self.run_timeout, limit)
+        if reason == "timeout":
+            return RunResult(self.steps, "deadline", self._blocked())
+        return RunResult(self.steps, "max_steps" if reason == "max_steps" else "quiescent", self._blocked())
+
+    def serve_forever(self, stop: Callable[[], bool] | None = None) -> None:
+        """Serve listeners and their connections (the `kvconform serve` loop) until ``stop()``."""
+        self._serving = True
+        self._loop(stop, None, 1 << 62)
+
+    def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
+        limit = self.steps + max_steps
+        enabled = self._enabled
+        while True:
+            self._now = now = self._clock()
+            if stop is not None and stop():
+                return "predicate"
+            if deadline is not None and now >= deadline:
+                return "timeout"
+            self._poll_io(0.0)
+            self._engine_timers()
+            if self._until:
+                self._check_until()
+            if self._timers and self._timers[0][0] <= self._now:
+                self._fire_timers()
+            if self._failure is not None:
+                raise self._failure
+            if not enabled:
+                settling = not self._serving and not self._blocked()
+                if not self._serving and self._blocked() and not self._timers and not self._live():
+                    return "quiescent"  # blocked actors with nothing that could wake them
+                wait = 0.25 if self._until else 1.0  # predicates are re-checked at least this often
+                if settling:
+                    wait = SETTLE_S
+                for t in (self._timers[0][0] if self._timers else None, self._engine_deadline(), deadline):
+                    if t is not None:
+                        wait = min(wait, max(0.0, t - self._clock()))
+                events = self._poll_io(wait)
+                if settling and not events and not self._enabled and self._settled():
+                    return "quiescent"  # every actor done and the wire quiet: nothing more will happen
+                continue
+            if self.steps >= limit:
+                return "max_steps"
+            step = enabled.pop(0)
+            self.steps += 1
+            self.schedule.append(step.label)
+            if self._tracing:
+                self._pending_notes = []
+                step.fn()
+                self._record(step.label, step.who)
+            else:
+                step.fn()
+            if self._failure is not None:
+                raise self._failure
+
+    def _record(self, label: str, who: str) -> None:
+        if self._pending_notes:
+            self.trace.append({"step": self.steps, "t": round(self._now, 6), "label": label, "who": who,
+                               "effects": self._pending_notes})
+        self._pending_notes = []
+
+    def _settled(self) -> bool:
+        """Nothing left to send and no engine waiting on a timer (unacknowledged packets, a retry)."""
+        return all(not c.out for c in self._conns) and self._engine_deadline() is None
+
+    def _live(self) -> bool:
+        if self._listeners or self._readers:
+            return True
+        return any(c.state is ConnState.CONNECTED and c.sock is not None for c in self._conns)
+
+    def _engine_deadline(self) -> float | None:
+        times = [t for c in self._conns if c.engine is not None for t in (c.engine.next_deadline(),) if t is not None]
+        return min(times) if times else None
+
+    def _engine_timers(self) -> None:
+        now = self._clock()
+        for c in list(self._conns):
+            e = c.engine
+            if e is not None:
+                t = e.next_deadline()
+                if t is not None and t <= now:
+                    self._io(c, partial(e.poll_timers, now), "timer")
+
+    def _io(self, conn: WireConnection, fn: Callable[[], None], what: str) -> None:
+        """Run engine work (arrival, timer) as a trace record, then deliver its output and completions."""
+        if self._tracing:
+            self._pending_notes = []
+        fn()
+        if self._tracing:
+            self.steps += 1
+            self._record(f"{conn.name}:{what}", conn.name)
+        self._flush(conn)
+
+    def _flush(self, conn: WireConnection) -> None:
+        """Send what the engine produced and hand its completions to the CQ (waking actors)."""
+        engine = conn.engine
+        if engine is None:
+            return
+        out = engine.take_output()
+        if out:
+            if self.binding == "iwarp":
+                for chunk in out:
+                    if conn.tap is not None:
+                        conn.tap.stream(True, chunk)
+                    conn.out += chunk
+                self._write(conn)
+            else:
+                conn.setup.send(out)
+        for wc in engine.take_completions():
+            if wc.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM) and conn.rq:
+                conn.rq.popleft()  # receives complete in the order they were posted (RC)
+            conn.cq._push(wc)
+        if not conn.ready and engine.established:
+            conn.ready = True
+            self._accepted(conn)
+        if engine.state is not ConnState.CONNECTED:
+            self.events.append((conn.name, engine.terminate))
+            self._maybe_close(conn)
+
+    def _accepted(self, conn: WireConnection) -> None:
+        cb = getattr(conn, "_on_accept", None)
+        if cb is not None:
+            conn._on_accept = None  # type: ignore[attr-defined]
+            cb(conn)
+
+    def _write(self, conn: WireConnection) -> None:
+        sock = conn.sock
+        if sock is None or not conn.out:
+            return
+        try:
+            n = sock.send(conn.out)
+            del conn.out[:n]
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            conn.out.clear()
+            self._lost(conn, f"send failed: {exc}")
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        self._sel.modify(sock, events, ("conn", conn))
+        self._maybe_close(conn)
+
+    def _maybe_close(self, conn: WireConnection) -> None:
+        """Close the socket once the connection has ended and its last bytes (a Terminate) are out."""
+        ended = conn.closing or (conn.engine is not None and conn.engine.state is not ConnState.CONNECTED) \
+            or bool(conn.failed)
+        if not ended or conn.out or conn.sock is None:
+            return
+        sock, conn.sock = conn.sock, None
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(sock)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        if conn.tap is not None:
+            conn.tap.close()
+        if conn in self._conns and (conn.engine is None or conn.engine.state is not ConnState.CONNECTED):
+            self._conns.remove(conn)  # nothing more can arrive for it (a long-running server must not grow)
+            self._qpns = {q: c for q, c in self._qpns.items() if c is not conn}
+
+    def _lost(self, conn: WireConnection, why: str) -> None:
+        """The transport ended (FIN, reset): the engine flushes; before setup, the setup failed."""
+        if conn.engine is None or not conn.ready:
+            conn.failed = conn.failed or why
+        if conn.engine is not None:
+            conn.engine.transport_closed()
+            self._flush(conn)
+        conn.closing = True
+        conn.out.clear()
+        self._maybe_close(conn)
+
+    def _poll_io(self, timeout: float) -> int:
+        """Handle what is ready within ``timeout`` seconds; the number of ready channels."""
+        ready = self._sel.select(timeout)
+        for key, events in ready:
+            kind = key.data[0]
+            if kind == "accept":
+                self._accept(*key.data[1:])
+            elif kind == "reader":
+                key.data[1]()
+            elif kind == "udp":
+                self._udp_read()
+            else:
+                conn: WireConnection = key.data[1]
+                if events & selectors.EVENT_WRITE:
+                    self._write(conn)
+                if events & selectors.EVENT_READ and conn.sock is not None:
+                    self._read(conn)
+        return len(ready)
+
+    def _accept(self, listener: _Listener, name_of: Callable[[int], str] | None, cq: EmuCQ | None) -> None:
+        try:
+            sock, addr = listener.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        n = next(listener.names)
+        ep_name = name_of(n) if name_of else f"c{n}-{addr[0]}:{addr[1]}.{listener.node.name}"
+        conn = self._new_conn(listener.node, ep_name, cq)
+        conn.peer_name = f"{addr[0]}:{addr[1]}"
+        conn._on_accept = listener.on_accept  # type: ignore[attr-defined]
+        self._attach_socket(conn, sock, initiator=False)
+
+    def _read(self, conn: WireConnection) -> None:
+        sock = conn.sock
+        assert sock is not None
+        try:
+            data = sock.recv(_RECV)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(conn, f"receive failed: {exc}")
+            return
+        if not data:
+            self._lost(conn, "the peer closed the connection")
+            return
+        if self.binding == "iwarp":
+            assert conn.engine is not None
+            if conn.tap is not None:
+                conn.tap.stream(False, data)
+            self._io(conn, partial(conn.engine.receive, data, self._clock()), "rx")
+        else:
+            conn.setup.side_channel(data)
+
+    def _udp_read(self) -> None:
+        udp = self._udp
+        assert udp is not None
+        for _ in range(64):  # a bounded batch, so actors and timers get their turn
+            try:
+                data, addr = udp.recvfrom(_RECV)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
+                    continue  # an ICMP error for an earlier datagram: RC recovers by retransmission
+                raise
+            qpn = int.from_bytes(data[5:8], "big") if len(data) >= 12 else -1
+            conn = self._qpns.get(qpn)
+            if conn is None or conn.engine is None:
+                continue  # no such QP: silently dropped, as an RNIC does
+            if conn.tap is not None:
+                conn.tap.datagram(addr[:2], (self.host, self.udp_port), data, received=True)
+            self._io(conn, partial(conn.engine.receive, data, self._clock()), "rx")
+
+    def close(self) -> None:
+        """Close every socket (connections end as if the host went away)."""
+        for conn in list(self._conns):
+            conn.closing = True
+            conn.out.clear()
+            self._maybe_close(conn)
+        for listener in self._listeners:
+            self._sel.unregister(listener.sock)
+            listener.sock.close()
+        self._listeners.clear()
+        if self._udp is not None:
+            self._sel.unregister(self._udp)
+            self._udp.close()
+            self._udp = None
+        self._sel.close()

@@ -1,0 +1,310 @@
+"""KBTP over the wire: drivers for targets and initiators in another process, any language, any NIC.
+
+- ``kbtp+iwarp://HOST:PORT`` / ``kbtp+roce://HOST:PORT`` (kbtp-target): the harness is the initiator(s), over
+  the userspace iWARP (MPA/DDP/RDMAP on TCP) or RoCEv2 (IB RC on UDP, QP exchange on a TCP side channel)
+  binding of `kvconform.rdma.wire`. The target's PICS (binding, features, pool, quota...) come from the
+  testbed and are cross-checked against its HELLO_ACK by the suites, as for every target.
+
+A remote target keeps its state between checks. Each check ends by releasing the sessions it opened (GOODBYE
+with RELEASE from every Initiator ID it used, on a fresh connection), so the next check meets the pool its
+PICS declare; a target that refuses is left as it is and the next check's verdicts say so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvconform.kbtp.constants import Status
+from kvconform.rdma import ConnState, Fabric, Node, Profile
+from kvconform.rdma.profiles import Binding
+from kvconform.targets.drivers import TargetUnavailable
+from kvconform.targets.kbtp import TargetEndpoint, TargetParams
+
+SCHEMES = {"kbtp+iwarp": "iwarp", "kbtp+roce": "roce"}
+DEFAULT_PROFILE = {"iwarp": "rdmap-7306", "roce": "ib-rc"}
+RELEASE_ATTEMPTS = 10  # a target may still count the old connection live for a moment after it closed
+RELEASE_WAIT_S = 2.0
+
+
+def wire_of(profile: Profile) -> str:
+    """The wire binding that carries a profile: iWARP for RDMAP, RoCEv2 for InfiniBand RC."""
+    return "iwarp" if profile.binding is Binding.RDMAP else "roce"
+
+
+def check_binding(scheme: str, wire: str, params_binding: str, profile: Profile, pics: str) -> None:
+    if wire_of(profile) != wire:
+        raise TargetUnavailable(f"PICS {pics} {params_binding} ({profile.binding.value}) is not carried by "
+                                f"{scheme}:// (iWARP carries RDMAP profiles, RoCEv2 the InfiniBand ones)")
+
+
+class WireTargetDriver:
+    """kbtp-target driver of a target listening at ``host:port`` in the binding's wire format."""
+
+    def __init__(self, scheme: str, host: str, port: int) -> None:
+        if scheme not in SCHEMES:
+            raise TargetUnavailable(f"--target {scheme}://: not a KBTP wire scheme (known: {', '.join(SCHEMES)})")
+        self.scheme = scheme
+        self.wire = SCHEMES[scheme]
+        self.host = host
+        self.port = port
+
+    @classmethod
+    def from_url(cls, url: str) -> WireTargetDriver:
+        parts = urlsplit(url)
+        if not parts.hostname or parts.port is None:
+            raise TargetUnavailable(f"--target {url!r}: expected {parts.scheme}://HOST:PORT")
+        return cls(parts.scheme, parts.hostname, parts.port)
+
+    def __repr__(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    @property
+    def default_binding(self) -> str:
+        """The profile when PICS kbtp.target.binding is not declared: the scheme names the family."""
+        return DEFAULT_PROFILE[self.wire]
+
+    def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
+        from kvconform.rdma.wire.fabric import WireFabric
+
+        check_binding(self.scheme, self.wire, params.binding, params.profile, "kbtp.target.binding")
+        return WireFabric(params.profile, binding=self.wire, trace=trace)  # type: ignore[arg-type]
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
+        return RemoteTarget(self, fabric)
+
+
+class RemoteTarget:
+    """The endpoint of a remote target: the harness dials it for each initiator."""
+
+    def __init__(self, driver: WireTargetDriver, fabric: Any) -> None:
+        self.driver = driver
+        self.fabric = fabric
+
+    def attach(self, conn: Any) -> None:
+        raise TypeError("a remote target is dialled (RemoteTarget.dial), not attached")
+
+    def dial(self, node: Node, name: str) -> Any:
+        remote = self.fabric.remote("target", self.driver.host, self.driver.port)
+        return self.fabric.dial(remote, node, name=name)
+
+    def release_sessions(self, bed: Any) -> None:
+        """GOODBYE with RELEASE for every Initiator ID ``bed`` used, each on a fresh connection (bounded)."""
+        from kvconform.conformance.kbtp.client import Ended, HarnessInitiator
+        from kvconform.fixtures import evidence
+        from kvconform.kbtp.constants import Features
+        from kvconform.rdma import sleep, wait_until
+
+        ids = list(dict.fromkeys(bytes(ini.initiator_id) for ini in bed.initiators))
+        bed.fabric.close()  # the check's own connections end first: the target starts retaining their sessions
+        if not ids:
+            return
+        fab = self.driver.make_fabric(bed.params)
+        try:
+            for n, iid in enumerate(ids):
+                for attempt in range(RELEASE_ATTEMPTS):
+                    name = f"release{n}.{attempt}"
+                    try:
+                        conn = self.dial(fab.node(name), f"{name}-conn")
+                    except OSError:
+                        return  # the target is gone: the next check finds out and says so
+                    ini = HarnessInitiator(fab, conn.node, conn, name, quiet=True)
+                    ini.initiator_id = iid
+
+                    def release(ini: Any = ini, conn: Any = conn) -> Any:
+                        ack = yield from ini.hello(Features(0), allow_end=True)
+                        if isinstance(ack, Ended) or ack.status != Status.OK:
+                            yield from sleep(0.01)
+                            return False
+                        ini.goodbye(release=True)
+                        yield from wait_until(lambda: conn.state is not ConnState.CONNECTED, name="released",
+                                              timeout=RELEASE_WAIT_S)
+                        return True
+
+                    handle = fab.spawn(name, release())
+                    try:
+                        fab.run()
+                    except Exception as exc:  # best effort: the next check's verdicts show what was left
+                        evidence.note(f"releasing Initiator ID {iid.hex()} after the check failed: {exc!r}")
+                        break
+                    if handle.result:
+                        break
+        finally:
+            fab.close()
+
+
+# ---- kbtp-initiator under the cmd: contract ---------------------------------------------------------------
+
+OP_TIMEOUT_S = 30.0  # an operation the initiator never answers ends as a violation of what it was asked
+CONNECT_WAIT_S = 15.0  # from start to its connection being set up
+
+
+class CmdInitiatorDriver:
+    """kbtp-initiator driver of a process under the cmd: contract (kvconform.kbtp.control, docs/kbtp-wire.md).
+
+    Placeholders: ``{target}`` (always), ``{initiator_id}`` and ``{features}`` (optional)."""
+
+    def __init__(self, template: str) -> None:
+        from kvconform.targets.process import Process, fill_template
+
+        self.template = template
+        self._fill = fill_template
+        self._process = Process
+
+    def __repr__(self) -> str:
+        return f"cmd:{self.template}"
+
+    def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
+        from kvconform.rdma.wire.fabric import WireFabric
+
+        return WireFabric(params.profile, binding=wire_of(params.profile), trace=trace)  # type: ignore[arg-type]
+
+    def start(self, fabric: Fabric, node: Node, conn: Any, params: Any) -> Any:
+        raise TypeError("a cmd: initiator is launched (CmdInitiatorDriver.launch), not placed on a node")
+
+    def launch(self, fabric: Any, target_url: str, params: Any) -> CmdInitiatorEndpoint:
+        import secrets
+
+        from kvconform.kbtp.constants import Features
+
+        iid = secrets.token_bytes(16)
+        feats = ",".join(f.name for f in Features if f & params.features and f.name)
+        argv = self._fill(self.template, {"target": target_url, "initiator_id": iid.hex(), "features": feats})
+        proc = self._process(argv, what="initiator under test", pipes=True)
+        proc.start()
+        return CmdInitiatorEndpoint(fabric, proc, iid)
+
+
+class CmdInitiatorEndpoint:
+    """InitiatorEndpoint of a cmd: process: each operation is a request line and a wait (bounded) for its answer."""
+
+    def __init__(self, fabric: Any, proc: Any, initiator_id: bytes) -> None:
+        import os
+
+        self.fabric = fabric
+        self.proc = proc
+        self._iid = initiator_id
+        self._ids = iter(range(1, 1 << 62))
+        self.answers: dict[int, Any] = {}
+        self.state: dict[str, Any] = {}
+        self._inbox = bytearray()
+        self.ended = ""
+        self._fd = proc.stdout.fileno()
+        os.set_blocking(self._fd, False)
+        fabric.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        import os
+
+        from kvconform.kbtp import control
+
+        try:
+            data = os.read(self._fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            self.ended = f"the initiator closed its stdout (exit status {self.proc.wait(0.5)})"
+            self.fabric.remove_reader(self._fd)
+            return
+        self._inbox += data
+        while b"\n" in self._inbox:
+            line, _, rest = bytes(self._inbox).partition(b"\n")
+            self._inbox[:] = rest
+            try:
+                a = control.parse_answer(line)
+            except control.ControlError as exc:
+                self.ended = f"the initiator broke the control channel: {exc}"
+                continue
+            self.answers[a.id] = a
+            self.state.update({k: a.fields[k] for k in ("initiator_id", "handle_base", "handle_count", "quota")
+                               if k in a.fields})
+
+    def close(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.fabric.remove_reader(self._fd)
+        result = self.proc.stop()
+        from kvconform.fixtures import evidence
+
+        evidence.record("received", "initiator process", result.evidence())
+
+    def _call(self, op: str, **args: Any) -> Any:
+        from kvconform.kbtp import control
+        from kvconform.rdma import wait_until
+
+        rid = next(self._ids)
+        try:
+            self.proc.stdin.write(control.request(rid, op, **args))
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise RuntimeError(f"the initiator's stdin is closed ({exc}); {self.ended}") from exc
+        got = yield from wait_until(lambda: rid in self.answers or bool(self.ended), name=f"answer.{op}",
+                                    timeout=OP_TIMEOUT_S)
+        a = self.answers.pop(rid, None)
+        if a is None:
+            raise RuntimeError(f"the initiator did not answer {op} {rid} within {OP_TIMEOUT_S:g} s"
+                               if not got else f"no answer to {op} {rid}: {self.ended}")
+        if a.error is not None:
+            raise RuntimeError(f"the initiator failed {op}: {a.error}")
+        return a.fields
+
+    def _result(self, op: str, **args: Any) -> Any:
+        from kvconform.targets.kbtp import OpResult
+
+        f = yield from self._call(op, **args)
+        data = f.get("data")
+        return OpResult(int(f.get("status", 0)), int(f.get("generation", 0)), int(f.get("data_length", 0)),
+                        int(f.get("block_offset", 0)), None if data is None else bytes.fromhex(data),
+                        str(f.get("detail", "")))
+
+    def hello(self) -> Any:
+        from kvconform.kbtp.constants import Features
+
+        f = yield from self._call("hello")
+        granted = f.get("granted")
+        if granted is None:
+            return None
+        out = Features(0)
+        for name in granted:
+            out |= Features[name]
+        return out
+
+    def alloc_store(self, handle: int, data: bytes, *, seal: bool = True) -> Any:
+        return self._result("alloc_store", handle=handle, data=data, seal=seal)
+
+    def store(self, handle: int, data: bytes, *, seal: bool = True, generation: int = 0) -> Any:
+        return self._result("store", handle=handle, data=data, seal=seal, generation=generation)
+
+    def load(self, handle: int, length: int, *, allow_unsealed: bool = False, generation: int = 0) -> Any:
+        return self._result("load", handle=handle, length=length, allow_unsealed=allow_unsealed, generation=generation)
+
+    def free(self, handle: int, *, generation: int = 0) -> Any:
+        return self._result("free", handle=handle, generation=generation)
+
+    def direct_load(self, handle: int, length: int) -> Any:
+        return self._result("direct_load", handle=handle, length=length)
+
+    def direct_alloc(self, handle: int, data: bytes) -> Any:
+        return self._result("direct_alloc", handle=handle, data=data)
+
+    def goodbye(self, release: bool = False) -> Any:
+        yield from self._call("goodbye", release=release)
+        return None
+
+    @property
+    def initiator_id(self) -> bytes:
+        known = self.state.get("initiator_id")
+        return bytes.fromhex(known) if known else self._iid
+
+    @property
+    def handle_base(self) -> int:
+        return int(self.state.get("handle_base", 0))
+
+    @property
+    def handle_count(self) -> int:
+        return int(self.state.get("handle_count", 0))
+
+    @property
+    def quota(self) -> int:
+        return int(self.state.get("quota", 0))
