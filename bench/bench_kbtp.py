@@ -152,10 +152,11 @@ def _check(what: str, results: list[OpResult], data: bytes | None = None) -> Non
             raise BenchError(f"{what} #{k}: loaded data differs from the stored block")
 
 
-def kbtp_rates(profile: Profile, block: int, ops: int, repeat: int) -> dict[str, Measure]:
-    """LOAD, ALLOC_STORE and FREE of ``ops`` blocks by one initiator; each repeat stores, loads, frees them all."""
+def kbtp_rates(profile: Profile, block: int, ops: int, repeat: int, fabric: EmuFabric | None = None) -> dict[str, Measure]:
+    """LOAD, ALLOC_STORE and FREE of ``ops`` blocks by one initiator; each repeat stores, loads, frees them all.
+    ``fabric``: where (default a new emulated fabric; bench_kbtp_wire.py passes a WireFabric)."""
     h = build(1, config=TargetConfig(block_size=block, pool_blocks=ops, quota=ops, handle_count=max(64, ops)),
-              profile=profile, requested=Features(0))
+              profile=profile, requested=Features(0), fabric=fabric)
     x = h.initiators[0]
     data = payload(block)
     h.run(hello=x.hello())

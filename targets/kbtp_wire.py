@@ -32,10 +32,11 @@ def wire_of(profile: Profile) -> str:
     return "iwarp" if profile.binding is Binding.RDMAP else "roce"
 
 
-def check_binding(scheme: str, wire: str, params_binding: str, profile: Profile, pics: str) -> None:
+def check_binding(via: str, wire: str, params_binding: str, profile: Profile, pics: str) -> None:
+    """TargetUnavailable unless ``wire`` carries ``profile`` (iWARP: RDMAP profiles; RoCEv2: InfiniBand ones)."""
     if wire_of(profile) != wire:
-        raise TargetUnavailable(f"PICS {pics} {params_binding} ({profile.binding.value}) is not carried by "
-                                f"{scheme}:// (iWARP carries RDMAP profiles, RoCEv2 the InfiniBand ones)")
+        raise TargetUnavailable(f"{pics} {params_binding} ({profile.binding.value}) is not carried by {via} (iWARP "
+                                "carries the RDMAP profiles, RoCEv2 the InfiniBand ones)")
 
 
 class WireTargetDriver:
@@ -67,7 +68,7 @@ class WireTargetDriver:
     def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
         from kvconform.rdma.wire.fabric import WireFabric
 
-        check_binding(self.scheme, self.wire, params.binding, params.profile, "kbtp.target.binding")
+        check_binding(f"{self.scheme}://", self.wire, params.binding, params.profile, "PICS kbtp.target.binding")
         return WireFabric(params.profile, binding=self.wire, trace=trace)  # type: ignore[arg-type]
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:

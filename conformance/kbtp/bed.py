@@ -40,7 +40,9 @@ def make_fabric(params: TargetParams, seed: int, scheduler: Any = None, trace: b
     instead (in-process targets over the real wire format; no scheduler to own)."""
     if wire != "emulated":
         from kvconform.rdma.wire.fabric import WireFabric
+        from kvconform.targets.kbtp_wire import check_binding
 
+        check_binding(f"--kbtp-wire {wire}", wire, params.binding, params.profile, "PICS binding")
         return WireFabric(params.profile, binding=wire, trace=trace)  # type: ignore[arg-type]
     from kvconform.rdma.emulated import EmuFabric
 

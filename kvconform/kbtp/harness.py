@@ -92,9 +92,12 @@ def build(n_initiators: int = 1, *, config: TargetConfig | None = None, profile:
           seed: int | None = None, scheduler: Scheduler | None = None, trace: bool = False,
           target_cls: type[ReferenceTarget] = ReferenceTarget,
           initiator_cls: type[ReferenceInitiator] = ReferenceInitiator,
-          requested: Features | Sequence[Features] = ALL_REQUESTED, **initiator_kwargs: Any) -> Harness:
-    """Target ``T`` plus initiators ``I0..I<n-1>``, each connected and accepted, none said HELLO yet."""
-    fabric = EmuFabric(profile, seed=seed, scheduler=scheduler, trace=trace)
+          requested: Features | Sequence[Features] = ALL_REQUESTED, fabric: EmuFabric | None = None,
+          **initiator_kwargs: Any) -> Harness:
+    """Target ``T`` plus initiators ``I0..I<n-1>``, each connected and accepted, none said HELLO yet.
+    ``fabric``: one to build on instead of a new emulated fabric (a `WireFabric`: the same over sockets)."""
+    if fabric is None:
+        fabric = EmuFabric(profile, seed=seed, scheduler=scheduler, trace=trace)
     target = target_cls(fabric, fabric.node("T"), config)
     h = Harness(fabric, target, [], initiator_cls)
     reqs = [requested] * n_initiators if isinstance(requested, Features) else list(requested)

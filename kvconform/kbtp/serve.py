@@ -105,7 +105,7 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         params = params_of(args)
         if params.binding not in PROFILES:
             raise ValueError(f"--profile {params.binding!r}: known profiles {', '.join(PROFILES)}")
-        check_binding(f"kbtp+{args.binding}", args.binding, params.binding, params.profile, "--profile")
+        check_binding(f"--binding {args.binding}", args.binding, params.binding, params.profile, "--profile")
         driver = ReferenceTargetDriver()
         driver.target_class = load_subclass(args.target_class, ReferenceTarget, "--target-class")
         fabric = WireFabric(params.profile, binding=args.binding, host=args.host, udp_port=args.udp_port,
@@ -172,7 +172,7 @@ def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -
             raise ValueError(f"--profile {profile_name!r}: known profiles {', '.join(PROFILES)}")
         params = InitiatorParams(binding=profile_name, features=args.features,
                                  requests_invalidate=not args.no_invalidate)
-        check_binding(url.scheme, binding, profile_name, params.profile, "--profile")
+        check_binding(f"{url.scheme}://", binding, profile_name, params.profile, "--profile")
         driver = ReferenceInitiatorDriver()
         driver.initiator_class = load_subclass(args.initiator_class, ReferenceInitiator, "--initiator-class")
         fabric = WireFabric(params.profile, binding=binding)  # type: ignore[arg-type]

@@ -334,7 +334,7 @@ class WireFabric(EmuFabric):
         if self.binding == "iwarp":
             from kvconform.rdma.iwarp.engine import IwarpEngine
 
-            engine = IwarpEngine(conn.name, self._memory(conn), initiator=initiator,
+            engine = IwarpEngine(conn.name, self._memory(conn), initiator=initiator, peer=conn.peer_name,
                                  **self.engine_options)
             self._set_engine(conn, engine)
             engine.start(self.now)
