@@ -288,6 +288,17 @@ def test_multi_packet_send_into_one_recv() -> None:
     w.run()
     assert w.ops("ab") == [Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_MIDDLE, Opcode.SEND_LAST]
     assert rx.read(0, 1000) == msg and w.wcs["b"][0].byte_len == 1000 and w.wcs["a"][0].ok
+    mem = w.mb.region(1024)
+    w.b.post_recv(2, rx.sge(0, 1000))
+    w.b.post_recv(3, None)
+    w.a.post(wr(Op.SEND, 2, data=msg[:600], imm=b"\x01\x02\x03\x04"))
+    w.a.post(wr(Op.RDMA_WRITE, 3, data=msg[:600], stag=mem.stag, to=mem.to(0), imm=b"\x05\x06\x07\x08"))
+    w.run()
+    assert w.ops("ab")[4:] == [Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST_IMM, Opcode.WRITE_FIRST,
+                               Opcode.WRITE_MIDDLE, Opcode.WRITE_LAST_IMM]
+    assert [(c.wr_id, c.op, c.byte_len, c.imm) for c in w.wcs["b"][1:]] == [
+        (2, Op.RECV, 600, b"\x01\x02\x03\x04"), (3, Op.RECV_RDMA_WITH_IMM, 600, b"\x05\x06\x07\x08")]
+    assert mem.read(0, 600) == msg[:600] and [c.wr_id for c in w.wcs["a"]] == [1, 2, 3]
 
 
 def test_lost_packet_recovers_by_go_back_n() -> None:

@@ -43,6 +43,7 @@ from kvconform.rdma.roce.headers import (
     READ_RESPONSES,
     REQUESTS,
     RNR_TIMER_MS,
+    SEND_OPS,
     Aeth,
     AethType,
     AtomicEth,
@@ -339,34 +340,19 @@ class RoceEngine:
                        atomic=AtomicEth(wr.to, wr.stag, wr.swap & U64, wr.compare & U64))
             return
         data, n = wr.data, req.npsn
-        send = wr.op is Op.SEND
+        base = Opcode.SEND_FIRST if wr.op is Op.SEND else Opcode.WRITE_FIRST
         for i in range(skip, n):
             chunk = data[i * self.pmtu:(i + 1) * self.pmtu]
             first, last = i == 0, i == n - 1
+            # First, Middle, Last, Only sit at +0, +1, +2, +4 of SEND_FIRST and WRITE_FIRST; "with Immediate" at +1
+            op = Opcode(base + (4 if first and last else 0 if first else 2 if last else 1))
             ext: dict[str, object] = {}
-            if send:
-                if first and last:
-                    op = Opcode.SEND_ONLY
-                elif first:
-                    op = Opcode.SEND_FIRST
-                else:
-                    op = Opcode.SEND_LAST if last else Opcode.SEND_MIDDLE
-                if last and wr.imm is not None:
-                    op, ext["imm"] = Opcode(op + 1), wr.imm  # SEND_LAST_IMM / SEND_ONLY_IMM
-                elif last and wr.invalidate is not None:
-                    op = Opcode.SEND_ONLY_INV if first else Opcode.SEND_LAST_INV
-                    ext["ieth"] = wr.invalidate
-            else:
-                if first and last:
-                    op = Opcode.WRITE_ONLY
-                elif first:
-                    op = Opcode.WRITE_FIRST
-                else:
-                    op = Opcode.WRITE_LAST if last else Opcode.WRITE_MIDDLE
-                if first:
-                    ext["reth"] = Reth(wr.to, wr.stag, len(data))
-                if last and wr.imm is not None:
-                    op, ext["imm"] = Opcode(op + 1), wr.imm  # WRITE_LAST_IMM / WRITE_ONLY_IMM
+            if first and base is Opcode.WRITE_FIRST:
+                ext["reth"] = Reth(wr.to, wr.stag, len(data))
+            if last and wr.imm is not None:
+                op, ext["imm"] = Opcode(op + 1), wr.imm
+            elif last and wr.invalidate is not None and base is Opcode.SEND_FIRST:
+                op, ext["ieth"] = (Opcode.SEND_ONLY_INV if first else Opcode.SEND_LAST_INV), wr.invalidate
             self._emit(op, req.psn + i, ack_req=last, se=last and wr.solicited, payload=chunk, **ext)
 
     def _resume(self, req: _Req) -> int:
@@ -657,8 +643,7 @@ class RoceEngine:
         """SEND and RDMA WRITE packets at the expected PSN."""
         op, psn = pkt.opcode, pkt.bth.psn
         info = OPCODES[op]
-        send = op in (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST, Opcode.SEND_LAST_IMM,
-                      Opcode.SEND_ONLY, Opcode.SEND_ONLY_IMM, Opcode.SEND_LAST_INV, Opcode.SEND_ONLY_INV)
+        send = op in SEND_OPS
         kind = "send" if send else "write"
         cur = self._in
         if info.first and cur is not None:
