@@ -522,3 +522,13 @@ def test_oob_round_trip_and_errors() -> None:
         oob.decode(raw[:3] + b"\x01" + raw[4:])
     with pytest.raises(ValueError, match="qpn"):
         QpInfo(qpn=1, psn=0, ip="127.0.0.1")
+
+
+def test_ack_timer_is_armed_from_the_next_real_time_after_post() -> None:
+    w = Wire()
+    mem = w.mb.region(64)
+    w.a.poll_timers(10.0)
+    w.a.post(wr(Op.RDMA_WRITE, 1, data=b"late", stag=mem.stag, to=mem.to(0)))  # post() sees no clock
+    assert len(w.a.take_output()) == 1 and w.a.next_deadline() == 10.0
+    w.a.poll_timers(50.0)  # the fabric's next call: the real time, long after the last one
+    assert w.a.take_output() == [] and w.a.next_deadline() == pytest.approx(50.134)

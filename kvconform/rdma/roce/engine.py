@@ -155,6 +155,7 @@ class RoceEngine:
         self._ack_deadline: float | None = None
         self._rnr_at: float | None = None
         self._rnr_psn = 0
+        self._rearm = False  # post() has no clock: the ACK timer is re-armed at the next call that has one
         # responder
         self._epsn = remote.psn
         self._msn = 0
@@ -198,6 +199,7 @@ class RoceEngine:
             req.status = Status.WR_FLUSH_ERR
         self._wrs.append(req)
         self._pump()
+        self._rearm = self._rearm or self._ack_deadline is not None
         self._complete()
 
     def post_recv(self, wr_id: int, sge: Sge | None) -> None:
@@ -206,8 +208,15 @@ class RoceEngine:
             return
         self._recvs.append((wr_id, sge))
 
-    def receive(self, data: bytes, now: float) -> None:
+    def _clock(self, now: float) -> None:
         self._now = now
+        if self._rearm:
+            self._rearm = False
+            if self._ack_deadline is not None:
+                self._ack_deadline = now + self.ack_timeout_s
+
+    def receive(self, data: bytes, now: float) -> None:
+        self._clock(now)
         if self._state is not ConnState.CONNECTED:
             return
         body = check_icrc(self.remote.ip, self.remote.port, self.local.ip, self.local.port, data)
@@ -236,7 +245,7 @@ class RoceEngine:
         self._complete()
 
     def poll_timers(self, now: float) -> None:
-        self._now = now
+        self._clock(now)
         if self._state is not ConnState.CONNECTED:
             return
         if self._rnr_at is not None and now >= self._rnr_at:
@@ -259,6 +268,8 @@ class RoceEngine:
     def next_deadline(self) -> float | None:
         if self._state is not ConnState.CONNECTED:
             return None
+        if self._rearm:
+            return self._now  # due at once: the fabric's poll_timers brings the real time
         times = [t for t in (self._ack_deadline, self._rnr_at) if t is not None]
         return min(times) if times else None
 
