@@ -197,6 +197,7 @@ class Wire:
         self.drop = drop
         self.sent: dict[str, list[Packet]] = {"ab": [], "ba": []}
         self.wcs: dict[str, list[Completion]] = {"a": [], "b": []}
+        self.order: list[tuple[str, Packet]] = []  # both directions, in the order they were sent
         self.a.start(0.0)
         self.b.start(0.0)
 
@@ -209,6 +210,7 @@ class Wire:
                     pkt = Packet.decode(raw[:-4])
                     idx = len(self.sent[d])
                     self.sent[d].append(pkt)
+                    self.order.append((d, pkt))
                     if self.drop is None or not self.drop(d, idx, pkt):
                         dst.receive(raw, self.now)
             for e in (self.a, self.b):
@@ -532,3 +534,18 @@ def test_ack_timer_is_armed_from_the_next_real_time_after_post() -> None:
     assert len(w.a.take_output()) == 1 and w.a.next_deadline() == 10.0
     w.a.poll_timers(50.0)  # the fabric's next call: the real time, long after the last one
     assert w.a.take_output() == [] and w.a.next_deadline() == pytest.approx(50.134)
+
+
+def test_fence_and_max_rd_atomic_hold_requests_back() -> None:
+    w = Wire(max_rd_atomic=1)
+    mem = w.mb.region(64)
+    dst = w.ma.region(64)
+    w.a.post(wr(Op.RDMA_READ, 1, dst=dst.sge(0, 8), stag=mem.stag, to=mem.to(0)))
+    w.a.post(wr(Op.FETCH_ADD, 2, dst=dst.sge(8, 8), stag=mem.stag, to=mem.to(8), add=1))
+    w.a.post(wr(Op.RDMA_WRITE, 3, data=b"f", stag=mem.stag, to=mem.to(16), fence=True))
+    w.run()
+    assert [c.wr_id for c in w.wcs["a"]] == [1, 2, 3] and mem.read(16, 1) == b"f"
+    # one Read/atomic at a time, and the fenced Write only after both answers
+    assert [(d, p.opcode) for d, p in w.order] == [
+        ("ab", Opcode.READ_REQUEST), ("ba", Opcode.READ_RESPONSE_ONLY), ("ab", Opcode.FETCH_ADD),
+        ("ba", Opcode.ATOMIC_ACKNOWLEDGE), ("ab", Opcode.WRITE_ONLY), ("ba", Opcode.ACKNOWLEDGE)]

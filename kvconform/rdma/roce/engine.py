@@ -128,6 +128,7 @@ class RoceEngine:
         masked_atomics: bool = False,
         ack_every: int = 16,
         atomic_cache: int = 16,
+        max_rd_atomic: int = 16,
     ) -> None:
         if pmtu not in (256, 512, 1024, 2048, 4096):
             raise ValueError(f"pmtu {pmtu}: one of 256, 512, 1024, 2048, 4096 is expected (§4.7)")
@@ -141,6 +142,7 @@ class RoceEngine:
         self.p_key = p_key
         self.masked_atomics = masked_atomics
         self.ack_every = ack_every
+        self.max_rd_atomic = max_rd_atomic
         self._state = ConnState.CONNECTED
         self._term: Terminate | None = None
         self._now = 0.0
@@ -324,6 +326,10 @@ class RoceEngine:
             if wr.fence and any(r.status is None and r.sent and r.wr.op in (Op.RDMA_READ, *_ATOMICS)
                                 for r in self._wrs):
                 return  # verbs IBV_SEND_FENCE: wait for earlier Reads / atomics
+            if wr.op in (Op.RDMA_READ, *_ATOMICS) and sum(
+                    r.status is None and r.sent and r.wr.op in (Op.RDMA_READ, *_ATOMICS)
+                    for r in self._wrs) >= self.max_rd_atomic:
+                return  # max_rd_atomic outstanding already (§4.6)
             req.psn, req.npsn = self._next_psn, self._npsn(wr)
             self._next_psn = (self._next_psn + req.npsn) & PSN_MASK
             self._send_req(req, req.psn)
