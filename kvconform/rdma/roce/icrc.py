@@ -1,0 +1,69 @@
+"""The RoCEv2 Invariant CRC (rdma-bindings §4.8).
+
+CRC-32 (``zlib.crc32``) over 8 octets of 0xFF (the masked pseudo-LRH) ‖ IP header ‖ UDP header ‖ BTH ‖
+the rest of the packet through the pad, with the variant fields set to all ones: IPv4 TOS, TTL and
+header checksum; IPv6 traffic class, flow label and hop limit; the UDP checksum; BTH octet 4. It is
+appended little-endian. A UDP socket shows neither IP header, so both ends rebuild it from the
+addresses and ports they know: the sender sends with DF and IP Identification 0 (rdma-vm-testbed).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+import zlib
+
+ICRC_LEN = 4
+UDP_LEN = 8
+_PSEUDO_LRH = b"\xff" * 8
+_IP_DF = 0x4000
+
+
+def ipv4_header(src: str, dst: str, payload_len: int, *, ttl: int = 64, tos: int = 0, ident: int = 0,
+                masked: bool = False) -> bytes:
+    """The 20-octet IPv4 header a RoCEv2 sender puts before ``payload_len`` octets of UDP (DF set)."""
+    total = 20 + payload_len
+    s, d = ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed
+    if masked:
+        return struct.pack(">BBHHHBBH4s4s", 0x45, 0xFF, total, ident, _IP_DF, 0xFF, 17, 0xFFFF, s, d)
+    hdr = struct.pack(">BBHHHBBH4s4s", 0x45, tos, total, ident, _IP_DF, ttl, 17, 0, s, d)
+    return hdr[:10] + struct.pack(">H", _ip_checksum(hdr)) + hdr[12:]
+
+
+def ipv6_header(src: str, dst: str, payload_len: int, *, hop_limit: int = 64, masked: bool = False) -> bytes:
+    """The 40-octet IPv6 header before ``payload_len`` octets of UDP."""
+    s, d = ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(dst).packed
+    first = 0x6FFFFFFF if masked else 0x60000000
+    return struct.pack(">IHBB16s16s", first, payload_len, 17, 0xFF if masked else hop_limit, s, d)
+
+
+def _ip_checksum(hdr: bytes) -> int:
+    total = int(sum(struct.unpack(f">{len(hdr) // 2}H", hdr)))
+    while total > 0xFFFF:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def icrc(src: str, sport: int, dst: str, dport: int, packet: bytes) -> bytes:
+    """The 4 ICRC octets (wire order) of ``packet`` (BTH through pad) sent from ``src:sport`` to ``dst:dport``."""
+    udp_len = UDP_LEN + len(packet) + ICRC_LEN
+    if ipaddress.ip_address(src).version == 6:
+        ip = ipv6_header(src, dst, udp_len, masked=True)
+    else:
+        ip = ipv4_header(src, dst, udp_len, masked=True)
+    udp = struct.pack(">HHHH", sport, dport, udp_len, 0xFFFF)
+    masked_bth = packet[:4] + b"\xff" + packet[5:]
+    return struct.pack("<I", zlib.crc32(_PSEUDO_LRH + ip + udp + masked_bth))
+
+
+def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes) -> bytes:
+    """``packet`` with its ICRC: the UDP payload to send."""
+    return packet + icrc(src, sport, dst, dport, packet)
+
+
+def check_icrc(src: str, sport: int, dst: str, dport: int, payload: bytes) -> bytes | None:
+    """The packet without its ICRC when the ICRC of the UDP ``payload`` is right, else None."""
+    if len(payload) < ICRC_LEN:
+        return None
+    body = payload[:-ICRC_LEN]
+    return body if icrc(src, sport, dst, dport, body) == payload[-ICRC_LEN:] else None
