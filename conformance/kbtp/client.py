@@ -392,9 +392,19 @@ class HarnessInitiator:
         return wc, dst.read(0, length) if wc.ok else b""
 
     def rdma_write(self, stag: int, to: int, data: bytes, *, req: str, tag: str | None = None) -> Gen:
+        """RDMA Write; its work completion, which says whether the target accepted it. Where a successful Write
+        completion only means the data left (iWARP has no acknowledgements: a refusal arrives later as a
+        Terminate), a zero-length RDMA Read follows it: RDMAP processes requests in order, so the Read's answer
+        comes after the target has placed or refused the Write, and a refusal fails the Read."""
         src = self.buffer(len(data), Access.LOCAL_WRITE, data)
         self.conn.post_write(src.sge(0, len(data)), stag, to, tag=tag)
         wc = yield from self._wait_op(Op.RDMA_WRITE, req)
+        if wc.ok and not getattr(self.fabric, "writes_acknowledged", True):
+            probe = self.buffer(1, Access.LOCAL_WRITE)
+            self.conn.post_read(probe.sge(0, 0), 0, 0, tag=f"{tag or 'write'}-probe")
+            after = yield from self._wait_op(Op.RDMA_READ, req)
+            if not after.ok:
+                return after
         return wc
 
     def fetch_add(self, stag: int, to: int, add: int, mask: int, *, req: str = R_ATOMICS,

@@ -207,6 +207,8 @@ class WireFabric(EmuFabric):
         if (self.binding == "iwarp") != (profile.binding is Binding.RDMAP):
             raise FabricUsageError(f"binding {self.binding} cannot carry profile {profile.name} ({profile.binding})")
         self.host = host
+        # IB RC acknowledges every Write before its completion; an RDMAP Write completes once sent (§3.5)
+        self.writes_acknowledged = self.binding == "roce"
         self.run_timeout = run_timeout
         self.engine_options = dict(engine_options or {})
         self.capture_dir = Path(capture_dir) if capture_dir else None
@@ -428,7 +430,10 @@ class WireFabric(EmuFabric):
             if self._failure is not None:
                 raise self._failure
             if not enabled:
-                settling = not self._serving and not self._blocked()
+                # Like the emulated fabric, a run ends when nothing can happen any more: the wire is quiet and no
+                # non-daemon actor waits on a timer (an actor blocked without one, a target's session actor
+                # waiting for the next request, does not keep it going; a bounded wait does)
+                settling = not self._serving and not self._timed_waiters()
                 if not self._serving and self._blocked() and not self._timers and not self._live():
                     return "quiescent"  # blocked actors with nothing that could wake them
                 wait = 0.25 if self._until else 1.0  # predicates are re-checked at least this often
@@ -460,6 +465,9 @@ class WireFabric(EmuFabric):
             self.trace.append({"step": self.steps, "t": round(self._now, 6), "label": label, "who": who,
                                "effects": self._pending_notes})
         self._pending_notes = []
+
+    def _timed_waiters(self) -> bool:
+        return any(entry[3] and not entry[2].handle.daemon and not entry[2].handle.done for entry in self._timers)
 
     def _settled(self) -> bool:
         """Nothing left to send and no engine waiting on a timer (unacknowledged packets, a retry)."""
