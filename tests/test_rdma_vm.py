@@ -73,7 +73,8 @@ def _gone(pid: int) -> bool:
 
 
 def test_cache_key_changes_with_each_version() -> None:
-    base = Versions(kernel_abi="6.1.0-57-amd64", kernel_package="6.1.192-3", rdma_core="44.0-2", pydeps="aa")
+    base = Versions(kernel_abi="6.1.0-57-amd64", kernel_package="6.1.192-3", rdma_core="44.0-2",
+                    recipe=build.recipe_id(), pydeps="aa")
     assert base.key == Versions(**base.as_dict()).key
     changed = [Versions(**{**base.as_dict(), field: value}) for field, value in
                (("kernel_abi", "6.1.0-58-amd64"), ("kernel_package", "6.1.192-4"), ("rdma_core", "44.0-3"),
@@ -81,6 +82,13 @@ def test_cache_key_changes_with_each_version() -> None:
     keys = {base.key, *(v.key for v in changed)}
     assert len(keys) == 6
     assert base.key.startswith("6.1.0-57-amd64-rdma44.0-2-r")
+
+
+def test_recipe_id_follows_the_init_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = build.recipe_id()
+    assert before.startswith(build.RECIPE_VERSION + ".")
+    monkeypatch.setattr(build, "VM_INIT", build.VM_INIT + "# edited\n")
+    assert build.recipe_id() != before
 
 
 def test_cache_dir_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

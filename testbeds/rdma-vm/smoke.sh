@@ -30,7 +30,7 @@ wait
 cat "$out/rping-client.txt"
 if [ "$got" -ge 5 ]; then pass "rping siw0 ($got pings)"; else bad "rping siw0"; fi
 
-# ibv_rc_pingpong needs the GID of rxe0's IPv4 address (::ffff:127.0.0.1 on lo).
+# minbase has no /etc/hosts: the client names 127.0.0.1. ibv_rc_pingpong needs the GID of rxe0's IPv4 address (::ffff:127.0.0.1 on lo).
 gid=0
 for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
   case $(cat "$f") in 0000:0000:0000:0000:0000:ffff:*) gid=${f##*/}; break;; esac
@@ -38,7 +38,7 @@ done
 timeout 30 ibv_rc_pingpong -d rxe0 -g "$gid" -n 100 > "$out/pingpong-server.txt" 2>&1 &
 n=0; ok=1
 while [ $n -lt 50 ]; do
-  if timeout 20 ibv_rc_pingpong -d rxe0 -g "$gid" -n 100 localhost > "$out/pingpong-client.txt" 2>&1; then ok=0; break; fi
+  if timeout 20 ibv_rc_pingpong -d rxe0 -g "$gid" -n 100 127.0.0.1 > "$out/pingpong-client.txt" 2>&1; then ok=0; break; fi
   grep -q "bytes in" "$out/pingpong-client.txt" && break
   n=$((n + 1)); sleep 0.1   # bounded retry until the server listens
 done

@@ -58,7 +58,7 @@ class Versions:
     kernel_abi: str        # e.g. 6.1.0-50-amd64 (the modules directory name)
     kernel_package: str    # the Debian version of linux-image-<abi>, e.g. 6.1.176-1
     rdma_core: str         # Debian version of rdma-core
-    recipe: str = RECIPE_VERSION
+    recipe: str = ""       # RECIPE_VERSION plus a hash of the init scripts and package lists (recipe_id())
     pydeps: str = ""       # hash of the project's runtime dependency list
 
     @property
@@ -138,7 +138,13 @@ def resolve_versions(log: Log) -> Versions:
     abi = next(line.split("linux-image-", 1)[1].strip() for line in out.splitlines()
                if "Depends: linux-image-" in line)
     return Versions(kernel_abi=abi, kernel_package=_candidate(f"linux-image-{abi}", log),
-                    rdma_core=_candidate("rdma-core", log), pydeps=pydeps_hash())
+                    rdma_core=_candidate("rdma-core", log), recipe=recipe_id(), pydeps=pydeps_hash())
+
+
+def recipe_id() -> str:
+    """RECIPE_VERSION and a hash of what the recipe bakes into the image, so editing an init script rebuilds."""
+    blob = "\0".join([INITRD_INIT, VM_INIT, *ROOT_PACKAGES, *INITRD_MODULES]).encode()
+    return f"{RECIPE_VERSION}.{hashlib.sha256(blob).hexdigest()[:8]}"
 
 
 def _candidate(package: str, log: Log) -> str:
@@ -356,8 +362,10 @@ if [ -f /mnt/run/cmd.sh ]; then sh /mnt/run/cmd.sh < /dev/null 2>&1; rc=$?; else
 echo "$rc" > /mnt/run/exit_status
 sync
 echo "KVCONFORM-VM-EXIT $rc"
+# sysrq power-off is asynchronous: give it a bounded moment (exiting PID 1 panics, and panic=-1 with qemu's
+# -no-reboot ends the VM as well).
 echo o > /proc/sysrq-trigger
-poweroff -f
+sleep 5
 """
 
 

@@ -9,6 +9,7 @@ The VM is always stopped: at the bound, on an exception, on KeyboardInterrupt an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
@@ -39,7 +40,8 @@ def qemu_binary() -> str | None:
 def skip_reason(cache: Path | None = None) -> str | None:
     """One line saying why the VM cannot run here, or None when qemu and a built image are present."""
     if qemu_binary() is None:
-        return "rdma-vm: skipped: qemu-system-x86_64 not found (apt-get install qemu-system-x86, then testbeds/rdma-vm/build)"
+        return ("rdma-vm: skipped: qemu-system-x86_64 not found "
+                "(apt-get install qemu-system-x86, then testbeds/rdma-vm/build)")
     if find_cached(cache) is None:
         return "rdma-vm: skipped: no built VM image in the cache (run testbeds/rdma-vm/build)"
     return None
@@ -173,10 +175,8 @@ class VM:
                     continue
         else:
             # qemu exited (poweroff) but the group may hold a straggler (a fake qemu's children).
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
