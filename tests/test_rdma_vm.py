@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.targets.testbed import load_testbed
-from testbeds.rdma_vm import build, vm
+from kvconform.targets.testbed import TestbedError, load_testbed
+from testbeds.rdma_vm import build, smoke, vm
 from testbeds.rdma_vm.build import Artefacts, Versions, extract_vmlinux, module_load_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,5 +191,30 @@ def test_command_line_is_tcg_one_vcpu_pvh_with_the_shares(fake: tuple[Artefacts,
 @pytest.mark.parametrize("name", ["rdma-vm.yaml", "rdma-hardware.example.yaml"])
 def test_rdma_testbeds_validate(name: str) -> None:
     tb = load_testbed(REPO / "testbeds" / name)
-    verbs = {k: t for k, t in tb.targets.items() if "verbs" in str(t)}
-    assert verbs, f"{name} declares no verbs target"
+    devices = {t["verbs"]["device"] for t in tb.targets.values() if t["driver"] == "verbs"}
+    assert devices == ({"rxe0", "siw0"} if name == "rdma-vm.yaml" else {"mlx5_0"})
+
+
+def test_verbs_target_needs_its_device(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ntargets:\n  nic: {driver: verbs, roles: [kbtp-target]}\n")
+    with pytest.raises(TestbedError, match="verbs"):
+        load_testbed(bad)
+    bad.write_text("name: bad\ntargets:\n  nic: {driver: verbs, verbs: {port: 1}}\n")
+    with pytest.raises(TestbedError, match="device"):
+        load_testbed(bad)
+
+
+def test_lane_skips_with_one_line_without_qemu_and_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(vm.QEMU_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the lane must not build when it skips")
+
+    monkeypatch.setattr(build, "ensure", no_build)
+    assert smoke.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("rdma-vm: skipped: ")
