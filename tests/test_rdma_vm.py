@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import lzma
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -218,3 +219,17 @@ def test_lane_skips_with_one_line_without_qemu_and_root(monkeypatch: pytest.Monk
     assert smoke.main([]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("rdma-vm: skipped: ")
+
+
+def test_root_keeps_the_rdma_modules_and_drops_other_drivers(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "modules" / "6.1.0-57-amd64"
+    for rel in ("kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko", "kernel/drivers/net/dummy.ko",
+                "kernel/drivers/net/ethernet/intel/e1000e.ko", "kernel/drivers/gpu/drm/drm.ko",
+                "kernel/sound/core/snd.ko", "kernel/crypto/crc32c_generic.ko", "kernel/net/ipv4/udp_tunnel.ko"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(b"ko")
+    dst = tmp_path / "dst"
+    shutil.copytree(tmp_path / "src" / "modules", dst, ignore=build._skip_unneeded_drivers)
+    kept = sorted(str(p.relative_to(dst / "6.1.0-57-amd64")) for p in dst.rglob("*.ko"))
+    assert kept == ["kernel/crypto/crc32c_generic.ko", "kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko",
+                    "kernel/drivers/net/dummy.ko", "kernel/net/ipv4/udp_tunnel.ko"]

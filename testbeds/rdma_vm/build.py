@@ -40,6 +40,8 @@ ROOT_PACKAGES = ("rdma-core", "ibverbs-utils", "rdmacm-utils", "ibverbs-provider
                  "iproute2", "kmod", "perftest", "procps")
 # Modules the initramfs loads before it can mount the root share (virtio transport and 9p).
 INITRD_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
+# kernel/drivers/* directories the VM's root keeps (see _skip_unneeded_drivers).
+KEEP_DRIVERS = frozenset({"infiniband", "net", "virtio", "char", "block"})
 REPO = Path(__file__).resolve().parents[2]
 
 Log = Callable[[str], None]
@@ -143,7 +145,7 @@ def resolve_versions(log: Log) -> Versions:
 
 def recipe_id() -> str:
     """RECIPE_VERSION and a hash of what the recipe bakes into the image, so editing an init script rebuilds."""
-    blob = "\0".join([INITRD_INIT, VM_INIT, *ROOT_PACKAGES, *INITRD_MODULES]).encode()
+    blob = "\0".join([INITRD_INIT, VM_INIT, *ROOT_PACKAGES, *INITRD_MODULES, *sorted(KEEP_DRIVERS)]).encode()
     return f"{RECIPE_VERSION}.{hashlib.sha256(blob).hexdigest()[:8]}"
 
 
@@ -220,7 +222,7 @@ def build_root(v: Versions, art: Artefacts, kernel: Path, siw_ko: Path, log: Log
     _run(["chroot", str(art.root), "apt-get", "clean"], log, 60)
     mods = art.root / "lib" / "modules"
     shutil.rmtree(mods, ignore_errors=True)
-    shutil.copytree(kernel / "lib" / "modules", mods, symlinks=True)
+    shutil.copytree(kernel / "lib" / "modules", mods, symlinks=True, ignore=_skip_unneeded_drivers)
     extra = mods / v.kernel_abi / "extra"
     extra.mkdir(parents=True, exist_ok=True)
     shutil.copy2(siw_ko, extra / "siw.ko")
@@ -230,6 +232,22 @@ def build_root(v: Versions, art: Artefacts, kernel: Path, siw_ko: Path, log: Log
     init.chmod(0o755)
     for d in ("project", "run", "pydeps"):
         (art.root / "mnt" / d).mkdir(parents=True, exist_ok=True)
+
+
+def _skip_unneeded_drivers(directory: str, names: list[str]) -> set[str]:
+    """copytree filter: of kernel/drivers keep the RDMA stack, virtio and top-level net drivers (dummy).
+
+    The rest (GPU, sound, wireless, NIC drivers: about 270 MB) is hardware a TCG guest without devices never
+    loads; arch, crypto, lib, net and fs stay whole (siw asks crypto for crc32c, rxe needs the UDP tunnels).
+    """
+    path = Path(directory)
+    if path.name == "drivers" and path.parent.name == "kernel":
+        return {n for n in names if n not in KEEP_DRIVERS}
+    if path.name == "net" and path.parent.name == "drivers":
+        return {n for n in names if (path / n).is_dir()}
+    if path.name == "kernel" and path.parent.parent.name == "modules":
+        return {"sound"} & set(names)
+    return set()
 
 
 def build_pydeps(art: Artefacts, log: Log) -> None:
