@@ -85,9 +85,9 @@ class RemoteTarget:
     def attach(self, conn: Any) -> None:
         raise TypeError("a remote target is dialled (RemoteTarget.dial), not attached")
 
-    def dial(self, node: Node, name: str) -> Any:
-        remote = self.fabric.remote("target", self.driver.host, self.driver.port)
-        return self.fabric.dial(remote, node, name=name)
+    def dial(self, node: Node, name: str, fabric: Any = None) -> Any:
+        fabric = fabric or self.fabric
+        return fabric.dial(fabric.remote("target", self.driver.host, self.driver.port), node, name=name)
 
     def release_sessions(self, bed: Any) -> None:
         """GOODBYE with RELEASE for every Initiator ID ``bed`` used, each on a fresh connection (bounded)."""
@@ -106,7 +106,7 @@ class RemoteTarget:
                 for attempt in range(RELEASE_ATTEMPTS):
                     name = f"release{n}.{attempt}"
                     try:
-                        conn = self.dial(fab.node(name), f"{name}-conn")
+                        conn = self.dial(fab.node(name), f"{name}-conn", fab)
                     except OSError:
                         return  # the target is gone: the next check finds out and says so
                     ini = HarnessInitiator(fab, conn.node, conn, name, quiet=True)

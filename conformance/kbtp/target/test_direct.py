@@ -11,6 +11,7 @@ from kvconform.conformance.kbtp import expect
 from kvconform.conformance.kbtp.bed import Bed
 from kvconform.conformance.kbtp.client import Gen, HarnessInitiator, add_mask
 from kvconform.fixtures.kbtp import TargetUnderTest
+from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, RING_SLOT_SIZE, EntryFlags, Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
 from kvconform.verdicts import check, check_equal, inconclusive, not_applicable, violation
@@ -326,8 +327,10 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
         q, n = ack.allocation_quota, da.ring.count
         if q == 0:
             not_applicable("Allocation Quota 0")
+        first = None
         for i in range(n + 1):
             ticket, slot = yield from a.take_ticket()
+            first = ticket if first is None else first
             block = yield from a.await_slot(ticket, slot, req=R_SLOT)
             wc = yield from a.write_block(block, bytes([i]) * 32, req="KBTP-ACK-PARTITION-SCOPE")
             check(wc.ok, f"RDMA Write through the Partition STag failed: {wc.status.name}",
@@ -343,7 +346,10 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
             expect.equal("data written before BIND", got, bytes([i]) * 32, req="KBTP-BIND-VERIFY")
             f = yield from a.free(h)
             expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
-            u = q + i  # the Tail ticket of this free (Tail starts at F = q; nothing else was freed)
+            # The Tail ticket of this free: a new session's partition holds its q free blocks, so Tail starts q
+            # above the first Head ticket (q itself on a fresh target; a partition reused by a long-running
+            # target starts wherever its counters are); nothing else was freed.
+            u = (first + q + i) % TICKET_MODULUS
             ring = []
             for s in range(n):
                 got_slot = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * s,

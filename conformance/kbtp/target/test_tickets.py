@@ -14,6 +14,7 @@ from kvconform.conformance.kbtp.bed import Bed
 from kvconform.conformance.kbtp.client import RING_SLOT_SIZE, Ended, Gen, HarnessInitiator
 from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
+from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
 from kvconform.rdma import sleep
@@ -122,12 +123,14 @@ def test_reclaimed_ticket_comes_back(kbtp_target: TargetUnderTest, seed: int) ->
         block = yield from a.await_slot(t, s, req=R_SLOT)
         yield from sleep(ack.ticket_timeout_ms / 1000.0 * 2)
         if not a.broken:
-            # Nothing was freed, so the reclaim's return takes Tail ticket q (Tail starts at F = q).
-            slot = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * (q % n),
+            # Nothing was freed, so the reclaim's return takes the Tail ticket: q above the session's first Head
+            # ticket (its partition's q blocks were free), q itself on a fresh target.
+            u = (t + q) % TICKET_MODULUS
+            slot = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * (u % n),
                                           req="KBTP-TICKET-RECLAIM")
             if slot is not None:  # the Ring STag is gone when the fence invalidated every window
-                expect.equal(f"slot {q % n} (Tail ticket {q}) after the reclaim (Sequence, Block Offset)", slot,
-                             (q, block), req="KBTP-TICKET-RECLAIM")
+                expect.equal(f"slot {u % n} (Tail ticket {u}) after the reclaim (Sequence, Block Offset)", slot,
+                             (u, block), req="KBTP-TICKET-RECLAIM")
         else:  # KBTP-TICKET-RECLAIM stays not-reached: nothing of it was observed
             evidence.note("the target ended the connection to fence the ticket: the ring is not readable any more")
         user = (yield from bed.reconnect(a)) if a.broken else a

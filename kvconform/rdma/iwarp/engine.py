@@ -140,6 +140,7 @@ class IwarpEngine:
         self.write_octets = 0
         self.last_write_octets = 0  # an Immediate Data message's byte_len: the Write it follows
         self.next_request_id = 1
+        self.held = False  # FPDUs behind the RTR wait in the reassembler until receive() is called again
 
     # ---- the Engine contract ---------------------------------------------------------------------------
 
@@ -193,7 +194,8 @@ class IwarpEngine:
                 return
             data, self.setup.inbox = bytes(self.setup.inbox), bytearray()
         self.reasm.feed(data)
-        while self._state is ConnState.CONNECTED:
+        self.held = False
+        while self._state is ConnState.CONNECTED and not self.held:
             try:
                 ulpdu = self.reasm.next()
             except mpa.MpaError as exc:
@@ -304,6 +306,9 @@ class IwarpEngine:
             return
         if self.setup.phase == "wait_rtr":
             if self._rtr(seg):
+                # established: hold what follows until the application has seen the connection and posted its
+                # receives (the initiator may send right behind its RTR); receive(b"") goes on
+                self.held = self.setup.phase == "open"
                 return
         if seg.tagged:
             if seg.opcode == Opcode.WRITE:

@@ -600,13 +600,15 @@ class RoceEngine:
         if pkt.payload:
             self._invalid(pkt, f"{len(pkt.payload)} octets of payload, none expected (§4.3)")
             return
+        if not duplicate:
+            self.memory.note("rdma_read-arrive", stag=reth.rkey, to=reth.va, len=reth.length)
         got = self.memory.resolve(reth.rkey, reth.va, reth.length, Access.REMOTE_READ, tagged=False)
         if isinstance(got, Terminate):
             self._access(pkt, got)
             return
         buf, off = got
         data = buf.read(off, reth.length)
-        self.memory.note("read", stag=reth.rkey, to=reth.va, len=reth.length, addr=buf.addr + off)
+        self.memory.note("read-sample", stag=reth.rkey, to=reth.va, len=reth.length, addr=buf.addr + off)
         n = _npkts(reth.length, self.pmtu)
         if not duplicate:
             self._epsn = (psn + n) & PSN_MASK
@@ -632,6 +634,8 @@ class RoceEngine:
                 self._invalid(pkt, f"{len(pkt.payload)} octets of payload after the AtomicETH (§4.3)")
                 return
             masks = (int.from_bytes(pkt.payload[:8], "big"), int.from_bytes(pkt.payload[8:], "big"))
+        self.memory.note(("fetch_add" if pkt.opcode is Opcode.FETCH_ADD else "comp_swap") + "-arrive", stag=a.rkey,
+                         to=a.va)
         got = self.memory.resolve(a.rkey, a.va, 8, Access.REMOTE_ATOMIC, tagged=False)
         if not isinstance(got, Terminate):
             got = self.memory.atomic_misaligned(a.va) or got
@@ -685,6 +689,7 @@ class RoceEngine:
             cur = _Inbound(kind)
             if send:
                 cur.recv = self._recvs.popleft()
+                self.memory.note("send-arrive", len=n)
             else:
                 reth = pkt.reth
                 assert reth is not None
@@ -693,7 +698,8 @@ class RoceEngine:
                     self._access(pkt, got)
                     return
                 cur.target, cur.total = got, reth.length
-                self.memory.note("write", stag=reth.rkey, to=reth.va, len=reth.length, addr=got[0].addr + got[1])
+                self.memory.note("write-arrive", stag=reth.rkey, to=reth.va, len=reth.length,
+                                 addr=got[0].addr + got[1])
             self._in = cur
         assert cur is not None
         if send:

@@ -523,6 +523,8 @@ class WireFabric(EmuFabric):
         if not conn.ready and engine.established:
             conn.ready = True
             self._accepted(conn)
+            # what arrived behind the connection setup is processed now that its receives are posted
+            self._io(conn, partial(engine.receive, b"", self._clock()), "rx")
         if engine.state is not ConnState.CONNECTED:
             self.events.append((conn.name, engine.terminate))
             self._maybe_close(conn)
