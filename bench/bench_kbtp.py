@@ -152,7 +152,8 @@ def _check(what: str, results: list[OpResult], data: bytes | None = None) -> Non
             raise BenchError(f"{what} #{k}: loaded data differs from the stored block")
 
 
-def kbtp_rates(profile: Profile, block: int, ops: int, repeat: int, fabric: EmuFabric | None = None) -> dict[str, Measure]:
+def kbtp_rates(profile: Profile, block: int, ops: int, repeat: int,
+               fabric: EmuFabric | None = None) -> dict[str, Measure]:
     """LOAD, ALLOC_STORE and FREE of ``ops`` blocks by one initiator; each repeat stores, loads, frees them all.
     ``fabric``: where (default a new emulated fabric; bench_kbtp_wire.py passes a WireFabric)."""
     h = build(1, config=TargetConfig(block_size=block, pool_blocks=ops, quota=ops, handle_count=max(64, ops)),

@@ -79,15 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}")
     print(f"{'block':>7} {'binding':<9}{'op':<13}{'ops/s':>10}{'MB/s':>9}{'x emulated':>12}")
     doc: dict[str, Any] = {"ops": args.ops, "repeat": args.repeat, "blocks": {}}
-    for block, row in table.items():
+    for size, row in table.items():
         base = row.get("emulated", {})
         for binding, measures in row.items():
             for op, m in measures.items():
                 ref = base.get(op)
                 ratio = m.ops_per_second / ref.ops_per_second if ref else float("nan")
-                mbs = m.ops_per_second * int(block) / 1e6 if op != "free" else 0.0
-                print(f"{block:>7} {binding:<9}{op:<13}{m.ops_per_second:>10.0f}{mbs:>9.1f}{ratio:>12.3f}")
-                doc["blocks"].setdefault(block, {}).setdefault(binding, {})[op] = {
+                mbs = m.ops_per_second * int(size) / 1e6 if op != "free" else 0.0
+                print(f"{size:>7} {binding:<9}{op:<13}{m.ops_per_second:>10.0f}{mbs:>9.1f}{ratio:>12.3f}")
+                doc["blocks"].setdefault(size, {}).setdefault(binding, {})[op] = {
                     **asdict(m), "mb_per_second": mbs, "ratio_to_emulated": ratio}
     for f in failures:
         print(f"FAILURE: {f}")

@@ -276,7 +276,8 @@ def test_every_operation_back_to_back() -> None:
     ab = w.sent["ab"]
     assert [p.bth.ack_req for p in ab[:3]] == [False, False, True]
     assert [p.bth.psn for p in ab[:5]] == [0xFFFFFE, 0xFFFFFF, 0, 1, 4]  # the READ took 3 PSNs
-    assert {"write-arrive", "read-sample", "rdma_read-arrive", "fetch_add-arrive", "fetch_add", "comp_swap", "deliver"} <= set(w.mb.kinds())
+    assert {"write-arrive", "read-sample", "rdma_read-arrive", "fetch_add-arrive",
+            "fetch_add", "comp_swap", "deliver"} <= set(w.mb.kinds())
     assert ("fetch_add", {"addr": mem.buffer.addr + 4096, "orig": 41, "new": 41 + (1 << 32)}) in w.mb.notes
     assert w.a.state is w.b.state is ConnState.CONNECTED and w.a.next_deadline() is None
 

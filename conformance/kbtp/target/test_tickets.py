@@ -14,9 +14,9 @@ from kvconform.conformance.kbtp.bed import Bed
 from kvconform.conformance.kbtp.client import RING_SLOT_SIZE, Ended, Gen, HarnessInitiator
 from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
-from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
+from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.rdma import sleep
 from kvconform.verdicts import check, check_one_of, inconclusive, not_applicable
 

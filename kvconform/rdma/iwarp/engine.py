@@ -304,12 +304,11 @@ class IwarpEngine:
             self._fail_local(Terminate(Layer(exc.layer), exc.etype, exc.code, f"{exc} at {self._name}", self._name),
                              ulpdu[:ddp.UNTAGGED_LEN])
             return
-        if self.setup.phase == "wait_rtr":
-            if self._rtr(seg):
-                # established: hold what follows until the application has seen the connection and posted its
-                # receives (the initiator may send right behind its RTR); receive(b"") goes on
-                self.held = self.setup.phase == "open"
-                return
+        if self.setup.phase == "wait_rtr" and self._rtr(seg):
+            # established: hold what follows until the application has seen the connection and posted its
+            # receives (the initiator may send right behind its RTR); receive(b"") goes on
+            self.held = self.setup.phase == "open"
+            return
         if seg.tagged:
             if seg.opcode == Opcode.WRITE:
                 self._write(seg)

@@ -9,6 +9,7 @@ addresses and ports they know: the sender sends with DF and IP Identification 0 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -44,13 +45,18 @@ def _ip_checksum(hdr: bytes) -> int:
     return ~total & 0xFFFF
 
 
+@functools.lru_cache(maxsize=1024)
+def _masked_ip(src: str, dst: str, udp_len: int) -> bytes:
+    """The masked IP header (the same for every packet of a size on a connection: cached)."""
+    if ipaddress.ip_address(src).version == 6:
+        return ipv6_header(src, dst, udp_len, masked=True)
+    return ipv4_header(src, dst, udp_len, masked=True)
+
+
 def icrc(src: str, sport: int, dst: str, dport: int, packet: bytes) -> bytes:
     """The 4 ICRC octets (wire order) of ``packet`` (BTH through pad) sent from ``src:sport`` to ``dst:dport``."""
     udp_len = UDP_LEN + len(packet) + ICRC_LEN
-    if ipaddress.ip_address(src).version == 6:
-        ip = ipv6_header(src, dst, udp_len, masked=True)
-    else:
-        ip = ipv4_header(src, dst, udp_len, masked=True)
+    ip = _masked_ip(src, dst, udp_len)
     udp = struct.pack(">HHHH", sport, dport, udp_len, 0xFFFF)
     masked_bth = packet[:4] + b"\xff" + packet[5:]
     return struct.pack("<I", zlib.crc32(_PSEUDO_LRH + ip + udp + masked_bth))
