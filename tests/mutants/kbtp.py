@@ -1374,7 +1374,13 @@ _DECLARED_QUOTA = ("kbtp.target.quota=2",)  # a declared value (testbed defaults
 UNTRUSTED_ID = "7e3a0c55d1f24b8e9a6c0b13f5e2d47a"  # also declared by the reference runs (tests/test_mutants_kbtp.py)
 UNTRUSTED_PICS = f'kbtp.target.untrusted_initiators=["{UNTRUSTED_ID}"]'
 
+
 MUTANTS: dict[str, Mutant] = {
+    "WireIgnoresCrc": Mutant("kbtp-target", "KBTP-WIRE-MPA-CRC", ("test_iwarp_attack",)),
+    "WireSilentOnBadStag": Mutant("kbtp-target", "KBTP-WIRE-DDP-TAGGED", ("test_iwarp_attack",)),
+    "WireTakesUnaskedReadResponse": Mutant("kbtp-target", "KBTP-WIRE-RDMAP-UNEXPECTED", ("test_iwarp_attack",)),
+    "WireIgnoresIcrc": Mutant("kbtp-target", "KBTP-WIRE-IB-DROP", ("test_roce_packet_dropped",), _IB),
+    "WireErrorSpreads": Mutant("kbtp-target", "KBTP-WIRE-INTACT", ("test_iwarp_attack",)),
     # kbtp-target: session establishment
     "HelloAckWithGeneration": Mutant("kbtp-target", "KBTP-HELLO-HEADER-ZERO", ("test_hello_ack",)),
     "NeverOffersDirectLoad": Mutant("kbtp-target", "KBTP-ACK-FEATURES", ("test_ack_features_match_pics",),

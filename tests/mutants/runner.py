@@ -124,10 +124,12 @@ class Lane:
 
     def assert_mutants_listed(self) -> None:
         catalog = load_catalogs()
-        # A lane's mutants live in its module, or in the role modules of its package (tests/mutants/kvcs/).
+        # A lane's mutants live in its module, in the role modules of its package (tests/mutants/kvcs/), or in a
+        # sibling module it imports them from (tests/mutants/kbtp_wire.py).
         classes = {n for n, obj in vars(self.module).items()
                    if inspect.isclass(obj) and not n.startswith("_")
-                   and (obj.__module__ + ".").startswith(self.module.__name__ + ".")}
+                   and ((obj.__module__ + ".").startswith(self.module.__name__ + ".")
+                        or obj.__module__.startswith(self.module.__name__ + "_"))}
         assert classes == set(self.mutants), (f"each public class in tests/mutants/{self.proto}.py is a mutant "
                                               "in MUTANTS")
         for name, m in self.mutants.items():

@@ -334,10 +334,7 @@ class WireFabric(EmuFabric):
         conn.tap = WireTap(conn.local_addr, conn.peer_addr, initiator=initiator, path=path)
         self._sel.register(sock, selectors.EVENT_READ, ("conn", conn))
         if self.binding == "iwarp":
-            from kvconform.rdma.iwarp.engine import IwarpEngine
-
-            engine = IwarpEngine(conn.name, self._memory(conn), initiator=initiator, peer=conn.peer_name,
-                                 **self.engine_options)
+            engine = self.make_iwarp_engine(conn, initiator)
             self._set_engine(conn, engine)
             engine.start(self.now)
             self._flush(conn)
@@ -346,6 +343,31 @@ class WireFabric(EmuFabric):
 
             conn.setup = RoceSetup(self, conn, initiator=initiator)
             conn.setup.begin()
+
+    def make_iwarp_engine(self, conn: WireConnection, initiator: bool) -> Any:
+        """The engine of one iWARP connection (a subclass may give a broken one: the harness's wire mutants)."""
+        from kvconform.rdma.iwarp.engine import IwarpEngine
+
+        return IwarpEngine(conn.name, self._memory(conn), initiator=initiator, peer=conn.peer_name,
+                           **self.engine_options)
+
+    def make_roce_engine(self, conn: WireConnection, local: Any, remote: Any) -> Any:
+        """The engine of one RoCEv2 connection, once the QP exchange gave both ends' QP information."""
+        from kvconform.rdma.roce.engine import RoceEngine
+
+        return RoceEngine(conn.name, self._memory(conn), local=local, remote=remote, pmtu=self.profile.pmtu,
+                          masked_atomics=self.profile.masked_atomics, **self.engine_options)
+
+    def inject(self, conn: WireConnection, raw: bytes) -> None:
+        """Put crafted bytes on ``conn``'s wire, past its engine: stream bytes (iWARP) or one UDP payload (RoCEv2)
+        to the peer. The wire attacks' way in; the capture records them like any other traffic."""
+        if self.binding == "iwarp":
+            if conn.tap is not None:
+                conn.tap.stream(True, raw)
+            conn.out += raw
+            self._write(conn)
+        else:
+            conn.setup.send([raw])
 
     def _memory(self, conn: WireConnection) -> _Memory:
         return _Memory(self, conn.node, conn.name)

@@ -8,7 +8,6 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from kvconform.rdma.roce import oob
-from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.qp import QpInfo
 
 if TYPE_CHECKING:
@@ -59,9 +58,7 @@ class RoceSetup:
         assert self.local is not None
         if not self.initiator:
             self._send_side(oob.encode(self.local))
-        engine = RoceEngine(self.conn.name, self.fabric._memory(self.conn), local=self.local, remote=self.remote,
-                            pmtu=self.fabric.profile.pmtu, masked_atomics=self.fabric.profile.masked_atomics,
-                            **self.fabric.engine_options)
+        engine = self.fabric.make_roce_engine(self.conn, self.local, self.remote)
         self.fabric._set_engine(self.conn, engine)
         engine.start(self.fabric.now)
         self.fabric._flush(self.conn)
