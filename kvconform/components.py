@@ -33,7 +33,7 @@ SUMMARIES: dict[str, str] = {
     "moqt-relay": "caching MOQT draft-22 relay (ALPN moqt-22, native QUIC)",
     "kvcs-publisher": "KVCS Original Publisher (MOQT draft-22 client of a relay)",
     "kbtp-target": "KBTP target (the reference pool owner) over userspace iWARP or RoCEv2",
-    "kbtp-initiator": "KBTP initiator (the reference) under the cmd: contract: operations on stdin, answers on stdout",
+    "kbtp-initiator": "KBTP reference initiator as a cmd: process (operations on stdin)",
 }
 STATS_INTERVAL = 5.0  # seconds between counter lines on a terminal
 EXAMPLE_POLICY = "example"  # serve moqt-relay --policy: the packaged policy the loopback PICS describe

@@ -20,6 +20,13 @@ from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import Access, Command, Window, pause
 from kvconform.targets.kbtp import OpResult, ReferenceInitiatorDriver, ReferenceInitiatorEndpoint, ReferenceTargetDriver
 from tests.mutants import Mutant
+from tests.mutants.kbtp_wire import (  # noqa: F401 - the wire mutants, reached as python:tests.mutants.kbtp:<name>
+    WireErrorSpreads,
+    WireIgnoresCrc,
+    WireIgnoresIcrc,
+    WireSilentOnBadStag,
+    WireTakesUnaskedReadResponse,
+)
 
 Steps = Generator[Command, Any, Any]
 

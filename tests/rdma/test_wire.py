@@ -175,8 +175,8 @@ def test_captures_decode_in_tshark(wire: str, tmp_path: Path) -> None:
     assert "Malformed" not in out and "Bad CRC" not in out, out
     iwarp = [f"OpCode: {op}" for op in ("Send", "Write", "Read Request", "Read Response", "Atomic Request",
                                         "Atomic Response")] + ["MPA Request Frame", "MPA Reply Frame", "Good CRC32"]
-    roce = ["RC Send Only", "RC RDMA Write First", "RC RDMA Write Last", "RC RDMA Read Request", "RC RDMA Read Response",
-            "RC Fetch Add", "RC Atomic Acknowledge", "RC Acknowledge"]
+    roce = ["RC Send Only", "RC RDMA Write First", "RC RDMA Write Last", "RC RDMA Read Request",
+            "RC RDMA Read Response", "RC Fetch Add", "RC Atomic Acknowledge", "RC Acknowledge"]
     want = iwarp if wire == "iwarp" else roce
     missing = [w for w in want if w not in out]
     assert not missing, f"tshark did not see {missing}:\n{out}"
