@@ -69,15 +69,20 @@ def _assert_clean(run: object, what: str) -> None:
     doc = run.coverage  # type: ignore[attr-defined]
     assert doc, f"{what}: no coverage.json\n{run.output}"  # type: ignore[attr-defined]
     bad = [(t["nodeid"], t.get("message", "")[:400]) for t in doc["tests"] if t["verdict"] in ("fail", "inconclusive")
-           and not _owned_race(t)]
+           and not _by_design(t)]
     assert run.code in (0, 1) and not bad, f"{what}: {bad}\n{run.output}"  # type: ignore[attr-defined]
     assert doc["summary"]["verdicts"].get("pass", 0) > 10, doc["summary"]
 
 
-def _owned_race(test: dict[str, object]) -> bool:
-    """The checks that replay a named interleaving at the target's race points are inconclusive over the wire
-    by design (the harness cannot schedule a target in another process): only those may be."""
-    return test["verdict"] == "inconclusive" and "race points" in str(test.get("message", ""))
+# What a wire run may leave inconclusive, by design (docs/kbtp-wire.md): a named interleaving replayed at the
+# target's race points, the initiator's own memory and post order (invisible off the emulated fabric), a geometry
+# of its own a served target cannot take, and a black-box race whose event did not happen in the attempts.
+BY_DESIGN = ("race points", "only the emulated fabric records", "cannot list the STags",
+             "the check needs the whole ring", "the validity rule was not exercised")
+
+
+def _by_design(test: dict[str, object]) -> bool:
+    return test["verdict"] == "inconclusive" and any(why in str(test.get("message", "")) for why in BY_DESIGN)
 
 
 @pytest.mark.slow
