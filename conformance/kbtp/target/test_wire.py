@@ -156,8 +156,7 @@ def test_iwarp_attack(kbtp_target: TargetUnderTest, seed: int, attack: Attack) -
         else:
             check(ended and term is not None, f"{attack.name}: no Terminate within {ANSWER_S:g} s (state "
                   f"{a.conn.state})", req=attack.req)
-            if attack.key is not None:
-                assert term is not None
+            if attack.key is not None and term is not None:
                 check_equal(f"{attack.name}: Terminate (Layer, EType, Code)", term.key(), attack.key, req=attack.req)
         yield from _intact(bed, victim)
 
