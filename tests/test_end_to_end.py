@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.served import served
 
 TIMEOUT = 300
 
@@ -18,24 +19,8 @@ TIMEOUT = 300
 @pytest.fixture
 def served_decode() -> Iterator[str]:
     """`kvconform serve tlkv-decode` on 127.0.0.1, an ephemeral port; always stopped."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvconform", "serve", "tlkv-decode", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    watchdog = threading.Timer(60, proc.kill)  # a server that never says it listens is killed
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        watchdog.cancel()
-        assert line.startswith("listening on 127.0.0.1:"), f"serve printed {line!r}"
-        yield line.removeprefix("listening on ")
-    finally:
-        watchdog.cancel()
-        proc.terminate()
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
+    with served("tlkv-decode", "--port", "0") as address:
+        yield address
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:

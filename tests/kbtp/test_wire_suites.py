@@ -6,9 +6,7 @@ initiator as a `cmd:` process over both bindings, and the in-process reference a
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
+from tests.served import served
 
 WIRES = ("iwarp", "roce")
 TICKET_TIMEOUT_MS = 250
@@ -43,26 +42,9 @@ def served_target(request: pytest.FixtureRequest) -> Iterator[str]:
     """`kvconform serve kbtp-target` on 127.0.0.1 (ephemeral ports) with the features the test names; always
     stopped. Its URL."""
     wire, features = request.param
-    proc = subprocess.Popen([sys.executable, "-m", "kvconform", "serve", "kbtp-target", "--binding", wire, "--port",
-                             "0", "--udp-port", "0", "--profile", _profile(wire), f"--features={','.join(features)}",
-                             "--ticket-timeout-ms", str(TICKET_TIMEOUT_MS)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    watchdog = threading.Timer(60, proc.kill)  # a server that never says it listens is killed
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        watchdog.cancel()
-        assert line.startswith("listening on 127.0.0.1:"), f"serve printed {line!r}"
-        yield f"kbtp+{wire}://{line.removeprefix('listening on ')}"
-    finally:
-        watchdog.cancel()
-        proc.terminate()
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
+    with served("kbtp-target", "--binding", wire, "--port", "0", "--udp-port", "0", "--profile", _profile(wire),
+                f"--features={','.join(features)}", "--ticket-timeout-ms", str(TICKET_TIMEOUT_MS)) as address:
+        yield f"kbtp+{wire}://{address}"
 
 
 def _assert_clean(run: object, what: str) -> None:
@@ -134,16 +116,4 @@ def test_mutant_is_caught_over_the_wire(name: str, wire: str, tmp_path: Path) ->
 
 def _run_wire(suite: str, target: str, tmp_path: Path, wire: str, pics: tuple[str, ...],
               checks: tuple[str, ...] = ()) -> object:
-    from tests.mutants.runner import ROOT, SEED, TESTBED, Run, spawn_env
-
-    select = ["-k", " or ".join(checks)] if checks else []
-    overrides = [arg for p in pics for arg in ("--pics-set", p)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvconform", "run", suite, "--target", target, "--testbed", str(TESTBED),
-         "--report-dir", str(tmp_path), "--seed", SEED, "-q", "--kbtp-wire", wire, *select, *overrides],
-        cwd=ROOT, env=spawn_env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    import json
-
-    cov = tmp_path / "coverage.json"
-    return Run(proc.returncode, json.loads(cov.read_text()) if cov.exists() else {},
-               proc.stdout[-4000:] + proc.stderr[-4000:])
+    return run_suite(suite, target, tmp_path, pics=pics, checks=checks, timeout=600, extra=("--kbtp-wire", wire))

@@ -49,14 +49,16 @@ def spawn_env() -> dict[str, str]:
 
 
 def run_suite(suite: str, target: str, report_dir: Path, *, pics: tuple[str, ...] = (),
-              checks: tuple[str, ...] = (), testbed: Path | None = TESTBED, timeout: float = 300) -> Run:
-    """`kvconform run suite --target target`; `checks` limits it (-k) to those check functions."""
+              checks: tuple[str, ...] = (), testbed: Path | None = TESTBED, timeout: float = 300,
+              extra: tuple[str, ...] = ()) -> Run:
+    """`kvconform run suite --target target`; `checks` limits it (-k) to those check functions; ``extra``: more
+    `kvconform run` options (``--kbtp-wire roce``)."""
     select = ["-k", " or ".join(checks)] if checks else []
     overrides = [arg for p in pics for arg in ("--pics-set", p)]
     bed = ["--testbed", str(testbed)] if testbed else []
     proc = subprocess.run(
         [sys.executable, "-m", "kvconform", "run", suite, "--target", target, *bed, "--report-dir", str(report_dir),
-         "--seed", SEED, "-q", *select, *overrides],
+         "--seed", SEED, "-q", *extra, *select, *overrides],
         cwd=ROOT, env=spawn_env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     cov = report_dir / "coverage.json"
     coverage = json.loads(cov.read_text()) if cov.exists() else {}

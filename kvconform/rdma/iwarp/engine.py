@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvconform.rdma.fabric import (
     U64,
@@ -87,7 +86,6 @@ class _Inbound:
 class _Setup:
     phase: str = "start"  # start, wait_request, wait_reply, wait_rtr, open
     inbox: bytearray = field(default_factory=bytearray)
-    p2p: bool = False
     rtr: str = ""  # the agreed RTR: read0 / write0
     rtr_response_due: bool = False  # initiator: the zero-length Read Response of its RTR is still to come
 
@@ -277,7 +275,6 @@ class IwarpEngine:
         self.revision = min(self.revision, frame.revision)
         private = b""
         if self.revision == 2 and enhanced is not None:
-            self.setup.p2p = enhanced.p2p
             read0, write0 = enhanced.p2p and enhanced.read0, enhanced.p2p and enhanced.write0 and not enhanced.read0
             if enhanced.p2p and not (read0 or write0):
                 self._out.append(mpa.encode_start(mpa.StartFrame(False, 2, crc=self.crc, reject=True)))
@@ -418,7 +415,7 @@ class IwarpEngine:
         head.placed += len(seg.payload)
         if seg.last:
             self.pending.popleft()
-            self._done(head, Status.SUCCESS)
+            self._done(head)
 
     def _send_segment(self, seg: ddp.Segment, opcode: Opcode) -> None:
         msg = self.inbound
@@ -533,7 +530,7 @@ class IwarpEngine:
         dst = head.wr.dst
         assert dst is not None
         dst.region.write(dst.offset, resp.original.to_bytes(8, dst.region.buffer.byteorder))
-        self._done(head, Status.SUCCESS)
+        self._done(head)
 
     def _terminated(self, seg: ddp.Segment) -> None:
         try:
@@ -582,14 +579,14 @@ class IwarpEngine:
             opcode = (Opcode.SEND_SE_INVALIDATE if inval else Opcode.SEND_SE) if wr.solicited else \
                 (Opcode.SEND_INVALIDATE if inval else Opcode.SEND)
             self._untagged(opcode, wr.data, wr.invalidate or 0)
-            self._done(out, Status.SUCCESS)
+            self._done(out)
         elif wr.op is Op.RDMA_WRITE:
             for s in ddp.segments(tagged=True, opcode=Opcode.WRITE, data=wr.data,
                                   max_payload=self.max_ulpdu - ddp.TAGGED_LEN, stag=wr.stag, to=wr.to):
                 self._emit(s)
             if wr.imm is not None:  # RDMA Write with Immediate = the Write, then an Immediate Data message
                 self._untagged(Opcode.IMMEDIATE, wr.imm)
-            self._done(out, Status.SUCCESS)
+            self._done(out)
         elif wr.op is Op.RDMA_READ:
             dst = wr.dst
             assert dst is not None
@@ -607,19 +604,26 @@ class IwarpEngine:
             self.pending.append(out)
             self._untagged(Opcode.ATOMIC_REQUEST, req.encode())
 
-    def _done(self, out: _Out, status: Status, term: Terminate | None = None) -> None:
-        out.status, out.terminate = status, term
+    def _done(self, out: _Out) -> None:
+        """``out`` succeeded: the completions it frees go out in post order, and what waited for it may go."""
+        out.status = Status.SUCCESS
+        self._drain()
+        self._pump()
+
+    def _drain(self) -> None:
+        """Completions of the oldest WRs that have a status (successful unsignaled ones produce none)."""
         while self.outstanding and self.outstanding[0].status is not None:
             o = self.outstanding.popleft()
-            assert o.status is not None
-            if o.wr.signaled or o.status is not Status.SUCCESS:
-                wr = o.wr
+            wr = o.wr
+            if o.status is Status.SUCCESS and not wr.signaled:
+                continue
+            byte_len = 0
+            if o.status is Status.SUCCESS:
                 byte_len = wr.dst.length if wr.op is Op.RDMA_READ and wr.dst is not None else \
                     8 if wr.op in (Op.FETCH_ADD, Op.COMP_SWAP) else len(wr.data)
-                self._wcs.append(Completion(wr.wr_id, wr.op, o.status, self._name, byte_len=byte_len,
-                                            terminate=o.terminate))
-        if status is Status.SUCCESS:
-            self._pump()
+            assert o.status is not None
+            self._wcs.append(Completion(wr.wr_id, wr.op, o.status, self._name, byte_len=byte_len,
+                                        terminate=o.terminate))
 
     # ---- errors -----------------------------------------------------------------------------------------
 
@@ -646,7 +650,7 @@ class IwarpEngine:
                     o.terminate = term if first and culprit is None else None
                 first = False
         self.pending.clear()
-        self._done_all()
+        self._drain()
         for wr_id, _ in self.rq:
             self._wcs.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name,
                                         terminate=term if first else None))
@@ -655,14 +659,3 @@ class IwarpEngine:
         if self.inbound is not None:
             self._wcs.append(Completion(self.inbound.wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
             self.inbound = None
-
-    def _done_all(self) -> None:
-        while self.outstanding:
-            o = self.outstanding.popleft()
-            assert o.status is not None
-            if o.wr.signaled or o.status is not Status.SUCCESS:
-                self._wcs.append(Completion(o.wr.wr_id, o.wr.op, o.status, self._name, terminate=o.terminate))
-
-    def describe(self) -> dict[str, Any]:
-        return {"phase": self.setup.phase, "revision": self.revision, "crc": self.crc, "rtr": self.setup.rtr,
-                "failed": self.failed}

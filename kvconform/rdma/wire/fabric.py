@@ -406,18 +406,17 @@ class WireFabric(EmuFabric):
         return True
 
     def _await_ready(self, conns: list[WireConnection], also: Callable[[], bool] | None = None) -> None:
-        """Pump I/O only (no actor steps: this may run inside an actor) until ``conns`` are set up."""
-        end = time.monotonic() + CONNECT_TIMEOUT_S
-        while not all(c.ready or c.failed for c in conns) or (also is not None and not also()):
-            left = end - time.monotonic()
-            if left <= 0:
-                raise WireSetupError(f"{self.binding} connection setup did not finish within {CONNECT_TIMEOUT_S} s "
-                                     f"({[c.name for c in conns if not c.ready]})")
-            self._poll_io(min(left, 0.05))
-            self._engine_timers()
+        """Pump I/O only (no actor steps: this may run inside an actor) until ``conns`` are set up (or failed)."""
+        def settled() -> bool:
+            return all(c.ready or c.state is not ConnState.CONNECTED for c in conns) and (also is None or also())
+
+        if not self.await_event(settled, CONNECT_TIMEOUT_S):
+            raise WireSetupError(f"{self.binding} connection setup did not finish within {CONNECT_TIMEOUT_S} s "
+                                 f"({[c.name for c in conns if not c.ready]})")
         for c in conns:
-            if c.failed:
-                raise WireSetupError(f"{self.binding} connection {c.name} was not set up: {c.failed}")
+            if not c.ready:
+                why = c.failed or getattr(c.engine, "failed", "") or "the connection ended"
+                raise WireSetupError(f"{self.binding} connection {c.name} was not set up: {why}")
 
     # ---- the loop ------------------------------------------------------------------------------------
 
