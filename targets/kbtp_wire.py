@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from kvconform.kbtp.constants import Status
 from kvconform.rdma import ConnState, Fabric, Node, Profile
 from kvconform.rdma.profiles import Binding
+from kvconform.rdma.roce.ethernet import LinkSpec
 from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kbtp import TargetEndpoint, TargetParams
 
@@ -42,23 +43,40 @@ def check_binding(via: str, wire: str, params_binding: str, profile: Profile, pi
 class WireTargetDriver:
     """kbtp-target driver of a target listening at ``host:port`` in the binding's wire format."""
 
-    def __init__(self, scheme: str, host: str, port: int) -> None:
+    def __init__(self, scheme: str, host: str, port: int, link: LinkSpec | None = None) -> None:
         if scheme not in SCHEMES:
             raise TargetUnavailable(f"--target {scheme}://: not a KBTP wire scheme (known: {', '.join(SCHEMES)})")
         self.scheme = scheme
         self.wire = SCHEMES[scheme]
         self.host = host
         self.port = port
+        self.link = link  # RoCEv2 as Ethernet frames over a qemu socket netdev (kvconform.rdma.roce.ethernet)
 
     @classmethod
     def from_url(cls, url: str) -> WireTargetDriver:
+        """``kbtp+iwarp://HOST:PORT``, ``kbtp+roce://HOST:PORT[?ether=LOCAL,PEER&address=IP]``."""
+        from urllib.parse import parse_qs
+
+        from kvconform.rdma.roce.ethernet import LinkError
+
         parts = urlsplit(url)
         if not parts.hostname or parts.port is None:
             raise TargetUnavailable(f"--target {url!r}: expected {parts.scheme}://HOST:PORT")
-        return cls(parts.scheme, parts.hostname, parts.port)
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        link = None
+        if query:
+            unknown = set(query) - {"ether", "address"}
+            if unknown or parts.scheme != "kbtp+roce" or set(query) != {"ether", "address"}:
+                raise TargetUnavailable(f"--target {url!r}: the only query is ?ether=LOCAL,PEER&address=IP, for "
+                                        "kbtp+roce (RoCEv2 frames over a qemu socket netdev)")
+            try:
+                link = LinkSpec.parse(query["ether"], query["address"])
+            except LinkError as exc:
+                raise TargetUnavailable(f"--target {url!r}: {exc}") from None
+        return cls(parts.scheme, parts.hostname, parts.port, link)
 
     def __repr__(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}" + (f"?{self.link.query()}" if self.link else "")
 
     @property
     def default_binding(self) -> str:
@@ -69,10 +87,19 @@ class WireTargetDriver:
         from kvconform.rdma.wire.fabric import WireFabric
 
         check_binding(f"{self.scheme}://", self.wire, params.binding, params.profile, "PICS kbtp.target.binding")
-        return WireFabric(params.profile, binding=self.wire, trace=trace)  # type: ignore[arg-type]
+        return WireFabric(params.profile, binding=self.wire, trace=trace, link=self.link)  # type: ignore[arg-type]
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
         return RemoteTarget(self, fabric)
+
+
+def target_from_url(url: str) -> Any:
+    """The kbtp-target driver of a URL: the userspace bindings' schemes, or ``kbtp+verbs://`` (a verbs device)."""
+    if url.startswith("kbtp+verbs:"):
+        from kvconform.targets.kbtp_verbs import VerbsRemoteTargetDriver
+
+        return VerbsRemoteTargetDriver.from_url(url)
+    return WireTargetDriver.from_url(url)
 
 
 class RemoteTarget:

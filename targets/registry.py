@@ -51,6 +51,7 @@ class Role:
     placeholders: tuple[str, ...] = ()  # a cmd: template of this role carries every one of these ...
     optional: tuple[str, ...] = ()  # ... and may carry these
     adapt: str | None = None  # "module:factory" turning a python: reference subclass into a driver, or None
+    verbs: str | None = None  # "module:factory" called with a testbed's ``driver: verbs`` TargetSpec
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -81,11 +82,12 @@ ROLES: dict[str, Role] = {r.suite: r for r in (
          optional=("pool", "versions")),
     Role("tlkv-prefill", f"{_T}:Prefill", f"{_T}:ReferencePrefill", cmd=f"{_T}:CmdPrefill",
          placeholders=("decode_addr", "sequence"), optional=("tokens_file",)),
-    Role("kbtp-target", f"{_K}:KbtpTarget", f"{_K}:ReferenceTargetDriver", url_schemes=("kbtp+iwarp", "kbtp+roce"),
-         url="kvconform.targets.kbtp_wire:WireTargetDriver.from_url"),
+    Role("kbtp-target", f"{_K}:KbtpTarget", f"{_K}:ReferenceTargetDriver",
+         url_schemes=("kbtp+iwarp", "kbtp+roce", "kbtp+verbs"), url="kvconform.targets.kbtp_wire:target_from_url",
+         verbs="kvconform.targets.kbtp_verbs:VerbsTargetDriver.from_spec"),
     Role("kbtp-initiator", f"{_K}:KbtpInitiator", f"{_K}:ReferenceInitiatorDriver",
          cmd="kvconform.targets.kbtp_wire:CmdInitiatorDriver", placeholders=("target",),
-         optional=("initiator_id", "features")),
+         optional=("initiator_id", "features"), verbs="kvconform.targets.kbtp_verbs:VerbsInitiatorDriver.from_spec"),
     Role("moqt-relay", f"{_M}:RelayDriver", f"{_M}:reference_relay", url_schemes=("moqt",),
          url=f"{_M}:RemoteRelay", adapt=f"{_M}:adapt_relay"),
     Role("kvcs-relay", f"{_M}:RelayDriver", f"{_M}:reference_relay", url_schemes=("moqt",),
@@ -195,4 +197,8 @@ def driver_for(suite: str, target: TargetSpec, **options: Any) -> Any:
         return _load(role.url)(target.value)
     if target.kind == "docker":
         return _load("kvconform.targets.docker:contract_driver")(suite, target)
+    if target.kind == "verbs":
+        if role.verbs is None:
+            raise TargetUnavailable(f"verbs target {target.name} cannot play {suite}: {role.describe()}")
+        return _load(role.verbs)(target)
     raise TargetUnavailable(f"target {target.name} ({target.kind}) cannot play {suite}: {role.describe()}")

@@ -37,7 +37,7 @@ __all__ = [
     "url_roles",
 ]
 
-TargetKind = Literal["reference", "url", "cmd", "python", "docker"]
+TargetKind = Literal["reference", "url", "cmd", "python", "docker", "verbs"]
 
 
 def cmd_roles(command: str) -> set[str]:
@@ -270,6 +270,8 @@ def docker_params(image: str, params: Mapping[str, Any], testbed: Testbed) -> di
 def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
     driver: TargetKind = entry["driver"]
     value = "reference" if driver == "reference" else str(entry[driver])
+    if driver == "verbs":
+        value = str(entry["verbs"]["device"])
     params: dict[str, Any] = {}
     roles: set[str] | None = set(entry["roles"]) if "roles" in entry else None
     if driver == "url":
@@ -277,6 +279,8 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
         if roles is None:
             roles = url_roles(value)
     params.update(entry.get("params", {}))
+    if driver == "verbs":
+        params["verbs"] = dict(entry["verbs"])
     if driver == "docker":
         value = _docker_image(value, f"testbed {testbed.path} targets.{name}.docker")
         params["docker"] = docker_params(value, params, testbed)

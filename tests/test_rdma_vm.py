@@ -180,7 +180,7 @@ def test_command_line_is_tcg_one_vcpu_pvh_with_the_shares(fake: tuple[Artefacts,
     art, qemu = fake
     machine = vm.VM(art, qemu=qemu)
     argv = machine.command_line()
-    assert argv[:5] == [qemu, "-accel", "tcg", "-smp", "1"]
+    assert argv[:7] == [qemu, "-accel", "tcg", "-cpu", "max", "-smp", "1"]
     assert argv[argv.index("-kernel") + 1] == str(art.vmlinux)
     tags = [a.rsplit("mount_tag=", 1)[1] for a in argv if "mount_tag=" in a]
     assert tags == ["rootfs", "project", "pydeps", "run"]

@@ -59,6 +59,7 @@ from kvconform.rdma import (
     Node,
     Op,
     Region,
+    Window,
     wait_completion_for,
 )
 from kvconform.rdma import (
@@ -210,7 +211,7 @@ class HarnessInitiator:
             region.write(0, data)
         return region
 
-    def descriptor(self, region: Region, length: int | None = None, offset: int = 0) -> DataDescriptor:
+    def descriptor(self, region: Region | Window, length: int | None = None, offset: int = 0) -> DataDescriptor:
         return DataDescriptor(region.stag, region.to(offset), region.length - offset if length is None else length)
 
     def next_id(self) -> int:
@@ -354,14 +355,15 @@ class HarnessInitiator:
         return reply
 
     def load(self, handle: int, length: int, *, flags: int = 0, generation: int = 0,
-             dest: Region | None = None, req: str = R_LOAD) -> Gen:
-        """LOAD into a fresh buffer of ``length``; returns (Reply, the Data Length octets in the buffer)."""
+             dest: Region | Window | None = None, req: str = R_LOAD) -> Gen:
+        """LOAD into a fresh buffer of ``length`` (or ``dest``); returns (Reply, the Data Length octets there)."""
         dst = dest or self.buffer(length)
         rid = self.next_id()
         msg = Load(request_id=rid, handle=handle, generation=generation, flags=flags,
                    data=self.descriptor(dst, length))
         reply = yield from self.call(self.enc(msg), req=req, what=f"COMPLETION of LOAD {rid} (handle {handle:#x})")
-        got = dst.read(0, min(length, reply.message.data_length) if isinstance(reply.message, Completion) else 0)
+        n = min(length, reply.message.data_length) if isinstance(reply.message, Completion) else 0
+        got = dst.region.read(dst.offset, n) if isinstance(dst, Window) else dst.read(0, n)
         return reply, got
 
     def free(self, handle: int, *, generation: int = 0, req: str = R_FREE) -> Gen:

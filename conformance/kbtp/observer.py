@@ -306,10 +306,20 @@ class InitiatorBed:
         """What the initiator under test sent, in order (not the harness's own clients)."""
         return [r for r in self.target.received if r.conn == self.target_conn]
 
+    def observed(self, what: str) -> list[dict[str, Any]]:
+        """The fabric's trace, for a check that judges ``what`` the initiator did one-sidedly; inconclusive where
+        the harness's target cannot see it (a verbs device executes RDMA Reads, Writes and atomics on the
+        target's memory, and sends its Terminates and NAKs, without telling the process)."""
+        if not getattr(self.fabric, "observes_remote_ops", True):
+            inconclusive(f"the check judges {what}, and the harness's target is on {self.fabric!r}: the device "
+                         "executes the initiator's one-sided operations without the harness seeing them (run the "
+                         "initiator against the harness's userspace binding to judge them)")
+        return list(self.fabric.trace)
+
     def remote_ops(self) -> list[RemoteOp]:
         """The initiator's one-sided operations in the order they reached the target."""
         out = []
-        for rec in self.fabric.trace:
+        for rec in self.observed("the initiator's one-sided operations"):
             for eff in rec["effects"]:
                 if eff.get("who") != self.target_conn:
                     continue
@@ -325,7 +335,7 @@ class InitiatorBed:
     def terminations(self) -> list[str]:
         """Reasons of Terminates on the initiator's connection (an access it had no right to, ...)."""
         out = []
-        for rec in self.fabric.trace:
+        for rec in self.observed("whether the initiator's connection was terminated"):
             for eff in rec["effects"]:
                 if eff.get("do") == "terminate":
                     out.append(str(eff.get("reason", "")))

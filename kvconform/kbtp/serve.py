@@ -2,14 +2,19 @@
 service over a wire binding, so a KBTP initiator in any process or language can be tried against it and the
 harness can certify targets from the outside exactly as it would a NIC's.
 
-    kvconform serve kbtp-target --binding iwarp|roce [--host 127.0.0.1] [--port 0] [--udp-port 4791]
-        [--profile NAME] [--features DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE] [--pool 4096,22,6,8] [--quota 2]
-        [--handle-count 64] [--max-initiators 4] [--max-inline 256] [--ticket-timeout-ms 1000]
+    kvconform serve kbtp-target --binding iwarp|roce|verbs [--device rxe0] [--host 127.0.0.1] [--port 0]
+        [--udp-port 4791] [--profile NAME] [--features DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE] [--pool 4096,22,6,8]
+        [--quota 2] [--handle-count 64] [--max-initiators 4] [--max-inline 256] [--ticket-timeout-ms 1000]
         [--untrusted HEX,...] [--target-class module:Class] [--pcap DIR]
 
 The defaults are the loopback testbed's PICS for ``kbtp.target`` (testbeds/loopback.yaml), so the served target
 passes ``kvconform run kbtp-target --target kbtp+iwarp://HOST:PORT`` as declared there. Prints
 ``listening on HOST:PORT`` (and, for RoCEv2, ``udp HOST:PORT``) once connections are accepted.
+
+``--binding verbs --device DEV`` serves it on a kernel RDMA device (rxe, siw, a NIC) through pyverbs: RoCE/IB
+devices take the out-of-band QP exchange on ``--port`` (the bytes of ``kbtp+roce://``), iWARP devices rdma_cm
+on ``--host`` (an address of the device's netdev; rdma_cm refuses 127.0.0.1). The profile defaults to ib-rc
+(RoCE) or rdmap-5040 (iWARP without RFC 7306, as siw is).
 """
 
 from __future__ import annotations
@@ -51,12 +56,19 @@ def parser() -> argparse.ArgumentParser:
     from kvconform.components import SUMMARIES
 
     p = OneLineParser(prog="kvconform serve kbtp-target", description=SUMMARIES["kbtp-target"])
-    p.add_argument("--binding", choices=("iwarp", "roce"), required=True,
-                   help="wire format: iwarp (MPA/DDP/RDMAP over TCP) or roce (IB RC over RoCEv2/UDP)")
+    p.add_argument("--binding", choices=("iwarp", "roce", "verbs"), required=True,
+                   help="wire format: iwarp (MPA/DDP/RDMAP over TCP) or roce (IB RC over RoCEv2/UDP), userspace; "
+                        "verbs: a kernel RDMA device (--device)")
+    p.add_argument("--device", default=None, help="--binding verbs: the verbs device (ibv_devices), e.g. rxe0, siw0")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1 only)")
     p.add_argument("--port", type=port_or_zero, default=0,
                    help="TCP port: the iWARP stream, or RoCEv2's out-of-band QP exchange; 0 picks a free one")
     p.add_argument("--udp-port", type=port_or_zero, default=4791, help="RoCEv2 UDP port (default 4791; 0: any)")
+    p.add_argument("--ether", default=None, metavar="LOCAL,PEER",
+                   help="--binding roce: RoCEv2 as Ethernet frames over a qemu socket netdev (loopback HOST:PORT of "
+                        "this end and of qemu) instead of UDP through this host's kernel; needs --ether-address")
+    p.add_argument("--ether-address", default=None, metavar="IP",
+                   help="--ether: this end's IPv4 address on that segment (its GID)")
     p.add_argument("--profile", default=None,
                    help="capability profile (default rdmap-7306 for iwarp, ib-rc for roce; see kvconform.rdma)")
     p.add_argument("--features", type=_features, default=_features(DEFAULT_FEATURES),
@@ -75,15 +87,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def params_of(args: argparse.Namespace) -> Any:
+def params_of(args: argparse.Namespace, default_profile: str | None = None) -> Any:
     from kvconform.targets.kbtp import TargetParams
 
     pool = list(args.pool) + [None] * (4 - len(args.pool))
     return TargetParams(
-        binding=args.profile or DEFAULT_PROFILE[args.binding], features=args.features, block_size=pool[0],
-        blocks=pool[1], shared_blocks=pool[2], ring_slots=pool[3], quota=args.quota, handle_count=args.handle_count,
+        binding=args.profile or default_profile or DEFAULT_PROFILE[args.binding], features=args.features,
+        block_size=pool[0], blocks=pool[1], shared_blocks=pool[2], ring_slots=pool[3], quota=args.quota,
+        handle_count=args.handle_count,
         max_initiators=args.max_initiators, max_inline=args.max_inline, ticket_timeout_ms=args.ticket_timeout_ms,
         untrusted_initiators=tuple(bytes.fromhex(i) for i in filter(None, args.untrusted.split(","))))
+
+
+def ether_link(args: argparse.Namespace) -> Any:
+    """The `LinkSpec` of ``--ether``/``--ether-address`` (None without them); ValueError naming the option."""
+    from kvconform.rdma.roce.ethernet import LinkSpec
+
+    if args.ether is None and args.ether_address is None:
+        return None
+    if args.binding != "roce" or args.ether is None or args.ether_address is None:
+        raise ValueError("--ether LOCAL,PEER and --ether-address IP go together, with --binding roce")
+    return LinkSpec.parse(args.ether, args.ether_address)
 
 
 def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> int:
@@ -102,14 +126,34 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         return exc.code if isinstance(exc.code, int) else 2
     prog = "kvconform serve kbtp-target"
     try:
-        params = params_of(args)
+        verbs = None
+        if args.binding == "verbs":
+            from kvconform.rdma.verbs.device import VerbsUnavailable, query
+
+            if not args.device:
+                raise ValueError("--binding verbs needs --device (ibv_devices lists them)")
+            try:
+                verbs = query(args.device)
+            except VerbsUnavailable as exc:
+                raise TargetUnavailable(str(exc)) from exc
+        params = params_of(args, None if verbs is None else ("rdmap-5040" if verbs.transport == "iwarp" else "ib-rc"))
         if params.binding not in PROFILES:
             raise ValueError(f"--profile {params.binding!r}: known profiles {', '.join(PROFILES)}")
-        check_binding(f"--binding {args.binding}", args.binding, params.binding, params.profile, "--profile")
         driver = ReferenceTargetDriver()
         driver.target_class = load_subclass(args.target_class, ReferenceTarget, "--target-class")
-        fabric = WireFabric(params.profile, binding=args.binding, host=args.host, udp_port=args.udp_port,
-                            capture_dir=args.pcap)
+        fabric: Any
+        if verbs is not None:
+            from kvconform.rdma.verbs.fabric import VerbsFabric
+
+            try:
+                fabric = VerbsFabric(params.profile, device=args.device, host=args.host, capture_dir=args.pcap,
+                                     info=verbs)
+            except VerbsUnavailable as exc:
+                raise TargetUnavailable(str(exc)) from exc
+        else:
+            check_binding(f"--binding {args.binding}", args.binding, params.binding, params.profile, "--profile")
+            fabric = WireFabric(params.profile, binding=args.binding, host=args.host, udp_port=args.udp_port,
+                                capture_dir=args.pcap, link=ether_link(args))
         node = fabric.node("target")
         endpoint = driver.start(fabric, node, params)
         listener = fabric.listen(node, args.host, args.port, endpoint.attach)
@@ -117,8 +161,8 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(f"listening on {args.host}:{fabric.port_of(listener)}", flush=True)
-    if args.binding == "roce":
-        print(f"udp {args.host}:{fabric.udp_port}", flush=True)
+    if fabric.binding == "roce":
+        print(f"udp {fabric.roce_address}:{fabric.udp_port}", flush=True)
     with _until_stopped(stop) as event:
         try:
             fabric.serve_forever(stop=event.is_set)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The .ci/rdma smoke, run inside the VM (cwd = the project share): both devices up, pyverbs, rping over siw0
-# (rdma_cm, the dummy netdev's address), ibv_rc_pingpong over rxe0 (out-of-band exchange), the CLI.
+# (rdma_cm, the dummy netdev's address), ibv_rc_pingpong over rxe0 (out-of-band exchange), the CLI, and the
+# verbs binding's contract on both devices.
 # Prints SMOKE-PASS/SMOKE-FAIL per check; exits 1 when one failed. Every wait is bounded.
 fail=0
 out=$KVCONFORM_VM_RUN/results
@@ -48,4 +49,10 @@ if [ $ok -eq 0 ] && grep -q "bytes in" "$out/pingpong-client.txt"; then pass "ib
 
 if python3 -m kvconform --help > "$out/kvconform-help.txt" 2>&1; then pass "python3 -m kvconform --help"; else
   cat "$out/kvconform-help.txt"; bad "kvconform --help"; fi
+# the verbs binding's contract on both devices (testbeds/rdma_vm/verbs_contract.py), and the device findings
+if timeout -s KILL 120 python3 testbeds/rdma_vm/verbs_contract.py "$addr" > "$out/verbs-contract.txt" 2>&1; then
+  cat "$out/verbs-contract.txt"; pass "verbs binding contract rxe0+siw0"
+else
+  cat "$out/verbs-contract.txt"; bad "verbs binding contract"
+fi
 exit $fail

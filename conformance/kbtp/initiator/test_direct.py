@@ -172,11 +172,15 @@ class AllocRun:
     ack: HelloAck
     da: DirectAlloc
     count: int
-    ops: list[RemoteOp]
     binds: list[tuple[int, Bind]]
     masked: bool
     first_ticket: int
     statuses: list[int]  # of each direct allocation, as the initiator reported it
+
+    @property
+    def ops(self) -> list[RemoteOp]:
+        """The initiator's one-sided operations (inconclusive where the harness's target cannot see them)."""
+        return self.bed.remote_ops()
 
     def ticket(self, k: int) -> int:
         """The ticket of allocation k (they are consecutive modulo 2^32 from the Head's first one)."""
@@ -188,9 +192,9 @@ class AllocRun:
 
     def per_allocation(self) -> list[tuple[int, Bind, list[RemoteOp]]]:
         """For each BIND (in order), its ticket and the one-sided operations since the previous BIND."""
-        out, cursor = [], 0
+        out, cursor, ops = [], 0, self.ops
         for k, (step, bind) in enumerate(self.binds):
-            mine = [op for op in self.ops[cursor:] if op.step < step]
+            mine = [op for op in ops[cursor:] if op.step < step]
             cursor += len(mine)
             out.append((k, bind, mine))
         return out
@@ -218,7 +222,7 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
     bed.run_one(scenario())
     ack: HelloAck = bed.ack  # type: ignore[assignment]
     binds = [(rec.step, rec.message) for rec in bed.messages() if isinstance(rec.message, Bind)]
-    return AllocRun(bed, ack, ack.direct_alloc, count["n"], bed.remote_ops(), binds,  # type: ignore[arg-type]
+    return AllocRun(bed, ack, ack.direct_alloc, count["n"], binds,  # type: ignore[arg-type]
                     kbtp_initiator.target_params.profile.masked_atomics, bed.target.first_ticket,
                     statuses)
 
@@ -229,7 +233,8 @@ def test_direct_alloc_fetchadd(alloc_run: AllocRun) -> None:
     per RFC 7306, or the unmasked InfiniBand form), before its BIND."""
     alloc_run.session()
     run, n = alloc_run, alloc_run.da.ring.count
-    atomics = [eff for rec in run.bed.fabric.trace for eff in rec["effects"] if eff.get("do") == "fetch_add"]
+    atomics = [eff for rec in run.bed.observed("the initiator's FetchAdds") for eff in rec["effects"]
+               if eff.get("do") == "fetch_add"]
     expect.equal("FetchAdds on the Head", len(atomics), run.count, req="KBTP-DALLOC-FETCHADD")
     add = 0x0000_0001_0000_0010 if run.masked else 0x0000_0001_0000_0000
     mask = ((1 << 63) | (1 << 31) | (1 << (n.bit_length() - 1 + 3))) if run.masked else 0
@@ -318,7 +323,8 @@ def test_direct_alloc_ticket_wrap(alloc_run: AllocRun) -> None:
     its top bit set or not), and the allocations after the wrap are bound like those before it."""
     alloc_run.session()
     run = alloc_run
-    taken = [int(eff["orig"]) for rec in run.bed.fabric.trace for eff in rec["effects"] if eff.get("do") == "fetch_add"]
+    taken = [int(eff["orig"]) for rec in run.bed.observed("the Tickets the initiator's FetchAdds took")
+             for eff in rec["effects"] if eff.get("do") == "fetch_add"]
     tickets = [orig >> 32 & 0xFFFF_FFFF for orig in taken]
     if not (any(t >= 1 << 31 for t in tickets) and 0 in tickets):
         inconclusive(f"the initiator's tickets {[hex(t) for t in tickets]} did not cross the 32-bit wrap from "

@@ -22,7 +22,7 @@ from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Status
 from kvconform.kbtp.messages import Free
 from kvconform.rdma import ConnState, Op, wait_completion_for, wait_until
-from kvconform.verdicts import check, check_equal, not_applicable
+from kvconform.verdicts import check, check_equal, inconclusive, not_applicable
 
 ANSWER_S = 3.0  # how long the harness waits for the target's answer to an attack (real time)
 SILENCE_S = 1.0  # ... and how long a dropped packet must stay unanswered
@@ -37,6 +37,10 @@ def _wire(bed: Bed, binding: str) -> Any:
                        "--kbtp-wire); on the emulated fabric there is no wire")
     if fabric.binding != binding:
         not_applicable(f"an attack on the {binding} wire; this target is reached over {fabric.binding}")
+    if not getattr(fabric, "crafts_frames", True):
+        inconclusive(f"the harness's initiators are on {fabric!r}, whose device builds every packet itself, so "
+                     "no crafted frame can be sent: run the attacks from the userspace binding (kbtp+iwarp:// or "
+                     "kbtp+roce:// from a host without the device; .ci/rdma aims them at rxe and siw)")
     return fabric
 
 

@@ -52,7 +52,7 @@ from kvconform.rdma.iwarp.rdmap import (
     decode_terminate,
     encode_terminate,
 )
-from kvconform.rdma.wire.engine import LocalMemory, WorkRequest
+from kvconform.rdma.wire.engine import LocalMemory, Source, WorkRequest
 
 DEFAULT_MULPDU = 1460 - 2 - 4  # one FPDU per TCP segment of a 1500-octet MTU (rdma-bindings §3.5)
 _QN_OF = {Opcode.READ_REQUEST: ddp.QN_READ, Opcode.ATOMIC_REQUEST: ddp.QN_READ, Opcode.TERMINATE: ddp.QN_TERMINATE,
@@ -183,7 +183,7 @@ class IwarpEngine:
             return
         self.rq.append((wr_id, sge))
 
-    def receive(self, data: bytes, now: float) -> None:
+    def receive(self, data: bytes, now: float, source: Source | None = None) -> None:
         if self._state is not ConnState.CONNECTED:
             return  # after a Terminate the stream is closed: nothing more is processed
         if self.setup.phase in ("wait_request", "wait_reply"):

@@ -56,7 +56,7 @@ from kvconform.rdma.roce.headers import (
 )
 from kvconform.rdma.roce.icrc import append_icrc, check_icrc
 from kvconform.rdma.roce.qp import QpInfo
-from kvconform.rdma.wire.engine import LocalMemory, WorkRequest
+from kvconform.rdma.wire.engine import LocalMemory, Source, WorkRequest
 
 _HALF = 1 << 23
 _ATOMICS = (Op.FETCH_ADD, Op.COMP_SWAP)
@@ -217,11 +217,15 @@ class RoceEngine:
             if self._ack_deadline is not None:
                 self._ack_deadline = now + self.ack_timeout_s
 
-    def receive(self, data: bytes, now: float) -> None:
+    def receive(self, data: bytes, now: float, source: Source | None = None) -> None:
+        """One UDP payload; ``source`` is where the datagram came from when known: the ICRC covers the source
+        port, which a kernel RoCE device picks per QP (rxe: from the QPN), not the port it was told of, and the
+        IPv4 Identification."""
         self._clock(now)
         if self._state is not ConnState.CONNECTED:
             return
-        body = check_icrc(self.remote.ip, self.remote.port, self.local.ip, self.local.port, data)
+        src = source or Source(self.remote.ip, self.remote.port)
+        body = check_icrc(src.address, src.port, self.local.ip, self.local.port, data, src.ip_ident)
         if body is None:
             self.dropped_icrc += 1
             return

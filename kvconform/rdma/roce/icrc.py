@@ -46,17 +46,19 @@ def _ip_checksum(hdr: bytes) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _masked_ip(src: str, dst: str, udp_len: int) -> bytes:
+def _masked_ip(src: str, dst: str, udp_len: int, ident: int = 0) -> bytes:
     """The masked IP header (the same for every packet of a size on a connection: cached)."""
     if ipaddress.ip_address(src).version == 6:
         return ipv6_header(src, dst, udp_len, masked=True)
-    return ipv4_header(src, dst, udp_len, masked=True)
+    return ipv4_header(src, dst, udp_len, masked=True, ident=ident)
 
 
-def icrc(src: str, sport: int, dst: str, dport: int, packet: bytes) -> bytes:
-    """The 4 ICRC octets (wire order) of ``packet`` (BTH through pad) sent from ``src:sport`` to ``dst:dport``."""
+def icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int = 0) -> bytes:
+    """The 4 ICRC octets (wire order) of ``packet`` (BTH through pad) sent from ``src:sport`` to ``dst:dport``;
+    ``ident`` is the IPv4 Identification of the packet's header (the ICRC covers it; 0 from a DF UDP socket,
+    anything from a kernel RoCE device: rxe numbers its packets)."""
     udp_len = UDP_LEN + len(packet) + ICRC_LEN
-    ip = _masked_ip(src, dst, udp_len)
+    ip = _masked_ip(src, dst, udp_len, ident)
     udp = struct.pack(">HHHH", sport, dport, udp_len, 0xFFFF)
     masked_bth = packet[:4] + b"\xff" + packet[5:]
     return struct.pack("<I", zlib.crc32(_PSEUDO_LRH + ip + udp + masked_bth))
@@ -67,9 +69,9 @@ def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes) -> by
     return packet + icrc(src, sport, dst, dport, packet)
 
 
-def check_icrc(src: str, sport: int, dst: str, dport: int, payload: bytes) -> bytes | None:
+def check_icrc(src: str, sport: int, dst: str, dport: int, payload: bytes, ident: int = 0) -> bytes | None:
     """The packet without its ICRC when the ICRC of the UDP ``payload`` is right, else None."""
     if len(payload) < ICRC_LEN:
         return None
     body = payload[:-ICRC_LEN]
-    return body if icrc(src, sport, dst, dport, body) == payload[-ICRC_LEN:] else None
+    return body if icrc(src, sport, dst, dport, body, ident) == payload[-ICRC_LEN:] else None

@@ -35,6 +35,15 @@ from typing import Any, Protocol
 from kvconform.rdma.fabric import U64, Access, Buffer, Completion, ConnState, Op, Sge, Terminate
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a datagram came from, as far as its receiver's ICRC needs (RoCEv2 §4.8 covers all three)."""
+
+    address: str
+    port: int
+    ip_ident: int = 0  # IPv4 Identification: 0 from a DF UDP socket; a kernel RoCE device numbers its packets
+
+
 @dataclass(slots=True)
 class WorkRequest:
     """A send-queue work request, already checked locally by the fabric (SGEs valid, profile allows it)."""
@@ -45,6 +54,7 @@ class WorkRequest:
     signaled: bool = True
     fence: bool = False
     data: bytes = b""  # SEND / RDMA_WRITE payload, gathered from the source SGEs at post time
+    src: list[Sge] | None = None  # ... and those SGEs (a verbs device reads registered memory itself)
     dst: Sge | None = None  # RDMA_READ / atomics: where the response lands
     stag: int = 0  # remote STag (rkey) and Tagged Offset (VA) of RDMA_WRITE / RDMA_READ / atomics
     to: int = 0
@@ -103,8 +113,9 @@ class Engine(Protocol):
         ...
 
     def post_recv(self, wr_id: int, sge: Sge | None) -> None: ...
-    def receive(self, data: bytes, now: float) -> None:
-        """Bytes that arrived: a piece of the TCP stream (iWARP) or one UDP payload (RoCEv2)."""
+    def receive(self, data: bytes, now: float, source: Source | None = None) -> None:
+        """Bytes that arrived: a piece of the TCP stream (iWARP) or one UDP payload (RoCEv2, ``source`` its
+        sender's address and port)."""
         ...
 
     def poll_timers(self, now: float) -> None:

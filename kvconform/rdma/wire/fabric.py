@@ -56,9 +56,10 @@ from kvconform.rdma.fabric import (
 )
 from kvconform.rdma.memory import atomic_misaligned, remote_invalidate_refusal, resolve
 from kvconform.rdma.profiles import Binding, Profile
+from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
-from kvconform.rdma.wire.engine import Engine, WorkRequest
+from kvconform.rdma.wire.engine import Engine, Source, WorkRequest
 
 WireBindingName = Literal["iwarp", "roce"]
 ROCE_PORT = 4791  # IANA RoCEv2 UDP port (rdma-bindings §4.1)
@@ -66,6 +67,9 @@ CONNECT_TIMEOUT_S = 10.0  # TCP connect plus MPA / out-of-band exchange
 RUN_TIMEOUT_S = 120.0  # wall-clock bound of one run(): a peer that never answers ends the run, not the suite
 SETTLE_S = 0.01  # run(): once every actor is done, the wire counts as quiet after this long without traffic
 _RECV = 1 << 16
+# QPNs distinct per process (readable captures) and never reused by a later fabric of it: a peer's late
+# retransmission for an old connection must not land on a new QP of the same number
+_QPNS = itertools.count(0x12 + (os.getpid() % 0x1000) * 0x100)
 
 
 class WireSetupError(ConnectionError):
@@ -163,6 +167,7 @@ class WireConnection(EmuConnection):
         self._wire._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
         data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else self._wire._gather(wr.src)
         req = WorkRequest(op=wr.kind, wr_id=wr.wr_id, tag=wr.tag, signaled=wr.signaled, fence=wr.fence, data=data,
+                          src=wr.src if isinstance(wr.src, list) else None,
                           dst=wr.dst, stag=wr.stag, to=wr.to, imm=wr.imm, invalidate=wr.invalidate,
                           solicited=wr.solicited, add=wr.add, mask=wr.mask, compare=wr.compare, swap=wr.swap,
                           compare_mask=wr.compare_mask, swap_mask=wr.swap_mask)
@@ -201,6 +206,7 @@ class WireFabric(EmuFabric):
         host: str = "127.0.0.1",
         run_timeout: float = RUN_TIMEOUT_S,
         engine_options: dict[str, Any] | None = None,
+        link: LinkSpec | None = None,
     ) -> None:
         super().__init__(profile, scheduler=FifoScheduler(), trace=trace)
         self.binding: WireBindingName = binding or ("iwarp" if profile.binding is Binding.RDMAP else "roce")
@@ -218,10 +224,13 @@ class WireFabric(EmuFabric):
         self._listeners: list[_Listener] = []
         self._serving = False
         self._readers = 0
-        self._udp: socket.socket | None = None
+        self._udp: socket.socket | QemuSocketLink | None = None
         self._udp_port_wanted = udp_port
+        # RoCEv2 packets as frames on an Ethernet segment of their own (the testbed VM's NIC), not UDP via the kernel
+        self.link = link
+        if link is not None and self.binding != "roce":
+            raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
-        self._next_qpn = 0x11 + (os.getpid() % 0x1000) * 0x100  # distinct per process, for readable captures
 
     # ---- clock ---------------------------------------------------------------------------------------
 
@@ -304,6 +313,11 @@ class WireFabric(EmuFabric):
     def udp_port(self) -> int:
         return 0 if self._udp is None else int(self._udp.getsockname()[1])
 
+    @property
+    def roce_address(self) -> str:
+        """The IP address (GID) this fabric's RoCEv2 QPs announce: the link's on an Ethernet link, else ``host``."""
+        return self.link.address if self.link is not None else self.host
+
     def _new_conn(self, node: EmuNode, ep_name: str, cq: EmuCQ | None) -> WireConnection:
         if ep_name in node._connections:
             raise FabricUsageError(f"connect: endpoint {ep_name!r} exists; pass name=")
@@ -378,7 +392,10 @@ class WireFabric(EmuFabric):
             fn(engine)
         conn.pending.clear()
 
-    def _ensure_udp(self) -> socket.socket:
+    def _ensure_udp(self) -> socket.socket | QemuSocketLink:
+        if self._udp is None and self.link is not None:
+            self._udp = QemuSocketLink(self.link)
+            self._sel.register(self._udp, selectors.EVENT_READ, ("udp",))
         if self._udp is None:
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             # DF set, so Linux sends IPv4 Identification 0, which the ICRC covers (rdma-vm-testbed.md)
@@ -390,9 +407,9 @@ class WireFabric(EmuFabric):
         return self._udp
 
     def _register_qpn(self, conn: WireConnection) -> int:
-        self._next_qpn += 1
-        self._qpns[self._next_qpn] = conn
-        return self._next_qpn
+        qpn = next(_QPNS)
+        self._qpns[qpn] = conn
+        return qpn
 
     def await_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Pump I/O only (no actor steps) until ``predicate()`` or ``timeout`` seconds; whether it held."""
@@ -671,8 +688,10 @@ class WireFabric(EmuFabric):
             if conn is None or conn.engine is None:
                 continue  # no such QP: silently dropped, as an RNIC does
             if conn.tap is not None:
-                conn.tap.datagram(addr[:2], (self.host, self.udp_port), data, received=True)
-            self._io(conn, partial(conn.engine.receive, data, self._clock()), "rx")
+                conn.tap.datagram(addr[:2], (self.roce_address, self.udp_port), data, received=True)
+            # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
+            source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
+            self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx")
 
     def close(self) -> None:
         """Close every socket (connections end as if the host went away)."""

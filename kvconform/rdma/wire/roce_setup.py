@@ -30,7 +30,7 @@ class RoceSetup:
         self.fabric._ensure_udp()
         # a starting PSN that differs per connection but replays for the same names (readable captures)
         psn = int.from_bytes(hashlib.sha256(self.conn.name.encode()).digest()[:3], "big")
-        self.local = QpInfo(qpn=qpn, psn=psn, ip=self.fabric.host, port=self.fabric.udp_port)
+        self.local = QpInfo(qpn=qpn, psn=psn, ip=self.fabric.roce_address, port=self.fabric.udp_port)
         if self.initiator:
             self._send_side(oob.encode(self.local))
 
@@ -73,4 +73,4 @@ class RoceSetup:
             except BlockingIOError:
                 continue  # a full socket buffer drops the datagram: RC retransmits it
             if self.conn.tap is not None:
-                self.conn.tap.datagram((self.fabric.host, self.fabric.udp_port), dst, p, received=False)
+                self.conn.tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)

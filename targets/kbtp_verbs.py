@@ -1,0 +1,103 @@
+"""KBTP on a kernel RDMA device: the testbed's ``driver: verbs`` entries (issue 13 §2).
+
+A ``verbs`` target entry names a device (``verbs: {device: rxe0, address: ...}``). For the kbtp-target suite
+the reference target is served on that device in this process and the harness's initiators connect to it on
+the same device, each node its own protection domain, so every Send, Write, Read, atomic, window bind and
+invalidation is the device's (rxe's RoCEv2, siw's iWARP, a NIC's firmware). For kbtp-initiator the reference
+initiator runs on the device against the harness's target. A target in another process on a verbs device is
+reached with ``kbtp+roce://`` / ``kbtp+iwarp://`` (the out-of-band exchange and rdma_cm are the same bytes) or
+``kbtp+verbs://DEVICE/HOST:PORT`` when the harness itself must be on the device.
+
+Without pyverbs, without the device, or with PICS the device cannot carry (atomics on siw), every check is
+inconclusive with the one-line reason (`kvconform.rdma.verbs.device.skip_reason`): nothing was exchanged,
+so nothing is judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvconform.rdma import Connection, Fabric, Node
+from kvconform.targets.drivers import TargetUnavailable
+from kvconform.targets.kbtp import (
+    InitiatorEndpoint,
+    InitiatorParams,
+    ReferenceInitiatorDriver,
+    ReferenceTargetDriver,
+    TargetEndpoint,
+    TargetParams,
+)
+
+
+class VerbsDevice:
+    """Where a verbs entry's fabric lives: device, port and (iWARP) the address of its netdev."""
+
+    def __init__(self, device: str, port: int = 1, address: str | None = None) -> None:
+        self.device = device
+        self.port = port
+        self.address = address
+
+    @classmethod
+    def from_spec(cls, target: Any) -> VerbsDevice:
+        raw = dict(target.params.get("verbs") or {})
+        if not raw.get("device"):
+            raise TargetUnavailable(f"target {target.name}: a verbs entry needs verbs.device")
+        return cls(str(raw["device"]), int(raw.get("port", 1)), raw.get("address"))
+
+    def __repr__(self) -> str:
+        return f"verbs:{self.device}" + (f"@{self.address}" if self.address else "")
+
+    def make_fabric(self, params: Any, *, trace: bool = False) -> Any:
+        from kvconform.rdma.verbs.device import VerbsUnavailable, skip_reason
+        from kvconform.rdma.verbs.fabric import VerbsFabric
+
+        why = skip_reason(self.device, params.profile)
+        if why is not None:
+            raise TargetUnavailable(why)
+        try:
+            return VerbsFabric(params.profile, device=self.device, port=self.port, host=self.address, trace=trace)
+        except VerbsUnavailable as exc:
+            raise TargetUnavailable(f"verbs: {exc}") from exc
+
+
+class VerbsTargetDriver(VerbsDevice):
+    """kbtp-target: the reference target served on the device, the harness's initiators on it too."""
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
+        return ReferenceTargetDriver().start(fabric, node, params)
+
+
+class VerbsInitiatorDriver(VerbsDevice):
+    """kbtp-initiator: the reference initiator on the device, against the harness's target on it."""
+
+    def start(self, fabric: Fabric, node: Node, conn: Connection, params: InitiatorParams) -> InitiatorEndpoint:
+        return ReferenceInitiatorDriver().start(fabric, node, conn, params)
+
+
+class VerbsRemoteTargetDriver(VerbsDevice):
+    """``kbtp+verbs://DEVICE/HOST:PORT[?local=ADDR]``: a target in another process (any implementation) served
+    at HOST:PORT, the harness's initiators on verbs device DEVICE. ``local`` is the address of DEVICE's netdev
+    for rdma_cm (iWARP); it defaults to HOST (both on one host, as in the testbed VM)."""
+
+    def __init__(self, device: str, host: str, port: int, local: str | None = None) -> None:
+        super().__init__(device, address=local or host)
+        self.host = host
+        self.port = port
+
+    @classmethod
+    def from_url(cls, url: str) -> VerbsRemoteTargetDriver:
+        parts = urlsplit(url)
+        host, _, port = parts.path.lstrip("/").rpartition(":")
+        if not parts.netloc or not host or not port.isdigit():
+            raise TargetUnavailable(f"--target {url!r}: expected kbtp+verbs://DEVICE/HOST:PORT[?local=ADDR]")
+        local = dict(q.split("=", 1) for q in parts.query.split("&") if "=" in q).get("local")
+        return cls(parts.netloc, host, int(port), local)
+
+    def __repr__(self) -> str:
+        return f"kbtp+verbs://{self.device}/{self.host}:{self.port}"
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
+        from kvconform.targets.kbtp_wire import RemoteTarget
+
+        return RemoteTarget(self, fabric)  # type: ignore[arg-type]

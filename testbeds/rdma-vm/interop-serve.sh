@@ -1,0 +1,23 @@
+#!/bin/sh
+# Host<->VM interop, the VM's side when the VM serves (run inside the VM by tests/rdma_vm/test_interop.py):
+# the reference KBTP target on rxe1 (the RoCEv2 segment to the host; its out-of-band exchange on
+# 10.0.2.15:18515, forwarded from the host) and on siw1 (rdma_cm on 10.0.2.15:7471, forwarded). Prints
+# INTEROP-SERVING once both listen, then serves until the host stops the VM (bounded by $1 seconds, default 1800).
+# Each server's output is in $KVCONFORM_VM_RUN/results/serve-<device>.log.
+out=$KVCONFORM_VM_RUN/results
+. testbeds/rdma-vm/links.sh
+python3 -m kvconform serve kbtp-target --binding verbs --device rxe1 --host 10.0.2.15 --port 18515 \
+  --features DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE > "$out/serve-rxe1.log" 2>&1 &
+rxe=$!
+python3 -m kvconform serve kbtp-target --binding verbs --device siw1 --host 10.0.2.15 --port 7471 \
+  --features DIRECT_LOAD,ADDR_LE > "$out/serve-siw1.log" 2>&1 &
+siw=$!
+i=0
+until grep -q "^listening on" "$out/serve-rxe1.log" && grep -q "^listening on" "$out/serve-siw1.log"; do
+  i=$((i + 1))
+  if [ $i -gt 600 ]; then echo "INTEROP-FAIL the targets did not listen within 120 s"; cat "$out"/serve-*.log; exit 1; fi
+  sleep 0.2
+done
+echo "INTEROP-SERVING rxe1=10.0.2.15:18515 siw1=10.0.2.15:7471"
+(sleep "${1:-1800}"; kill $rxe $siw) 2>/dev/null &
+wait $rxe $siw
