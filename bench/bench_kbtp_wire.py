@@ -1,13 +1,17 @@
 """KBTP over the wire bindings, against the emulated fabric in the same run (issue 12).
 
     python bench/bench_kbtp_wire.py [--quick] [--ops N] [--repeat R] [--blocks 4096,32768] [--json FILE]
+        [--verbs rxe0,siw0 [--verbs-address 10.77.0.1]]
 
 Operations/s and MB/s of LOAD, ALLOC_STORE (Data Descriptor path: the target RDMA Reads the block) and FREE by
 one reference initiator against the reference target (`bench_kbtp.kbtp_rates`, the same workload) on:
 
 - ``emulated``: the in-process emulated fabric (profile rdmap-7306, one placement step per message);
 - ``iwarp``: `WireFabric` over a loopback TCP socket pair, MPA/DDP/RDMAP with CRC-32C (rdmap-7306);
-- ``roce``: `WireFabric` over loopback UDP, IB RC over RoCEv2 with ICRC, PMTU 1024 segmentation (ib-rc).
+- ``roce``: `WireFabric` over loopback UDP, IB RC over RoCEv2 with ICRC, PMTU 1024 segmentation (ib-rc);
+- ``verbs:DEV`` (``--verbs``): `VerbsFabric` on a kernel RDMA device, the device doing the wire (rxe: ib-rc;
+  an iWARP device such as siw: rdmap-5040 over rdma_cm at ``--verbs-address``). Inside the testbed VM (TCG)
+  only the ratios mean anything: ``.ci/rdma`` runs it there with ``--verbs rxe0,siw0``.
 
 Target and initiator run in this one process, so each figure is the whole cost of both ends plus the
 kernel's loopback; ``x emulated`` is the ops/s ratio to the emulated fabric at the same block size. The
@@ -31,20 +35,30 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.bench_kbtp` when run as a script
 
 from bench.bench_kbtp import BenchError, Measure, kbtp_rates
-from kvconform.rdma.profiles import IB_RC, RDMAP_7306
+from kvconform.rdma.profiles import IB_RC, RDMAP_7306, RDMAP_NO_ATOMICS
 
 BINDINGS = ("emulated", "iwarp", "roce")
 DEFAULTS = {"ops": 64, "repeat": 3}
 QUICK = {"ops": 16, "repeat": 2}
 
 
-def rates(binding: str, block: int, ops: int, repeat: int) -> dict[str, Measure]:
+def rates(binding: str, block: int, ops: int, repeat: int, verbs_address: str | None = None) -> dict[str, Measure]:
     if binding == "emulated":
         return kbtp_rates(RDMAP_7306.with_(chunk_bytes=block), block, ops, repeat)
-    from kvconform.rdma.wire.fabric import WireFabric
+    fab: Any
+    if binding.startswith("verbs:"):
+        from kvconform.rdma.verbs.device import query
+        from kvconform.rdma.verbs.fabric import VerbsFabric
 
-    profile = RDMAP_7306 if binding == "iwarp" else IB_RC
-    fab = WireFabric(profile, binding=binding)  # type: ignore[arg-type]
+        info = query(binding.removeprefix("verbs:"))
+        profile = RDMAP_NO_ATOMICS if info.transport == "iwarp" else IB_RC
+        fab = VerbsFabric(profile, device=info.name, info=info,
+                          host=verbs_address if info.transport == "iwarp" else None)
+    else:
+        from kvconform.rdma.wire.fabric import WireFabric
+
+        profile = RDMAP_7306 if binding == "iwarp" else IB_RC
+        fab = WireFabric(profile, binding=binding)  # type: ignore[arg-type]
     try:
         return kbtp_rates(profile, block, ops, repeat, fabric=fab)
     finally:
@@ -58,6 +72,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=None, help=f"batches, best kept (default {DEFAULTS['repeat']})")
     p.add_argument("--blocks", default="4096,32768", help="block sizes in octets")
     p.add_argument("--json", default=None, help="write the figures there")
+    p.add_argument("--verbs", default="", help="verbs devices to add (e.g. rxe0,siw0): a kernel RDMA stack needed")
+    p.add_argument("--verbs-address", default=None, help="an address of the iWARP devices' netdev (rdma_cm)")
     args = p.parse_args(argv)
     base = QUICK if args.quick else DEFAULTS
     args.ops = args.ops or base["ops"]
@@ -70,14 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     table: dict[str, dict[str, dict[str, Measure]]] = {}
     for block in (int(b) for b in args.blocks.split(",")):
-        for binding in BINDINGS:
+        for binding in (*BINDINGS, *(f"verbs:{d}" for d in filter(None, args.verbs.split(",")))):
             try:
-                table.setdefault(str(block), {})[binding] = rates(binding, block, args.ops, args.repeat)
-            except BenchError as exc:
+                table.setdefault(str(block), {})[binding] = rates(binding, block, args.ops, args.repeat,
+                                                                  args.verbs_address)
+            except (BenchError, RuntimeError) as exc:  # RuntimeError: a verbs device that cannot be used
                 failures.append(f"{binding}, {block} octets: {exc}")
     print(f"KBTP reference target and initiator in one process, best of {args.repeat} batches of {args.ops}; "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    print(f"{'block':>7} {'binding':<9}{'op':<13}{'ops/s':>10}{'MB/s':>9}{'x emulated':>12}")
+    print(f"{'block':>7} {'binding':<12}{'op':<13}{'ops/s':>10}{'MB/s':>9}{'x emulated':>12}")
     doc: dict[str, Any] = {"ops": args.ops, "repeat": args.repeat, "blocks": {}}
     for size, row in table.items():
         base = row.get("emulated", {})
@@ -86,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ref = base.get(op)
                 ratio = m.ops_per_second / ref.ops_per_second if ref else float("nan")
                 mbs = m.ops_per_second * int(size) / 1e6 if op != "free" else 0.0
-                print(f"{size:>7} {binding:<9}{op:<13}{m.ops_per_second:>10.0f}{mbs:>9.1f}{ratio:>12.3f}")
+                print(f"{size:>7} {binding:<12}{op:<13}{m.ops_per_second:>10.0f}{mbs:>9.1f}{ratio:>12.3f}")
                 doc["blocks"].setdefault(size, {}).setdefault(binding, {})[op] = {
                     **asdict(m), "mb_per_second": mbs, "ratio_to_emulated": ratio}
     for f in failures:

@@ -33,17 +33,21 @@ from kvconform.targets.kbtp import (
 class VerbsDevice:
     """Where a verbs entry's fabric lives: device, port and (iWARP) the address of its netdev."""
 
-    def __init__(self, device: str, port: int = 1, address: str | None = None) -> None:
+    def __init__(self, device: str, port: int = 1, address: str | None = None, transport: str | None = None,
+                 where: str = "local") -> None:
         self.device = device
         self.port = port
         self.address = address
+        self.transport = transport  # declared; cross-checked against the device
+        self.where = where  # "rdma-vm": the device exists inside the testbed VM
 
     @classmethod
     def from_spec(cls, target: Any) -> VerbsDevice:
         raw = dict(target.params.get("verbs") or {})
         if not raw.get("device"):
             raise TargetUnavailable(f"target {target.name}: a verbs entry needs verbs.device")
-        return cls(str(raw["device"]), int(raw.get("port", 1)), raw.get("address"))
+        return cls(str(raw["device"]), int(raw.get("port", 1)), raw.get("address"), raw.get("transport"),
+                   str(raw.get("host", "local")))
 
     def __repr__(self) -> str:
         return f"verbs:{self.device}" + (f"@{self.address}" if self.address else "")
@@ -54,11 +58,18 @@ class VerbsDevice:
 
         why = skip_reason(self.device, params.profile)
         if why is not None:
+            if self.where == "rdma-vm":
+                why += " (the device exists inside the testbed VM: run there, as .ci/rdma does)"
             raise TargetUnavailable(why)
         try:
-            return VerbsFabric(params.profile, device=self.device, port=self.port, host=self.address, trace=trace)
+            fabric = VerbsFabric(params.profile, device=self.device, port=self.port, host=self.address, trace=trace,
+                                 gid_address=self.address)
         except VerbsUnavailable as exc:
             raise TargetUnavailable(f"verbs: {exc}") from exc
+        if self.transport is not None and self.transport != fabric.info.transport:
+            fabric.close()
+            raise TargetUnavailable(f"verbs.transport {self.transport} declared, but {fabric.info.describe()}")
+        return fabric
 
 
 class VerbsTargetDriver(VerbsDevice):
@@ -76,12 +87,13 @@ class VerbsInitiatorDriver(VerbsDevice):
 
 
 class VerbsRemoteTargetDriver(VerbsDevice):
-    """``kbtp+verbs://DEVICE/HOST:PORT[?local=ADDR]``: a target in another process (any implementation) served
-    at HOST:PORT, the harness's initiators on verbs device DEVICE. ``local`` is the address of DEVICE's netdev
-    for rdma_cm (iWARP); it defaults to HOST (both on one host, as in the testbed VM)."""
+    """``kbtp+verbs://DEVICE/HOST:PORT[?local=ADDR]``: a target in another process (any implementation, a NIC's
+    offload) served at HOST:PORT, the harness's initiators on verbs device DEVICE. ``local`` is an address of
+    DEVICE's netdev: the rdma_cm source (iWARP; default: the kernel's route to HOST) or the address whose RoCEv2
+    GID the harness's QPs use (default: the port's first)."""
 
     def __init__(self, device: str, host: str, port: int, local: str | None = None) -> None:
-        super().__init__(device, address=local or host)
+        super().__init__(device, address=local)
         self.host = host
         self.port = port
 

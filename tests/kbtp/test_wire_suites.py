@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.clean_runs import assert_clean
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
 from tests.served import served
@@ -47,32 +48,12 @@ def served_target(request: pytest.FixtureRequest) -> Iterator[str]:
         yield f"kbtp+{wire}://{address}"
 
 
-def _assert_clean(run: object, what: str) -> None:
-    doc = run.coverage  # type: ignore[attr-defined]
-    assert doc, f"{what}: no coverage.json\n{run.output}"  # type: ignore[attr-defined]
-    bad = [(t["nodeid"], t.get("message", "")[:400]) for t in doc["tests"] if t["verdict"] in ("fail", "inconclusive")
-           and not _by_design(t)]
-    assert run.code in (0, 1) and not bad, f"{what}: {bad}\n{run.output}"  # type: ignore[attr-defined]
-    assert doc["summary"]["verdicts"].get("pass", 0) > 10, doc["summary"]
-
-
-# What a wire run may leave inconclusive, by design (docs/kbtp-wire.md): a named interleaving replayed at the
-# target's race points, the initiator's own memory and post order (invisible off the emulated fabric), a geometry
-# of its own a served target cannot take, and a black-box race whose event did not happen in the attempts.
-BY_DESIGN = ("race points", "only the emulated fabric records", "cannot list the STags",
-             "the check needs the whole ring", "the validity rule was not exercised")
-
-
-def _by_design(test: dict[str, object]) -> bool:
-    return test["verdict"] == "inconclusive" and any(why in str(test.get("message", "")) for why in BY_DESIGN)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("served_target", [(w, _features(w)) for w in WIRES], indirect=True, ids=WIRES)
 def test_target_suite_passes_against_the_served_reference(served_target: str, tmp_path: Path) -> None:
     wire = served_target.split("+", 1)[1].split(":", 1)[0]
     run = run_suite("kbtp-target", served_target, tmp_path, pics=_pics("target", wire, _features(wire)))
-    _assert_clean(run, f"kbtp-target against {served_target}")
+    assert_clean(run, f"kbtp-target against {served_target}")
 
 
 @pytest.mark.slow
@@ -81,7 +62,7 @@ def test_initiator_suite_passes_against_the_reference_as_a_process(wire: str, tm
     template = (f"cmd:{sys.executable} -m kvconform serve kbtp-initiator --target {{target}} --profile "
                 f"{_profile(wire)} --initiator-id {{initiator_id}} --features={{features}}")
     run = run_suite("kbtp-initiator", template, tmp_path, pics=_pics("initiator", wire, _features(wire)))
-    _assert_clean(run, f"kbtp-initiator against the reference initiator process over {wire}")
+    assert_clean(run, f"kbtp-initiator against the reference initiator process over {wire}")
 
 
 @pytest.mark.slow
@@ -90,7 +71,7 @@ def test_initiator_suite_passes_against_the_reference_as_a_process(wire: str, tm
 def test_reference_passes_over_loopback_sockets(role: str, wire: str, without: str | None, tmp_path: Path) -> None:
     """The in-process reference through the wire binding, every feature on and each off."""
     run = _run_wire(f"kbtp-{role}", "reference", tmp_path, wire, _pics(role, wire, _features(wire, without)))
-    _assert_clean(run, f"kbtp-{role} reference over {wire} without {without}")
+    assert_clean(run, f"kbtp-{role} reference over {wire} without {without}")
 
 
 # Mutants over the wire, each binding: the suites still catch what they claim when real wire formats carry the

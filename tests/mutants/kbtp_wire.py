@@ -12,6 +12,7 @@ from kvconform.rdma.iwarp import ddp
 from kvconform.rdma.iwarp.engine import IwarpEngine
 from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.icrc import append_icrc
+from kvconform.rdma.wire.engine import Source
 from kvconform.rdma.wire.fabric import WireConnection, WireFabric
 from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
 
@@ -62,10 +63,11 @@ class _TakesAnyReadResponse(IwarpEngine):
 
 
 class _IcrcIgnored(RoceEngine):
-    def receive(self, data: bytes, now: float) -> None:
+    def receive(self, data: bytes, now: float, source: Source | None = None) -> None:
         # re-seal every packet with a right ICRC: a wrong one is never seen
-        fixed = append_icrc(self.remote.ip, self.remote.port, self.local.ip, self.local.port, data[:-4])
-        super().receive(fixed, now)
+        src = source or Source(self.remote.ip, self.remote.port)
+        fixed = append_icrc(src.address, src.port, self.local.ip, self.local.port, data[:-4], src.ip_ident)
+        super().receive(fixed, now, src)
 
 
 class _MutantFabric(WireFabric):

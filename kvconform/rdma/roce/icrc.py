@@ -64,9 +64,9 @@ def icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int =
     return struct.pack("<I", zlib.crc32(_PSEUDO_LRH + ip + udp + masked_bth))
 
 
-def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes) -> bytes:
+def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int = 0) -> bytes:
     """``packet`` with its ICRC: the UDP payload to send."""
-    return packet + icrc(src, sport, dst, dport, packet)
+    return packet + icrc(src, sport, dst, dport, packet, ident)
 
 
 def check_icrc(src: str, sport: int, dst: str, dport: int, payload: bytes, ident: int = 0) -> bytes | None:

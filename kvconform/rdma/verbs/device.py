@@ -77,8 +77,9 @@ class DeviceInfo:
         return ", ".join(parts)
 
 
-def query(name: str, port: int = 1) -> DeviceInfo:
-    """One device's DeviceInfo; VerbsUnavailable when pyverbs or the device is missing."""
+def query(name: str, port: int = 1, address: str | None = None) -> DeviceInfo:
+    """One device's DeviceInfo; VerbsUnavailable when pyverbs or the device is missing. On RoCE, the GID is the
+    first RoCEv2 one of an IPv4 address, or of ``address`` when given (a host with several)."""
     pv = pyverbs()
     from pyverbs.device import Context, get_device_list
     from pyverbs.pyverbs_error import PyverbsError
@@ -104,9 +105,11 @@ def query(name: str, port: int = 1) -> DeviceInfo:
                 except PyverbsError:
                     continue
                 mapped = ipaddress.IPv6Address(gid).ipv4_mapped
-                if mapped is not None and int(kind) == IBV_GID_TYPE_ROCE_V2:
+                if mapped is not None and int(kind) == IBV_GID_TYPE_ROCE_V2 and address in (None, str(mapped)):
                     gid_index, gid_address = i, str(mapped)
                     break
+            if address is not None and gid_address is None:
+                raise VerbsUnavailable(f"device {name} port {port} has no RoCEv2 GID of {address} (show_gids)")
         return DeviceInfo(name=name, transport="iwarp" if iwarp else ("roce" if link_eth else "ib"), port=port,
                           port_active=int(pattr.state) == IBV_PORT_ACTIVE,
                           active_mtu=MTU_BYTES.get(int(pattr.active_mtu), 256), atomic_caps=int(attr.atomic_caps),

@@ -98,7 +98,7 @@ class VerbsEngine:
         self._next_id = 1
         self._sq: dict[int, _Out] = {}
         self._rq: dict[int, int] = {}  # device wr_id -> caller wr_id
-        self._held: list[tuple[str, Any]] = []  # posts before the QP is ready
+        self._held: list[WorkRequest] = []  # sends posted before the QP is ready to send
         self._done: deque[Completion] = deque()
         self._staging_mem = mmap.mmap(-1, STAGING_SLOT * STAGING_SLOTS)
         from kvconform.rdma.verbs.fabric import address_of
@@ -129,18 +129,15 @@ class VerbsEngine:
         """Nothing to send: the QP was connected out of band (RoCE) or by rdma_cm (iWARP) before."""
 
     def ready(self) -> None:
-        """The QP is in RTS: post what was held."""
+        """The QP is in RTS: post the sends that were held."""
         self._established = True
         held, self._held = self._held, []
-        for kind, arg in held:
-            if kind == "recv":
-                self.post_recv(*arg)
-            else:
-                self.post(arg)
+        for wr in held:
+            self.post(wr)
 
     def post(self, wr: WorkRequest) -> None:
         if not self._established and self._state is ConnState.CONNECTED:
-            self._held.append(("send", wr))
+            self._held.append(wr)
             return
         if self._state is not ConnState.CONNECTED:
             self._done.append(Completion(wr.wr_id, wr.op, Status.WR_FLUSH_ERR, self._name))
@@ -229,9 +226,9 @@ class VerbsEngine:
                                                                  sender=self._name)))
 
     def post_recv(self, wr_id: int, sge: Sge | None) -> None:
-        if not self._established and self._state is ConnState.CONNECTED:
-            self._held.append(("recv", (wr_id, sge)))
-            return
+        """Posted at once, also before the QP is ready to send (a QP takes receives from INIT on): an iWARP peer
+        may send right behind its RTR, and iWARP has no RNR retry, so a KBTP target's receives must be there
+        before it accepts the connection."""
         if self._state is not ConnState.CONNECTED:
             self._done.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
             return

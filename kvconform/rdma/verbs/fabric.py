@@ -36,7 +36,6 @@ from kvconform.rdma.fabric import (
     Buffer,
     ByteOrder,
     Connection,
-    ConnState,
     FabricUsageError,
     Node,
     Region,
@@ -49,6 +48,7 @@ from kvconform.rdma.verbs.device import DeviceInfo, VerbsUnavailable, profile_fo
 from kvconform.rdma.verbs.engine import VerbsEngine
 from kvconform.rdma.wire.fabric import RUN_TIMEOUT_S, RemoteNode, WireConnection, WireFabric, WireSetupError
 
+ANY = "0.0.0.0"  # iWARP without an address of its own: it can dial (the kernel picks the source), not listen
 IDLE_POLL_S = 0.002  # a Send can arrive any time: the longest a connection's CQ goes unpolled
 QP_DEPTH = 256
 _PAGE = mmap.PAGESIZE
@@ -234,16 +234,20 @@ class VerbsFabric(WireFabric):
 
     def __init__(self, profile: Profile, *, device: str, port: int = 1, host: str | None = None,
                  trace: bool = False, capture_dir: str | Path | None = None, run_timeout: float | None = None,
-                 info: DeviceInfo | None = None) -> None:
+                 info: DeviceInfo | None = None, gid_address: str | None = None) -> None:
+        """``host``: the address rdma_cm binds (iWARP), or the out-of-band side channel listens on (RoCE; default
+        the GID's address). ``gid_address``: RoCE, the IPv4 address whose RoCEv2 GID the QPs use (default the
+        first such GID of the port)."""
         self.info = info or query(device, port)
+        if gid_address is not None and self.info.transport != "iwarp" and gid_address != self.info.gid_address:
+            self.info = query(device, port, gid_address)
         if not self.info.port_active:
             raise VerbsUnavailable(f"{self.info.describe()}: port {port} is not ACTIVE")
         profile = profile_for(self.info, profile)
         iwarp = self.info.transport == "iwarp"
-        address = host or (None if iwarp else self.info.gid_address)
+        address = host or (ANY if iwarp else self.info.gid_address)
         if address is None:
-            raise VerbsUnavailable(f"{self.info.describe()}: give the address of its netdev (iWARP connects by "
-                                   "rdma_cm to an IP address; RoCE needs an IPv4 GID)")
+            raise VerbsUnavailable(f"{self.info.describe()}: the port has no RoCEv2 GID of an IPv4 address")
         super().__init__(profile, binding="iwarp" if iwarp else "roce", trace=trace, capture_dir=capture_dir,
                          host=address, run_timeout=RUN_TIMEOUT_S if run_timeout is None else run_timeout)
         from pyverbs.device import Context
@@ -258,7 +262,9 @@ class VerbsFabric(WireFabric):
         self._cm_listeners: dict[int, _CmListener] = {}
         # siw completes a Send with Invalidate without saying so (docs/interop-rdma.md)
         self.sees_remote_invalidation = self.info.reports_invalidation
-        self._engines: list[VerbsEngine] = []  # every QP made, for close() (a closed connection leaves _conns)
+        # every QP made and its connection: a connection that ended leaves _conns at once, but its CQ is polled
+        # until the device has flushed its last work request (the receives that tell a target the session ended)
+        self._engines: dict[VerbsEngine, WireConnection] = {}
 
     def __repr__(self) -> str:
         return f"verbs:{self.device} ({self.info.transport})"
@@ -303,7 +309,7 @@ class VerbsFabric(WireFabric):
                              on_remote_invalidate=node.remote_invalidated,
                              on_disconnect=lambda: self.disconnect_conn(conn),
                              note=lambda what, **args: self._note(conn.name, what, **args))
-        self._engines.append(engine)
+        self._engines[engine] = conn
         return engine
 
     # ---- RoCE / IB: the wire fabric's out-of-band exchange, then the QP to RTS -------------------------
@@ -372,6 +378,8 @@ class VerbsFabric(WireFabric):
             return super().listen(node, host, port, on_accept, name_of=name_of, cq=cq)
         if not isinstance(node, VerbsNode):
             raise FabricUsageError("listen: a local node of this fabric")
+        if host == ANY:
+            raise FabricUsageError(f"listen: rdma_cm on {self.device} needs an address of its netdev (host=)")
         ch = self._channel()
         cm_id = ch.create_id()
         bound = ch.listen(cm_id, host, port)
@@ -429,7 +437,7 @@ class VerbsFabric(WireFabric):
         conn.cm_id = cm_id = ch.create_id()  # type: ignore[attr-defined]
         self._cm_conns[cm_id] = conn
         try:
-            ch.resolve_addr(cm_id, host, port, src=self.host)
+            ch.resolve_addr(cm_id, host, port, src=None if self.host == ANY else self.host)
         except rdma_cm.CmError as exc:
             raise WireSetupError(f"iwarp (rdma_cm) connection to {host}:{port} failed: {exc}") from exc
         return conn
@@ -453,10 +461,12 @@ class VerbsFabric(WireFabric):
             conn = self._new_conn(listener.node, ep, listener.cq)
             conn.peer_name = f"rdma_cm-{n}"
             conn.cm_id = ev.id  # type: ignore[attr-defined]
-            conn._on_accept = listener.on_accept  # type: ignore[attr-defined]
             self._cm_conns[ev.id] = conn
             qp, cq = self._new_qp(listener.node)
             self._set_engine(conn, self._engine_for(conn, qp, cq))
+            # the endpoint attaches (posts its receives) before the accept: the initiator may send right behind
+            # its RTR, and a Send that finds no receive is a Terminate on iWARP (no RNR retry)
+            listener.on_accept(conn)
             try:
                 ch.accept(ev.id, int(qp.qp_num), self.profile.ird)
             except rdma_cm.CmError as exc:
@@ -494,12 +504,9 @@ class VerbsFabric(WireFabric):
 
     # ---- the loop's I/O: sockets, rdma_cm events and the CQs ------------------------------------------
 
-    def _verbs_engines(self) -> list[tuple[WireConnection, VerbsEngine]]:
-        return [(c, c.engine) for c in self._conns if isinstance(c.engine, VerbsEngine)]
-
     def _poll_io(self, timeout: float) -> int:
         n = 0
-        for conn, engine in self._verbs_engines():
+        for engine, conn in list(self._engines.items()):
             outer, self._pending_notes = self._pending_notes, []  # this may run inside an actor's step
             polled = engine.poll()
             if polled and self._tracing:  # the completions are a step of the trace, as an arrival is on the wire
@@ -513,7 +520,7 @@ class VerbsFabric(WireFabric):
                 self._retire(conn, engine)
         if n:
             timeout = 0.0
-        elif any(engine.state is ConnState.CONNECTED for _c, engine in self._verbs_engines()):
+        elif any(not engine.drained for engine in self._engines):
             timeout = min(timeout, IDLE_POLL_S)
         return n + super()._poll_io(timeout)
 
@@ -529,13 +536,13 @@ class VerbsFabric(WireFabric):
         node = conn.node
         if isinstance(node, VerbsNode):
             node.release_windows_of(conn.name)
-        self._engines.remove(engine)
+        del self._engines[engine]
         engine.close()
 
     def _live(self) -> bool:
         if self._cm_listeners or super()._live():
             return True
-        return any(c.state is ConnState.CONNECTED and c.engine is not None for c in self._conns)
+        return any(not engine.drained for engine in self._engines)  # a completion can still come
 
     def _lost(self, conn: WireConnection, why: str) -> None:
         super()._lost(conn, why)

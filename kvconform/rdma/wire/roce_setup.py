@@ -56,12 +56,12 @@ class RoceSetup:
             return  # incomplete
         self.remote, _used = got
         assert self.local is not None
-        if not self.initiator:
-            self._send_side(oob.encode(self.local))
         engine = self.fabric.make_roce_engine(self.conn, self.local, self.remote)
         self.fabric._set_engine(self.conn, engine)
         engine.start(self.fabric.now)
-        self.fabric._flush(self.conn)
+        self.fabric._flush(self.conn)  # the endpoint attaches (posts its receives) here ...
+        if not self.initiator:  # ... before the initiator learns it may send: no RNR NAK for its first Send
+            self._send_side(oob.encode(self.local))
 
     def send(self, payloads: list[bytes]) -> None:
         udp = self.fabric._ensure_udp()

@@ -1,0 +1,31 @@
+"""Fixtures of the rdma lane (issue 13): the testbed VM's image, and the VM booted for a module's runs.
+
+The lane runs only when selected with ``-m rdma_vm`` (``.ci/rdma``, ``tox -e rdma``); otherwise its tests are
+deselected, so the README's plain ``pytest`` never boots a VM. Selected on a machine without qemu or without a
+built image, every test is skipped with the one line that says why (`testbeds.rdma_vm.vm.skip_reason`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbeds.rdma_vm.build import Artefacts, find_cached
+from testbeds.rdma_vm.vm import skip_reason
+from tests.lanes import deselect_lane
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    deselect_lane(config, items, Path(__file__).parent, marker="rdma_vm")
+
+
+@pytest.fixture(scope="session")
+def vm_image() -> Artefacts:
+    """The newest complete VM image in the cache (.ci/rdma builds it first); skips with the reason."""
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    art = find_cached()
+    assert art is not None
+    return art
