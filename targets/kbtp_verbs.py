@@ -6,7 +6,7 @@ the same device, each node its own protection domain, so every Send, Write, Read
 invalidation is the device's (rxe's RoCEv2, siw's iWARP, a NIC's firmware). For kbtp-initiator the reference
 initiator runs on the device against the harness's target. A target in another process on a verbs device is
 reached with ``kbtp+roce://`` / ``kbtp+iwarp://`` (the out-of-band exchange and rdma_cm are the same bytes) or
-``kbtp+verbs://DEVICE/HOST:PORT`` when the harness itself must be on the device.
+``kbtp+verbs://HOST:PORT?device=DEV`` when the harness itself must be on the device.
 
 Without pyverbs, without the device, or with PICS the device cannot carry (atomics on siw), every check is
 inconclusive with the one-line reason (`kvconform.rdma.verbs.device.skip_reason`): nothing was exchanged,
@@ -87,10 +87,10 @@ class VerbsInitiatorDriver(VerbsDevice):
 
 
 class VerbsRemoteTargetDriver(VerbsDevice):
-    """``kbtp+verbs://DEVICE/HOST:PORT[?local=ADDR]``: a target in another process (any implementation, a NIC's
-    offload) served at HOST:PORT, the harness's initiators on verbs device DEVICE. ``local`` is an address of
-    DEVICE's netdev: the rdma_cm source (iWARP; default: the kernel's route to HOST) or the address whose RoCEv2
-    GID the harness's QPs use (default: the port's first)."""
+    """``kbtp+verbs://HOST:PORT?device=DEV[&local=ADDR]``: a target in another process (any implementation, a
+    NIC's offload) served at HOST:PORT, the harness's initiators on verbs device DEV. ``local`` is an address of
+    DEV's netdev: the rdma_cm source (iWARP; default: the kernel's route to HOST) or the address whose RoCEv2 GID
+    the harness's QPs use (default: the port's first)."""
 
     def __init__(self, device: str, host: str, port: int, local: str | None = None) -> None:
         super().__init__(device, address=local)
@@ -99,15 +99,22 @@ class VerbsRemoteTargetDriver(VerbsDevice):
 
     @classmethod
     def from_url(cls, url: str) -> VerbsRemoteTargetDriver:
+        from urllib.parse import parse_qs
+
         parts = urlsplit(url)
-        host, _, port = parts.path.lstrip("/").rpartition(":")
-        if not parts.netloc or not host or not port.isdigit():
-            raise TargetUnavailable(f"--target {url!r}: expected kbtp+verbs://DEVICE/HOST:PORT[?local=ADDR]")
-        local = dict(q.split("=", 1) for q in parts.query.split("&") if "=" in q).get("local")
-        return cls(parts.netloc, host, int(port), local)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        usage = "expected kbtp+verbs://HOST:PORT?device=DEV[&local=ADDR]"
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None or not query.get("device") or set(query) - {"device", "local"}:
+            raise TargetUnavailable(f"--target {url!r}: {usage}")
+        return cls(query["device"], parts.hostname, port, query.get("local"))
 
     def __repr__(self) -> str:
-        return f"kbtp+verbs://{self.device}/{self.host}:{self.port}"
+        local = f"&local={self.address}" if self.address else ""
+        return f"kbtp+verbs://{self.host}:{self.port}?device={self.device}{local}"
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
         from kvconform.targets.kbtp_wire import RemoteTarget

@@ -233,3 +233,52 @@ def test_root_keeps_the_rdma_modules_and_drops_other_drivers(tmp_path: Path) -> 
     kept = sorted(str(p.relative_to(dst / "6.1.0-57-amd64")) for p in dst.rglob("*.ko"))
     assert kept == ["kernel/crypto/crc32c_generic.ko", "kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko",
                     "kernel/drivers/net/dummy.ko", "kernel/net/ipv4/udp_tunnel.ko"]
+
+
+def test_links_put_every_host_end_on_loopback() -> None:
+    assert vm.Links().qemu_args() == ["-nic", "none"]
+    args = " ".join(vm.Links(roce=(40001, 40002), forwards=((41001, 18515), (41002, 7471))).qemu_args())
+    assert "socket,id=roce,udp=127.0.0.1:40001,localaddr=127.0.0.1:40002" in args
+    assert f"mac={vm.ROCE_MAC}" in args and f"mac={vm.TCP_MAC}" in args
+    assert "hostfwd=tcp:127.0.0.1:41001-10.0.2.15:18515,hostfwd=tcp:127.0.0.1:41002-10.0.2.15:7471" in args
+    assert "hostfwd=tcp::" not in args and "0.0.0.0" not in args
+
+
+def test_start_then_wait_for_a_line_while_the_command_runs(fake: tuple[Artefacts, str]) -> None:
+    art, qemu = fake
+    with vm.VM(art, qemu=qemu) as machine:
+        machine.start('echo "SERVING port=7471"; sleep 60')
+        m = machine.wait_for(r"SERVING port=(\d+)", 20)
+        assert m[1] == "7471" and machine.proc is not None
+        with pytest.raises(TimeoutError, match=r"0\.5 s passed before a line matching 'NEVER'"):
+            machine.wait_for("NEVER", 0.5)
+        res = machine.wait(0.5)  # the bound fires: stopped, reported as timed out
+    assert res.timed_out and machine.proc is None and "SERVING port=7471" in res.lines
+    machine.cleanup()
+
+
+def test_wait_for_says_when_the_vm_ended_without_the_line(fake: tuple[Artefacts, str]) -> None:
+    art, qemu = fake
+    with vm.VM(art, qemu=qemu) as machine:
+        machine.start("echo booted; exit 4")
+        with pytest.raises(TimeoutError, match="the VM ended before a line matching 'READY-NOT'"):
+            machine.wait_for("READY-NOT", 20)
+        assert machine.wait(20).exit_status == 4
+    machine.cleanup()
+
+
+def test_the_ci_lane_skips_with_one_line_without_qemu_and_apt(tmp_path: Path) -> None:
+    """`.ci/rdma` itself, as CI calls it, on a host with neither qemu nor apt-get on PATH."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname",):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+    env = {"PATH": str(bin_dir), "PYTHON": sys.executable, "HOME": str(tmp_path)}
+    proc = subprocess.run(["/bin/bash", str(REPO / ".ci" / "rdma")], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("rdma-vm: skipped: "), proc.stdout

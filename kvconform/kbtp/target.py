@@ -45,6 +45,7 @@ Decisions the text leaves open (documented, and constants a suite can read):
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -101,6 +102,7 @@ from kvconform.rdma.fabric import (
     Connection,
     ConnState,
     Fabric,
+    FabricUsageError,
     Node,
     Op,
     Region,
@@ -249,6 +251,14 @@ class ReferenceTarget:
         return self.fabric.spawn(f"{self.name}@{conn.name}", self._serve(session))
 
     def _serve(self, s: Session) -> Steps:
+        try:
+            yield from self._serve_requests(s)
+        finally:  # a connection's buffers are registered memory: on a device, a served target would run out
+            for region in (s.recv, s.staging):
+                with contextlib.suppress(FabricUsageError):
+                    self.node.deregister(region)
+
+    def _serve_requests(self, s: Session) -> Steps:
         conn = s.conn
         while not s.closed:
             wc = yield from wait_completion(conn.cq, lambda c: c.op is Op.RECV or not c.ok)
@@ -257,10 +267,11 @@ class ReferenceTarget:
                 return
             s.slot = wc.wr_id
             raw = s.recv.read(wc.wr_id * s.recv_size, wc.byte_len)
-            yield from self.on_message(s, raw)
-            if s.closed:
-                return
+            # The buffer goes back before the answer does: an initiator with every Request Credit in use may send
+            # its next request the moment the completion arrives, and on iWARP a Send that finds no receive ends
+            # the stream (a device delivers it while this actor is still on its way to a later repost).
             conn.post_recv(s.recv.sge(wc.wr_id * s.recv_size, s.recv_size), wr_id=wc.wr_id)
+            yield from self.on_message(s, raw)
         return
 
     # ---- dispatch --------------------------------------------------------------------------------
@@ -385,7 +396,10 @@ class ReferenceTarget:
         return None
 
     def rule_quota(self, ctx: RequestContext) -> Status | None:
-        """NO_SPACE when the allocation would exceed the quota (KBTP-QUOTA-NO-SPACE)."""
+        """NO_SPACE when the allocation would exceed the quota (KBTP-QUOTA-NO-SPACE). The Head is read first: a
+        NIC executes the initiator's FetchAdds without telling the target, so tickets taken since the watcher
+        last looked count now (KBTP-QUOTA-USAGE), not when it next wakes."""
+        self.observe_tickets(ctx.record)
         if self.ring_for(ctx.record) is None or ctx.record.usage >= ctx.record.quota:
             return Status.NO_SPACE
         return None
@@ -415,7 +429,8 @@ class ReferenceTarget:
         return None
 
     def rule_bind_quota(self, ctx: RequestContext) -> Status | None:
-        """NO_SPACE when the initiator is beyond its quota (KBTP-BIND-VERIFY, KBTP-QUOTA-NO-SPACE)."""
+        """NO_SPACE when the initiator is beyond its quota (KBTP-BIND-VERIFY, KBTP-QUOTA-NO-SPACE); the Head
+        was read by rule_bind_slot just before."""
         return Status.NO_SPACE if ctx.record.usage > ctx.record.quota else None
 
     # ---- execution ---------------------------------------------------------------------------------

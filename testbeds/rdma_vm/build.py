@@ -33,6 +33,7 @@ from pathlib import Path
 # Bump when the recipe changes what it produces (init scripts, package list, layout).
 RECIPE_VERSION = "1"
 CACHE_ENV = "KVCONFORM_RDMA_VM_CACHE"
+APT_WAIT = ("-o", "DPkg::Lock::Timeout=300")  # another lane's apt-get may hold the lock: wait, bounded
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 HOST_PACKAGES = ("qemu-system-x86", "debootstrap", "busybox-static", "cpio", "make", "xz-utils", "kmod")
@@ -130,8 +131,9 @@ def install_host_packages(log: Log) -> None:
     if not Path("/bin/busybox").exists() and not Path("/usr/bin/busybox").exists():
         missing.append("busybox-static")
     if missing:
-        _run(["apt-get", "update", "-q"], log, 300, env=_apt_env())
-        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], log, 900, env=_apt_env())
+        _run(["apt-get", *APT_WAIT, "update", "-q"], log, 300, env=_apt_env())
+        _run(["apt-get", *APT_WAIT, "install", "-y", "-q", "--no-install-recommends", *missing], log, 900,
+             env=_apt_env())
 
 
 def resolve_versions(log: Log) -> Versions:
@@ -202,7 +204,7 @@ def build_siw(v: Versions, work: Path, log: Log) -> Path:
     """siw.ko out of tree: drivers/infiniband/sw/siw from linux-source-6.1 against linux-headers-<abi>."""
     headers = Path(f"/usr/src/linux-headers-{v.kernel_abi}")
     if not headers.is_dir():
-        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", f"linux-headers-{v.kernel_abi}"],
+        _run(["apt-get", *APT_WAIT, "install", "-y", "-q", "--no-install-recommends", f"linux-headers-{v.kernel_abi}"],
              log, 900, env=_apt_env())
     major = ".".join(v.kernel_abi.split(".")[:2])
     src = _download([f"linux-source-{major}"], work / "srcdeb", log)

@@ -37,7 +37,7 @@ def run(fab: VerbsFabric, actor: Callable[[], Any]) -> Any:
 
 
 def contract(dev: str, profile: Profile, host: str | None) -> None:
-    fab = VerbsFabric(profile, device=dev, host=host, run_timeout=30.0)
+    fab = VerbsFabric(profile, device=dev, host=host, run_timeout=30.0, trace=True)
     try:
         tgt, ini = fab.node("T"), fab.node("I")
         t_conn, i_conn = fab.connect(tgt, ini)
@@ -78,6 +78,11 @@ def contract(dev: str, profile: Profile, host: str | None) -> None:
         step(dev, "Send delivers into the posted Recv", recv.ok and recv.byte_len == 4, recv)
         step(dev, "RDMA Write placed before the Send that follows it", dst.read(0, 16) == b"0123456789abcdef",
              dst.read(0, 16))
+        flags = [e.get("wc_flags") for r in fab.trace for e in r["effects"] if e.get("do") == "deliver"
+                 and e.get("who") == i_conn.name]
+        print(f"FINDING {dev} wc_flags of the receive completion of a Send with Invalidate: "
+              f"{', '.join(hex(f) for f in flags if f is not None) or 'none'} (libibverbs IBV_WC_WITH_INV = 0x8)",
+              flush=True)
         if fab.sees_remote_invalidation:
             step(dev, "Send with Invalidate names the window", recv.invalidated_stag == win.stag, recv)
             step(dev, "the window is gone after it", not ini.is_valid(win.stag))

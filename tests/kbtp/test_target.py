@@ -729,3 +729,20 @@ def test_untrusted_initiators_get_no_direct_mode() -> None:
     assert h.target.records[ids[1]].partition is None
     with pytest.raises(ConfigError):
         TargetConfig(untrusted_initiators=frozenset({b"short"}))
+
+
+def test_tickets_taken_count_in_usage_before_the_watcher_sees_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NIC executes the initiator's FetchAdds without telling the target: an ALLOC_STORE right behind them
+    must count them (KBTP-QUOTA-USAGE) whether or not the target's ticket watcher has woken since (found against
+    the reference served on rxe, where the ALLOC_STORE came first)."""
+    monkeypatch.setattr(ReferenceTarget, "_watch", lambda self, record: None)  # the watcher never wakes
+    h = build(1, config=SMALL)
+    x = h.initiators[0]
+
+    def scenario() -> Any:
+        ack = yield from x.hello()
+        for _ in range(ack.allocation_quota):
+            yield from x.take_ticket()
+        return (yield from x.alloc_store(x.handle(5), b"over quota"))
+
+    assert run1(h, scenario()).status == Status.NO_SPACE

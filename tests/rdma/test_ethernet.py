@@ -7,6 +7,7 @@ a header with a nonzero IPv4 Identification (rxe numbers its packets) is checked
 
 from __future__ import annotations
 
+import re
 import selectors
 import socket
 
@@ -173,3 +174,37 @@ def _receive(link: QemuSocketLink, other: QemuSocketLink) -> tuple[bytes, tuple[
                 if key.data is link:
                     return got
     raise AssertionError("no datagram within 5 s")
+
+
+def test_a_roce_url_carries_the_link_and_says_it_back() -> None:
+    from kvconform.targets.kbtp_wire import WireTargetDriver, target_from_url
+
+    url = "kbtp+roce://127.0.0.1:18515?ether=127.0.0.1:47000,127.0.0.1:47001&address=10.78.0.1"
+    d = target_from_url(url)
+    assert isinstance(d, WireTargetDriver) and d.link == LinkSpec(("127.0.0.1", 47000), ("127.0.0.1", 47001),
+                                                                  "10.78.0.1")
+    assert repr(d) == url
+
+
+@pytest.mark.parametrize(("url", "names"), [
+    ("kbtp+iwarp://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3&address=10.78.0.1", "for kbtp+roce"),
+    ("kbtp+roce://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3", "the only query is"),
+    ("kbtp+roce://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3&address=10.78.0.1&mtu=9000", "the only query is"),
+    ("kbtp+roce://127.0.0.1:1?ether=10.0.0.1:2,127.0.0.1:3&address=10.78.0.1", "ether local '10.0.0.1:2'"),
+])
+def test_a_bad_link_in_a_url_is_refused_naming_what(url: str, names: str) -> None:
+    from kvconform.targets.drivers import TargetUnavailable
+    from kvconform.targets.kbtp_wire import target_from_url
+
+    with pytest.raises(TargetUnavailable, match=re.escape(names)):
+        target_from_url(url)
+
+
+def test_serve_takes_the_link_only_with_roce(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvconform.kbtp.serve import serve_kbtp_target
+
+    assert serve_kbtp_target(["--binding", "iwarp", "--ether", "127.0.0.1:2,127.0.0.1:3",
+                              "--ether-address", "10.78.0.1"]) == 2
+    assert "--ether LOCAL,PEER and --ether-address IP go together, with --binding roce" in capsys.readouterr().err
+    assert serve_kbtp_target(["--binding", "roce", "--ether", "127.0.0.1:2"]) == 2
+    assert "go together" in capsys.readouterr().err

@@ -163,11 +163,24 @@ def test_the_vm_testbed_entries_are_verbs_targets_on_their_devices() -> None:
 
 
 def test_a_verbs_url_names_the_harness_device_and_the_target_address() -> None:
-    d = target_from_url("kbtp+verbs://siw0/10.77.0.1:7471")
+    d = target_from_url("kbtp+verbs://10.77.0.1:7471?device=siw0")
     assert isinstance(d, VerbsRemoteTargetDriver)
     assert (d.device, d.host, d.port, d.address) == ("siw0", "10.77.0.1", 7471, None)
-    d = target_from_url("kbtp+verbs://rxe0/127.0.0.1:18515?local=127.0.0.2")
-    assert isinstance(d, VerbsRemoteTargetDriver) and d.address == "127.0.0.2"
-    for bad in ("kbtp+verbs://rxe0", "kbtp+verbs:///127.0.0.1:1", "kbtp+verbs://rxe0/127.0.0.1"):
-        with pytest.raises(TargetUnavailable, match="expected kbtp\\+verbs://DEVICE/HOST:PORT"):
+    url = "kbtp+verbs://127.0.0.1:18515?device=rxe0&local=127.0.0.2"
+    d = target_from_url(url)
+    assert isinstance(d, VerbsRemoteTargetDriver) and d.address == "127.0.0.2" and repr(d) == url
+    parse_target(url, load_testbed(str(VM_TESTBED)), [])  # the generic URL checks take it as it is
+    for bad in ("kbtp+verbs://127.0.0.1:1", "kbtp+verbs://127.0.0.1?device=rxe0",
+                "kbtp+verbs://127.0.0.1:1?device=rxe0&mtu=1"):
+        with pytest.raises(TargetUnavailable, match="expected kbtp\\+verbs://HOST:PORT\\?device=DEV"):
             target_from_url(bad)
+
+
+def test_the_verbs_fabric_says_what_it_cannot_see() -> None:
+    """What tests/rdma/blind.py stands in for (test_blind_verdicts.py proves the checks honour it)."""
+    from kvconform.rdma.verbs.fabric import VerbsFabric
+    from tests.rdma.blind import BlindWireFabric
+
+    for flag in ("observes_remote_ops", "crafts_frames"):
+        assert getattr(VerbsFabric, flag) is False and getattr(BlindWireFabric, flag) is False
+    assert VerbsFabric.invalidates_regions is False

@@ -139,9 +139,10 @@ def host_serving(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) 
                 "--ether", ports.ether, "--ether-address", HOST_ADDRESS) as roce, \
             served("kbtp-target", "--binding", "iwarp", "--port", "0", "--profile", "rdmap-5040",
                    "--features", IWARP_FEATURES) as iwarp:
-        runs = {"rxe1-to-host-roce": (f"kbtp+verbs://rxe1/{HOST_FROM_GUEST}:{roce.rsplit(':', 1)[1]}", ROCE_PICS),
-                "siw1-to-host-iwarp": (f"kbtp+verbs://siw1/{HOST_FROM_GUEST}:{iwarp.rsplit(':', 1)[1]}?local=10.0.2.15",
-                                     IWARP_PICS)}
+        runs = {"rxe1-to-host-roce": (f"kbtp+verbs://{HOST_FROM_GUEST}:{roce.rsplit(':', 1)[1]}?device=rxe1",
+                                      ROCE_PICS),
+                "siw1-to-host-iwarp": (f"kbtp+verbs://{HOST_FROM_GUEST}:{iwarp.rsplit(':', 1)[1]}?device=siw1"
+                                       "&local=10.0.2.15", IWARP_PICS)}
         lines = [". testbeds/rdma-vm/links.sh"]
         for name, (url, pics) in runs.items():
             sets = " ".join(f"--pics-set '{p}'" for p in pics)

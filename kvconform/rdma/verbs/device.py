@@ -24,6 +24,13 @@ IBV_GID_TYPE_ROCE_V2 = 1  # ibv_query_gid_type: IBV_GID_TYPE_ROCE_V2 (sysfs "RoC
 MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
 
+try:  # the error class of every failed pyverbs call, where pyverbs exists
+    from pyverbs.pyverbs_error import PyverbsError as PyverbsError
+except ImportError:  # pragma: no cover - no rdma-core here
+    class PyverbsError(Exception):  # type: ignore[no-redef]
+        """Stands for pyverbs' error class where pyverbs is not installed (nothing raises it then)."""
+
+
 class VerbsUnavailable(RuntimeError):
     """The verbs path cannot run here (no pyverbs, no device, no capability): a skip, not a verdict."""
 

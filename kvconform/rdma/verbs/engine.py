@@ -313,7 +313,7 @@ class VerbsEngine:
             if status is Status.SUCCESS and op is Op.RECV:
                 # the arrival is seen when it is polled, and delivered at once: both no earlier than they happened
                 self._note("send-arrive", len=int(wc.byte_len))
-                self._note("deliver", len=int(wc.byte_len), invalidated=invalidated)
+                self._note("deliver", len=int(wc.byte_len), invalidated=invalidated, wc_flags=flags)
             self._done.append(Completion(wr_id, op, status, self._name, byte_len=int(wc.byte_len), imm=imm,
                                          invalidated_stag=invalidated,
                                          terminate=self._term if status is not Status.SUCCESS else None))

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +46,13 @@ from kvconform.rdma.fabric import (
 )
 from kvconform.rdma.profiles import Profile
 from kvconform.rdma.verbs import cm as rdma_cm
-from kvconform.rdma.verbs.device import DeviceInfo, VerbsUnavailable, profile_for, query
+from kvconform.rdma.verbs.device import DeviceInfo, PyverbsError, VerbsUnavailable, profile_for, query
 from kvconform.rdma.verbs.engine import VerbsEngine
 from kvconform.rdma.wire.fabric import RUN_TIMEOUT_S, RemoteNode, WireConnection, WireFabric, WireSetupError
 
 ANY = "0.0.0.0"  # iWARP without an address of its own: it can dial (the kernel picks the source), not listen
 IDLE_POLL_S = 0.002  # a Send can arrive any time: the longest a connection's CQ goes unpolled
+SLOW_DEVICE_S = 1.0  # a device call that blocks the loop longer is reported on stderr
 QP_DEPTH = 256
 _PAGE = mmap.PAGESIZE
 
@@ -185,10 +188,12 @@ class VerbsNode(EmuNode):
                     obj.close()
 
     def release_windows_of(self, conn: str) -> None:
-        """The connection's QP is going: its windows' device objects go first (they hold the QP). The STags stay
-        known, as on the emulated fabric, until the node invalidates them."""
+        """The connection's QP is going: its windows' device objects go first (they hold the QP), and so do the
+        one-off regions that stand for windows on a device without them (nothing can use them any more; a served
+        target would otherwise keep a region per session: siw ran out at about 700). The STags stay known, as on
+        the emulated fabric, until the node invalidates them."""
         for stag in [s for s, c in self._window_conn.items() if c == conn]:
-            for table in (self._mws, self._under):
+            for table in (self._mws, self._under, self._mrs):
                 obj = table.pop(stag, None)
                 if obj is not None:
                     with contextlib.suppress(Exception):
@@ -462,15 +467,18 @@ class VerbsFabric(WireFabric):
             conn.peer_name = f"rdma_cm-{n}"
             conn.cm_id = ev.id  # type: ignore[attr-defined]
             self._cm_conns[ev.id] = conn
-            qp, cq = self._new_qp(listener.node)
-            self._set_engine(conn, self._engine_for(conn, qp, cq))
-            # the endpoint attaches (posts its receives) before the accept: the initiator may send right behind
-            # its RTR, and a Send that finds no receive is a Terminate on iWARP (no RNR retry)
-            listener.on_accept(conn)
             try:
+                qp, cq = self._new_qp(listener.node)
+                self._set_engine(conn, self._engine_for(conn, qp, cq))
+                # the endpoint attaches (posts its receives) before the accept: the initiator may send right behind
+                # its RTR, and a Send that finds no receive is a Terminate on iWARP (no RNR retry)
+                listener.on_accept(conn)
                 ch.accept(ev.id, int(qp.qp_num), self.profile.ird)
-            except rdma_cm.CmError as exc:
-                self._cm_failed(conn, f"rdma_accept: {exc}")
+            except (rdma_cm.CmError, FabricUsageError, PyverbsError) as exc:
+                # the device refused a resource for this connection: refuse it, say why, and go on serving
+                print(f"verbs: {self.device}: connection {ep} refused: {exc}", file=sys.stderr, flush=True)
+                ch.reject(ev.id)
+                self._cm_failed(conn, f"accepting on {self.device}: {exc}")
             return
         known = self._cm_conns.get(ev.id)
         if known is None:
@@ -527,17 +535,22 @@ class VerbsFabric(WireFabric):
     def _retire(self, conn: WireConnection, engine: VerbsEngine) -> None:
         """A connection that ended and whose every work request came back: its QP goes (a served target runs
         for many connections)."""
+        started = time.monotonic()
         with contextlib.suppress(ValueError):
             self._conns.remove(conn)
-        cm_id = getattr(conn, "cm_id", None)
-        if cm_id is not None and self._cm is not None:
-            self._cm_conns.pop(cm_id, None)
-            self._cm.destroy_id(cm_id)
         node = conn.node
         if isinstance(node, VerbsNode):
             node.release_windows_of(conn.name)
         del self._engines[engine]
-        engine.close()
+        engine.close()  # the QP before its rdma_cm id (librdmacm: "free any associated QP" first)
+        cm_id = getattr(conn, "cm_id", None)
+        if cm_id is not None and self._cm is not None:
+            self._cm_conns.pop(cm_id, None)
+            self._cm.destroy_id(cm_id)
+        spent = time.monotonic() - started
+        if spent > SLOW_DEVICE_S:  # the process serves nothing meanwhile: say so where a user will look
+            print(f"verbs: {self.device}: releasing connection {conn.name} took {spent:.1f} s", file=sys.stderr,
+                  flush=True)
 
     def _live(self) -> bool:
         if self._cm_listeners or super()._live():
