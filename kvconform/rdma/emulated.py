@@ -472,11 +472,8 @@ class EmuNode:
         del self._stags[region.stag]
         self._fabric._note(self.name, "deregister", stag=region.stag)
 
-    def bind_window(
-        self, region: Region, offset: int, length: int, access: Access, conn: Connection, *, zero_based: bool = False
-    ) -> Window:
-        if not self.profile.mw_type2:
-            raise FabricUsageError(f"bind_window: profile {self.profile.name} has no type-2 memory windows")
+    def _check_window(self, region: Region, offset: int, length: int, access: Access) -> None:
+        """What binding a window over ``region`` asks of its arguments, whatever binds it."""
         if self._stags.get(region.stag) is not region:
             raise FabricUsageError(f"bind_window: stag {region.stag:#x} is not a registered region of {self.name}")
         if not region.access & Access.MW_BIND:
@@ -485,6 +482,13 @@ class EmuNode:
             raise FabricUsageError(f"bind_window: a window grants remote rights only, got {access!r}")
         if offset < 0 or length < 0 or offset + length > region.length:
             raise FabricUsageError(f"bind_window: [{offset}, +{length}) outside region of {region.length} octets")
+
+    def bind_window(
+        self, region: Region, offset: int, length: int, access: Access, conn: Connection, *, zero_based: bool = False
+    ) -> Window:
+        if not self.profile.mw_type2:
+            raise FabricUsageError(f"bind_window: profile {self.profile.name} has no type-2 memory windows")
+        self._check_window(region, offset, length, access)
         if not isinstance(conn, EmuConnection) or conn.node is not self:
             raise FabricUsageError(f"bind_window: {conn!r} is not a connection of {self.name}")
         window = Window(self._stag(), region, offset, length, Access(access), zero_based, conn.name)

@@ -32,13 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=None)
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--timeout", type=float, default=300.0, help="bound of the boot plus smoke (s)")
+    p.add_argument("--cached", action="store_true",
+                   help="boot the newest built image as it is (no apt: another lane may be updating its lists)")
     args = p.parse_args(argv)
     reason = cannot_install()
     if reason:
         print(reason)
         return 0
     t0 = time.monotonic()
-    art = build.ensure(args.cache, log=lambda s: print(f"  {s}", flush=True), rebuild=args.rebuild)
+    found = build.find_cached(args.cache) if args.cached else None
+    if args.cached and found is None:
+        print("rdma-vm: no built image in the cache (.ci/rdma prepare builds it)")
+        return 1
+    art = found or build.ensure(args.cache, log=lambda s: print(f"  {s}", flush=True), rebuild=args.rebuild)
     t_build = time.monotonic() - t0
     with VM(art) as vm:
         try:

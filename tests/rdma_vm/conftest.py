@@ -7,6 +7,7 @@ built image, every test is skipped with the one line that says why (`testbeds.rd
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,17 @@ from tests.lanes import deselect_lane
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     deselect_lane(config, items, Path(__file__).parent, marker="rdma_vm")
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stopped_on_sigterm() -> None:
+    """CI stops a lane that runs beside others with SIGTERM when a step fails: as KeyboardInterrupt it unwinds
+    through the VM's context, which stops qemu (its own session, out of reach of the lane's process group)."""
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 @pytest.fixture(scope="session")

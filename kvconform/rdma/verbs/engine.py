@@ -78,7 +78,7 @@ class VerbsEngine:
 
     def __init__(self, name: str, *, qp: Any, cq: Any, pd: Any, lkey_of: Callable[[Sge], tuple[int, int]],
                  on_remote_invalidate: Callable[[int], None], on_disconnect: Callable[[], None] | None = None,
-                 note: Callable[..., None] | None = None) -> None:
+                 note: Callable[..., None] | None = None, depth: int = 64) -> None:
         import pyverbs.enums as e
         from pyverbs.mr import MR
 
@@ -97,6 +97,9 @@ class VerbsEngine:
         self._established = False
         self._next_id = 1
         self._sq: dict[int, _Out] = {}
+        self._depth = depth  # the QP's send queue
+        self._posted = 0  # work requests at the device
+        self._backlog: deque[tuple[Any, int]] = deque()  # (SendWR, device wr_id) waiting for room
         self._rq: dict[int, int] = {}  # device wr_id -> caller wr_id
         self._held: list[WorkRequest] = []  # sends posted before the QP is ready to send
         self._done: deque[Completion] = deque()
@@ -212,11 +215,17 @@ class VerbsEngine:
         return int(swr.rkey)
 
     def _post_send(self, swr: Any, wr_id: int) -> None:
+        """To the device, or to the backlog while its send queue is full (the fabric interface takes any number
+        of posts; a device's queue holds ``depth``)."""
         from pyverbs.pyverbs_error import PyverbsError
 
+        if self._posted >= self._depth or self._backlog:
+            self._backlog.append((swr, wr_id))
+            return
         try:
             self.qp.post_send(swr)
-        except PyverbsError as exc:  # a full send queue or a QP gone to error: the request completes in error
+            self._posted += 1
+        except PyverbsError as exc:  # a QP gone to error: the request completes in error
             out = self._sq.pop(wr_id)
             self._release(out)
             if out.wr is not None:
@@ -291,6 +300,9 @@ class VerbsEngine:
         n, wcs = self.cq.poll(_POLL_BATCH)
         for wc in wcs[:n] if n else []:
             self._complete(wc)
+        if self._backlog and self._state is not ConnState.CONNECTED and not self._posted:
+            self._flush_backlog()
+            return int(n) + 1
         return int(n)
 
     def _complete(self, wc: Any) -> None:
@@ -321,7 +333,10 @@ class VerbsEngine:
         out = self._sq.pop(dev_id, None)
         if out is None:
             return
+        self._posted -= 1
         self._release(out)
+        while self._backlog and self._posted < self._depth and self._state is ConnState.CONNECTED:
+            self._post_send(*self._backlog.popleft())
         wr = out.wr
         if wr is None or (status is Status.SUCCESS and not wr.signaled):
             return
@@ -367,9 +382,20 @@ class VerbsEngine:
             mr.close()
             out.temp = None
 
+    def _flush_backlog(self) -> None:
+        """Sends that never reached the device are flushed here once the device has flushed what it held (they
+        were posted after it: completions stay in post order)."""
+        while self._backlog:
+            _swr, wr_id = self._backlog.popleft()
+            out = self._sq.pop(wr_id)
+            self._release(out)
+            if out.wr is not None:
+                self._done.append(Completion(out.wr.wr_id, out.wr.op, Status.WR_FLUSH_ERR, self._name))
+
     def _to_error(self) -> None:
         from pyverbs.pyverbs_error import PyverbsError
         from pyverbs.qp import QPAttr
+
 
         try:
             attr = QPAttr()

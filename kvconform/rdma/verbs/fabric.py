@@ -53,7 +53,10 @@ from kvconform.rdma.wire.fabric import RUN_TIMEOUT_S, RemoteNode, WireConnection
 ANY = "0.0.0.0"  # iWARP without an address of its own: it can dial (the kernel picks the source), not listen
 IDLE_POLL_S = 0.002  # a Send can arrive any time: the longest a connection's CQ goes unpolled
 SLOW_DEVICE_S = 1.0  # a device call that blocks the loop longer is reported on stderr
-QP_DEPTH = 256
+# Send and receive queue depth, and a CQ for both. KBTP's credits keep far fewer in flight; siw gives a context only
+# about 600 KB of queue memory (16 CQs of 520 entries: ENOSPC), so small queues let a served target hold ~30
+# connections. More sends than this wait in the engine's backlog.
+QP_DEPTH = 64
 _PAGE = mmap.PAGESIZE
 
 
@@ -132,14 +135,7 @@ class VerbsNode(EmuNode):
 
     def bind_window(self, region: Region, offset: int, length: int, access: Access, conn: Connection, *,
                     zero_based: bool = False) -> Window:
-        if self._stags.get(region.stag) is not region:
-            raise FabricUsageError(f"bind_window: stag {region.stag:#x} is not a registered region of {self.name}")
-        if not region.access & Access.MW_BIND:
-            raise FabricUsageError(f"bind_window: region stag {region.stag:#x} lacks MW_BIND")
-        if access & ~(Access.REMOTE_READ | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC):
-            raise FabricUsageError(f"bind_window: a window grants remote rights only, got {access!r}")
-        if offset < 0 or length < 0 or offset + length > region.length:
-            raise FabricUsageError(f"bind_window: [{offset}, +{length}) outside region of {region.length} octets")
+        self._check_window(region, offset, length, access)
         if zero_based:
             raise FabricUsageError("bind_window: zero-based windows are not offered by the verbs binding")
         if not isinstance(conn, WireConnection) or conn.node is not self or not isinstance(conn.engine, VerbsEngine):
@@ -313,7 +309,7 @@ class VerbsFabric(WireFabric):
         engine = VerbsEngine(conn.name, qp=qp, cq=cq, pd=node.pd, lkey_of=node.lkey_of,
                              on_remote_invalidate=node.remote_invalidated,
                              on_disconnect=lambda: self.disconnect_conn(conn),
-                             note=lambda what, **args: self._note(conn.name, what, **args))
+                             note=lambda what, **args: self._note(conn.name, what, **args), depth=QP_DEPTH)
         self._engines[engine] = conn
         return engine
 
