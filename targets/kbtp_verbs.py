@@ -36,7 +36,7 @@ class VerbsDevice:
     def __init__(self, device: str, port: int = 1, address: str | None = None, transport: str | None = None,
                  where: str = "local") -> None:
         self.device = device
-        self.port = port
+        self.device_port = port  # the device's port (1 on most NICs), not a TCP port
         self.address = address
         self.transport = transport  # declared; cross-checked against the device
         self.where = where  # "rdma-vm": the device exists inside the testbed VM
@@ -62,8 +62,8 @@ class VerbsDevice:
                 why += " (the device exists inside the testbed VM: run there, as .ci/rdma does)"
             raise TargetUnavailable(why)
         try:
-            fabric = VerbsFabric(params.profile, device=self.device, port=self.port, host=self.address, trace=trace,
-                                 gid_address=self.address)
+            fabric = VerbsFabric(params.profile, device=self.device, port=self.device_port, host=self.address,
+                                 trace=trace, gid_address=self.address)
         except VerbsUnavailable as exc:
             raise TargetUnavailable(f"verbs: {exc}") from exc
         if self.transport is not None and self.transport != fabric.info.transport:
@@ -95,7 +95,7 @@ class VerbsRemoteTargetDriver(VerbsDevice):
     def __init__(self, device: str, host: str, port: int, local: str | None = None) -> None:
         super().__init__(device, address=local)
         self.host = host
-        self.port = port
+        self.port = port  # the target's TCP port (its out-of-band exchange or rdma_cm listener)
 
     @classmethod
     def from_url(cls, url: str) -> VerbsRemoteTargetDriver:

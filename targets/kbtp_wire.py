@@ -43,7 +43,8 @@ def check_binding(via: str, wire: str, params_binding: str, profile: Profile, pi
 class WireTargetDriver:
     """kbtp-target driver of a target listening at ``host:port`` in the binding's wire format."""
 
-    def __init__(self, scheme: str, host: str, port: int, link: LinkSpec | None = None) -> None:
+    def __init__(self, scheme: str, host: str, port: int, link: LinkSpec | None = None,
+                 rtr_delay_ms: int = 0) -> None:
         if scheme not in SCHEMES:
             raise TargetUnavailable(f"--target {scheme}://: not a KBTP wire scheme (known: {', '.join(SCHEMES)})")
         self.scheme = scheme
@@ -51,10 +52,11 @@ class WireTargetDriver:
         self.host = host
         self.port = port
         self.link = link  # RoCEv2 as Ethernet frames over a qemu socket netdev (kvconform.rdma.roce.ethernet)
+        self.rtr_delay_ms = rtr_delay_ms  # iWARP: the RTR this long after the MPA Reply (a siw race, interop-rdma #10)
 
     @classmethod
     def from_url(cls, url: str) -> WireTargetDriver:
-        """``kbtp+iwarp://HOST:PORT``, ``kbtp+roce://HOST:PORT[?ether=LOCAL,PEER&address=IP]``."""
+        """``kbtp+iwarp://HOST:PORT[?rtr_delay_ms=N]``, ``kbtp+roce://HOST:PORT[?ether=LOCAL,PEER&address=IP]``."""
         from urllib.parse import parse_qs
 
         from kvconform.rdma.roce.ethernet import LinkError
@@ -63,20 +65,26 @@ class WireTargetDriver:
         if not parts.hostname or parts.port is None:
             raise TargetUnavailable(f"--target {url!r}: expected {parts.scheme}://HOST:PORT")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        link = None
-        if query:
-            unknown = set(query) - {"ether", "address"}
-            if unknown or parts.scheme != "kbtp+roce" or set(query) != {"ether", "address"}:
-                raise TargetUnavailable(f"--target {url!r}: the only query is ?ether=LOCAL,PEER&address=IP, for "
-                                        "kbtp+roce (RoCEv2 frames over a qemu socket netdev)")
+        link, delay = None, 0
+        if parts.scheme == "kbtp+iwarp" and query:
+            if set(query) != {"rtr_delay_ms"} or not query["rtr_delay_ms"].isdigit():
+                raise TargetUnavailable(f"--target {url!r}: the only query of kbtp+iwarp is ?rtr_delay_ms=N (the "
+                                        "RTR N ms after the MPA Reply)")
+            delay = int(query["rtr_delay_ms"])
+        elif query:
+            if parts.scheme != "kbtp+roce" or set(query) != {"ether", "address"}:
+                raise TargetUnavailable(f"--target {url!r}: the only query of kbtp+roce is ?ether=LOCAL,PEER&"
+                                        "address=IP (RoCEv2 frames over a qemu socket netdev)")
             try:
                 link = LinkSpec.parse(query["ether"], query["address"])
             except LinkError as exc:
                 raise TargetUnavailable(f"--target {url!r}: {exc}") from None
-        return cls(parts.scheme, parts.hostname, parts.port, link)
+        return cls(parts.scheme, parts.hostname, parts.port, link, delay)
 
     def __repr__(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}" + (f"?{self.link.query()}" if self.link else "")
+        query = f"?{self.link.query()}" if self.link else f"?rtr_delay_ms={self.rtr_delay_ms}" if self.rtr_delay_ms \
+            else ""
+        return f"{self.scheme}://{self.host}:{self.port}{query}"
 
     @property
     def default_binding(self) -> str:
@@ -87,7 +95,9 @@ class WireTargetDriver:
         from kvconform.rdma.wire.fabric import WireFabric
 
         check_binding(f"{self.scheme}://", self.wire, params.binding, params.profile, "PICS kbtp.target.binding")
-        return WireFabric(params.profile, binding=self.wire, trace=trace, link=self.link)  # type: ignore[arg-type]
+        options = {"rtr_delay_s": self.rtr_delay_ms / 1000} if self.rtr_delay_ms else None
+        return WireFabric(params.profile, binding=self.wire, trace=trace, link=self.link,  # type: ignore[arg-type]
+                          engine_options=options)
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
         return RemoteTarget(self, fabric)

@@ -7,7 +7,7 @@
 out=$KVCONFORM_VM_RUN/results
 . testbeds/rdma-vm/links.sh
 python3 -m kvconform serve kbtp-target --binding verbs --device rxe1 --host 10.0.2.15 --port 18515 \
-  --features DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE > "$out/serve-rxe1.log" 2>&1 &
+  --features DIRECT_LOAD,DIRECT_ALLOC,RECORD_COMPLETION,ADDR_LE > "$out/serve-rxe1.log" 2>&1 &
 rxe=$!
 python3 -m kvconform serve kbtp-target --binding verbs --device siw1 --host 10.0.2.15 --port 7471 \
   --features DIRECT_LOAD,ADDR_LE > "$out/serve-siw1.log" 2>&1 &

@@ -184,12 +184,16 @@ def test_a_roce_url_carries_the_link_and_says_it_back() -> None:
     assert isinstance(d, WireTargetDriver) and d.link == LinkSpec(("127.0.0.1", 47000), ("127.0.0.1", 47001),
                                                                   "10.78.0.1")
     assert repr(d) == url
+    d = target_from_url("kbtp+iwarp://127.0.0.1:7471?rtr_delay_ms=100")
+    assert isinstance(d, WireTargetDriver) and d.rtr_delay_ms == 100 and repr(d).endswith("?rtr_delay_ms=100")
 
 
 @pytest.mark.parametrize(("url", "names"), [
-    ("kbtp+iwarp://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3&address=10.78.0.1", "for kbtp+roce"),
-    ("kbtp+roce://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3", "the only query is"),
-    ("kbtp+roce://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3&address=10.78.0.1&mtu=9000", "the only query is"),
+    ("kbtp+iwarp://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3&address=10.78.0.1",
+     "the only query of kbtp+iwarp is ?rtr_delay_ms=N"),
+    ("kbtp+iwarp://127.0.0.1:1?rtr_delay_ms=soon", "the only query of kbtp+iwarp is ?rtr_delay_ms=N"),
+    ("kbtp+roce://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3", "the only query of kbtp+roce is"),
+    ("kbtp+roce://127.0.0.1:1?ether=127.0.0.1:2,127.0.0.1:3&address=10.78.0.1&mtu=9000", "the only query of kbtp+roce"),
     ("kbtp+roce://127.0.0.1:1?ether=10.0.0.1:2,127.0.0.1:3&address=10.78.0.1", "ether local '10.0.0.1:2'"),
 ])
 def test_a_bad_link_in_a_url_is_refused_naming_what(url: str, names: str) -> None:

@@ -184,3 +184,10 @@ def test_the_verbs_fabric_says_what_it_cannot_see() -> None:
     for flag in ("observes_remote_ops", "crafts_frames"):
         assert getattr(VerbsFabric, flag) is False and getattr(BlindWireFabric, flag) is False
     assert VerbsFabric.invalidates_regions is False
+
+
+def test_a_verbs_url_keeps_the_device_port_apart_from_the_target_port() -> None:
+    """The harness's fabric opens port 1 of the device, not the target's TCP port (a run against
+    kbtp+verbs://10.0.2.2:42949 once asked the device for port 42949)."""
+    d = target_from_url("kbtp+verbs://10.0.2.2:42949?device=rxe1")
+    assert isinstance(d, VerbsRemoteTargetDriver) and (d.device_port, d.port) == (1, 42949)

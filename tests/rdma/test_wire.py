@@ -180,3 +180,41 @@ def test_captures_decode_in_tshark(wire: str, tmp_path: Path) -> None:
     want = iwarp if wire == "iwarp" else roce
     missing = [w for w in want if w not in out]
     assert not missing, f"tshark did not see {missing}:\n{out}"
+
+
+class _NoMemory:
+    """LocalMemory of an endpoint nobody accesses remotely in the test."""
+
+    def resolve(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("no remote access expected")
+
+    atomic_misaligned = remote_invalidate = resolve
+
+    def note(self, what: str, **args: object) -> None:
+        pass
+
+
+def test_a_delayed_rtr_goes_first_at_its_time_and_holds_the_sends() -> None:
+    """``rtr_delay_s`` (siw drops what arrives while it moves its QP to RTS: docs/interop-rdma.md #10): after the
+    MPA Reply nothing leaves until the clock passes the delay; then the Read RTR, then what was posted meanwhile."""
+    from kvconform.rdma.iwarp.ddp import parse
+    from kvconform.rdma.iwarp.engine import IwarpEngine
+    from kvconform.rdma.iwarp.mpa import Enhanced, StartFrame, encode_start
+    from kvconform.rdma.wire.engine import WorkRequest
+
+    ini = IwarpEngine("I", _NoMemory(), initiator=True, rtr_delay_s=0.5)  # type: ignore[arg-type]
+    ini.start(0.0)
+    assert ini.take_output()[0].startswith(b"MPA ID Req Frame")
+    ini.receive(encode_start(StartFrame(False, 2, private=Enhanced(16, 16, p2p=True, read0=True).encode())), 1.0)
+    ini.post(WorkRequest(op=Op.SEND, wr_id=1, data=b"hello"))
+    assert ini.take_output() == [] and not ini.established and ini.next_deadline() == 1.5
+    ini.poll_timers(1.4)
+    assert ini.take_output() == []
+    ini.poll_timers(1.5)
+    reasm = mpa.Reassembler()
+    for chunk in ini.take_output():
+        reasm.feed(chunk)
+    rtr, send = parse(reasm.next() or b""), parse(reasm.next() or b"")
+    assert (rtr.opcode, rtr.tagged) == (Opcode.READ_REQUEST, False)
+    assert (send.opcode, send.payload) == (Opcode.SEND, b"hello")
+    assert ini.established and ini.next_deadline() is None

@@ -109,7 +109,8 @@ class IwarpEngine:
     """One endpoint of an RDMAP stream (see the module docstring)."""
 
     def __init__(self, name: str, memory: LocalMemory, *, initiator: bool, revision: int = 2, ird: int = 16,
-                 ord: int = 16, max_ulpdu: int = DEFAULT_MULPDU, crc: bool = True, peer: str = "peer") -> None:
+                 ord: int = 16, max_ulpdu: int = DEFAULT_MULPDU, crc: bool = True, peer: str = "peer",
+                 rtr_delay_s: float = 0.0) -> None:
         if revision not in (1, 2):
             raise ValueError(f"MPA revision {revision}: 1 or 2")
         self._name = name
@@ -119,6 +120,11 @@ class IwarpEngine:
         self.ird, self.ord = ird, ord
         self.crc = crc
         self.peer = peer
+        # the RTR this long after the MPA Reply: Linux siw (6.1) drops the data that arrives while it moves its QP
+        # to RTS, and a stream whose first FPDUs it dropped hangs (docs/interop-rdma.md #10); 0 sends it at once
+        self.rtr_delay_s = rtr_delay_s
+        self._rtr_at: float | None = None
+        self._now = 0.0
         self.max_ulpdu = max(ddp.UNTAGGED_LEN + 1, min(max_ulpdu, 0xFFFF))
         self._state = ConnState.CONNECTED
         self._terminate: Terminate | None = None
@@ -184,6 +190,7 @@ class IwarpEngine:
         self.rq.append((wr_id, sge))
 
     def receive(self, data: bytes, now: float, source: Source | None = None) -> None:
+        self._now = now
         if self._state is not ConnState.CONNECTED:
             return  # after a Terminate the stream is closed: nothing more is processed
         if self.setup.phase in ("wait_request", "wait_reply"):
@@ -204,10 +211,16 @@ class IwarpEngine:
             self._fpdu(ulpdu)
 
     def poll_timers(self, now: float) -> None:
-        return None  # TCP retransmits; RDMAP has no timers
+        """TCP retransmits, RDMAP has no timers: only a delayed RTR waits on the clock."""
+        self._now = now
+        if self._rtr_at is not None and now >= self._rtr_at and self._state is ConnState.CONNECTED:
+            self._rtr_at = None
+            self._send_rtr()
+            self.setup.phase = "open"
+            self._pump()
 
     def next_deadline(self) -> float | None:
-        return None
+        return self._rtr_at
 
     def take_output(self) -> list[bytes]:
         out, self._out = self._out, []
@@ -257,16 +270,25 @@ class IwarpEngine:
             return self._refuse("MPA Reply: the responder asks for markers, which this endpoint never sends")
         self.revision = frame.revision
         if enhanced is not None and enhanced.p2p:
-            if enhanced.read0:
-                self.setup.rtr_response_due = True
-                self._untagged(Opcode.READ_REQUEST, ReadRequest(0, 0, 0, 0, 0).encode())
-            elif enhanced.write0:
-                self._emit(ddp.Segment(True, True, Opcode.WRITE, b""))
-            else:
+            if not (enhanced.read0 or enhanced.write0):
                 return self._refuse("MPA Reply: no RTR type this endpoint offers (Read or Write)")
+            self.setup.rtr = "read0" if enhanced.read0 else "write0"
+            if self.rtr_delay_s > 0:
+                self._rtr_at = self._now + self.rtr_delay_s
+                self.setup.phase = "rtr_delay"
+                return True
+            self._send_rtr()
         self.setup.phase = "open"
         self._pump()
         return True
+
+    def _send_rtr(self) -> None:
+        """The initiator's RTR in peer-to-peer mode (RFC 6581): the zero-length Read or Write agreed."""
+        if self.setup.rtr == "read0":
+            self.setup.rtr_response_due = True
+            self._untagged(Opcode.READ_REQUEST, ReadRequest(0, 0, 0, 0, 0).encode())
+        else:
+            self._emit(ddp.Segment(True, True, Opcode.WRITE, b""))
 
     def _answer_request(self, frame: mpa.StartFrame, enhanced: mpa.Enhanced | None) -> bool:
         if frame.markers:
