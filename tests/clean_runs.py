@@ -15,8 +15,8 @@ WIRE = ("race points", "only the emulated fabric records", "cannot list the STag
 # ... and on a verbs device (docs/interop-rdma.md): the device executes one-sided operations and builds every
 # packet without the process seeing them, and siw reports no remote invalidation in a receive completion.
 VERBS = ("without the harness seeing them", "builds every packet itself", "does not report a Send with Invalidate")
-# ... and against a target in the testbed VM (one TCG vCPU): the Generation drive's wall-clock budget ends before
-# the 16-bit wrap (the in-VM runs, harness and target in one process, do reach it)
+# ... and across the testbed VM's links (one TCG vCPU on one side): the Generation drive cannot reach the 16-bit wrap
+# in its wall-clock budget, so the lane gives it none (the in-VM runs, harness and target in one process, reach it)
 SLOW_TARGET = ("the wrap was not observed",)
 
 
