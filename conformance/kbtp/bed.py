@@ -164,8 +164,9 @@ class Bed:
             self.blame_waiting(f"the run did not settle within {MAX_STEPS} steps (still running: "
                                f"{list(result.blocked)})")
         if result.reason == "deadline":
+            busy: list[str] = getattr(self.fabric, "busy", list)()
             self.blame_waiting(f"the run did not end within the wire fabric's {self.fabric.run_timeout} s (still "
-                               f"running: {list(result.blocked)})")
+                               f"running: {list(result.blocked)}; not quiet: {busy or 'nothing'})")
         stuck = [n for n in handles if not handles[n].done]
         if stuck:
             raise HarnessBug(f"harness actors blocked without a bound: {[handles[n].waiting for n in stuck]} "

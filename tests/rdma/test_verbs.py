@@ -9,13 +9,25 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from collections import deque
 from pathlib import Path
 
 import pytest
 
 from kvconform import cli
 from kvconform.kbtp.serve import serve_kbtp_target
-from kvconform.rdma import IB_RC, IB_RC_MASKED, RDMAP_7306, RDMAP_NO_ATOMICS, Layer, RdmapCode, RdmapEType, Status
+from kvconform.rdma import (
+    IB_RC,
+    IB_RC_MASKED,
+    RDMAP_7306,
+    RDMAP_NO_ATOMICS,
+    ConnState,
+    Layer,
+    Op,
+    RdmapCode,
+    RdmapEType,
+    Status,
+)
 from kvconform.rdma.verbs import cm
 from kvconform.rdma.verbs.device import DeviceInfo, VerbsUnavailable, discover, profile_for, skip_reason
 from kvconform.rdma.verbs.engine import WC_WITH_IMM, WC_WITH_INV, imm_from_wire, imm_to_wire, terminate_for
@@ -98,6 +110,33 @@ def test_an_error_completion_becomes_the_terminate_it_stands_for() -> None:
     assert t.key() == (Layer.RDMAP, RdmapEType.REMOTE_PROTECTION, RdmapCode.INVALID_STAG)
     assert "REM_ACCESS_ERR" in t.reason and "0x12" in t.reason and t.sender == "I-conn.I"
     assert terminate_for(Status.REM_INV_REQ_ERR, "x").etype == RdmapEType.REMOTE_OPERATION
+
+
+def test_a_flush_the_device_never_delivers_ends_as_flushed_after_the_bound(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """siw once kept an ended connection's send unreturned for the rest of a run: the engine waits FLUSH_BOUND_S,
+    then completes what is left as flushed, names it on stderr, and is drained (a run can end)."""
+    from kvconform.rdma.verbs import engine as verbs_engine
+    from kvconform.rdma.wire.engine import WorkRequest
+
+    class SilentCQ:
+        def poll(self, n: int) -> tuple[int, list[object]]:
+            return 0, []
+
+    eng = object.__new__(verbs_engine.VerbsEngine)  # no device: only the completion bookkeeping runs
+    eng._name, eng.cq, eng._state, eng._ended_at = "T-conn.T", SilentCQ(), ConnState.ERROR, None
+    eng._sq = {7: verbs_engine._Out(WorkRequest(wr_id=70, op=Op.RDMA_WRITE))}
+    eng._rq, eng._backlog, eng._posted, eng._done, eng._free_slots = {8: 80}, deque(), 1, deque(), []
+    clock = [100.0]
+    monkeypatch.setattr("kvconform.rdma.verbs.engine.time.monotonic", lambda: clock[0])
+    assert eng.poll() == 0 and not eng.drained  # the device may still flush
+    clock[0] += verbs_engine.FLUSH_BOUND_S + 0.1
+    assert eng.poll() == 1 and eng.drained
+    done = {(c.wr_id, c.op, c.status) for c in eng.take_completions()}
+    assert done == {(70, Op.RDMA_WRITE, Status.WR_FLUSH_ERR), (80, Op.RECV, Status.WR_FLUSH_ERR)}
+    err = capsys.readouterr().err
+    assert "T-conn.T" in err and "RDMA_WRITE" in err and "1 receives" in err
+    assert eng.outstanding() == ""
 
 
 def test_rdma_cm_addresses_are_in_network_order() -> None:

@@ -99,7 +99,7 @@ def test_direct_load_detects_free(kbtp_initiator: InitiatorUnderTest, session_se
     seeded interleavings: data it accepts is exactly what was stored under the Generation it reports, and a
     direct load started after the last free (the entry unbound) is not accepted."""
     kbtp_initiator.require(DL)
-    runs = 40
+    runs = kbtp_initiator.interleavings
     accepted = sum(_direct_load_race(kbtp_initiator, session_seed * 1000 + i, i) for i in range(runs))
     if not accepted:
         inconclusive(f"no direct load was accepted in {runs} interleavings: the validity rule was not exercised")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from kvconform.rdma.fabric import Completion, ConnState, Layer, Op, RdmapCode, R
 from kvconform.rdma.wire.engine import Source, WorkRequest
 
 POLL_S = 0.0005  # how often the fabric polls a CQ that has work in flight (no completion channel fd in pyverbs)
+# A QP in ERROR flushes what it holds at once; what the device has not returned this long after the connection
+# ended it never will (a lost flush): completed here as flushed, and said on stderr, so a run cannot wait for it
+FLUSH_BOUND_S = 5.0
 STAGING_SLOT = 4096
 STAGING_SLOTS = 32
 _POLL_BATCH = 32
@@ -93,6 +97,7 @@ class VerbsEngine:
         self._note = note or (lambda what, **args: None)  # the fabric's trace, as the userspace engines feed it
         self._now = 0.0
         self._state = ConnState.CONNECTED
+        self._ended_at: float | None = None  # when the engine first saw the connection ended
         self._term: Terminate | None = None
         self._established = False
         self._next_id = 1
@@ -300,10 +305,39 @@ class VerbsEngine:
         n, wcs = self.cq.poll(_POLL_BATCH)
         for wc in wcs[:n] if n else []:
             self._complete(wc)
-        if self._backlog and self._state is not ConnState.CONNECTED and not self._posted:
+        if self._state is ConnState.CONNECTED:
+            return int(n)
+        now = time.monotonic()  # the fabric's clock reaches an engine only while it has sends at the device
+        if self._ended_at is None:
+            self._ended_at = now
+        if self._backlog and not self._posted:
             self._flush_backlog()
             return int(n) + 1
+        if (self._sq or self._rq) and not n and now - self._ended_at > FLUSH_BOUND_S:
+            self._give_up_flush()
+            return 1
         return int(n)
+
+    def outstanding(self) -> str:
+        """What is at the device, for a run that did not end: '' when nothing."""
+        if not self._sq and not self._rq:
+            return ""
+        ops = [out.wr.op.name if out.wr is not None else "BIND_MW" for out in self._sq.values()]
+        return f"{self._name} ({self._state.name}): sends {ops}, {len(self._rq)} receives at the device"
+
+    def _give_up_flush(self) -> None:
+        lost = self.outstanding()
+        print(f"verbs: {lost} still not returned {FLUSH_BOUND_S:.0f} s after the connection ended: completed here "
+              "as flushed (the device lost its flush)", file=sys.stderr, flush=True)
+        for dev_id in list(self._sq):
+            out = self._sq.pop(dev_id)
+            self._release(out)
+            if out.wr is not None:
+                self._done.append(Completion(out.wr.wr_id, out.wr.op, Status.WR_FLUSH_ERR, self._name))
+        for wr_id in list(self._rq.values()):
+            self._done.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
+        self._rq.clear()
+        self._posted = 0
 
     def _complete(self, wc: Any) -> None:
         status = _STATUS.get(int(wc.status), Status.GENERAL_ERR)

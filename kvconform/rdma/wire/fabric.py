@@ -504,6 +504,22 @@ class WireFabric(EmuFabric):
                                "effects": self._pending_notes})
         self._pending_notes = []
 
+    def busy(self) -> list[str]:
+        """Why the wire is not quiet, for a run that hit its deadline: connections with bytes to send or an engine
+        waiting on a timer (a retry, work at a device)."""
+        out = []
+        for c in self._conns:
+            eng = c.engine
+            due = eng.next_deadline() if eng is not None else None
+            if not c.out and due is None:
+                continue
+            detail = getattr(eng, "outstanding", lambda: "")()
+            out.append(f"{c.name}: {len(c.out)} sends queued, engine timer {'set' if due is not None else 'none'}"
+                       + (f", {detail}" if detail else ""))
+        out += [f"{entry[2].handle.name} waits on a timer" for entry in self._timers
+                if entry[3] and not entry[2].handle.daemon and not entry[2].handle.done]
+        return out
+
     def _timed_waiters(self) -> bool:
         return any(entry[3] and not entry[2].handle.daemon and not entry[2].handle.done for entry in self._timers)
 
