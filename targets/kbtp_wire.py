@@ -153,8 +153,10 @@ class RemoteTarget:
                     name = f"release{n}.{attempt}"
                     try:
                         conn = self.dial(fab.node(name), f"{name}-conn", fab)
-                    except OSError:
-                        return  # the target is gone: the next check finds out and says so
+                    except OSError as exc:
+                        if isinstance(exc, ConnectionRefusedError) or "refused" in str(exc).lower():
+                            return  # the target is gone: the next check finds out and says so
+                        continue  # a local failure (a port still in TIME_WAIT): a new connection may go through
                     ini = HarnessInitiator(fab, conn.node, conn, name, quiet=True)
                     ini.initiator_id = iid
 

@@ -373,6 +373,9 @@ ip link set lo up
 # rdma_cm refuses 127.0.0.1: siw0 sits on a dummy netdev whose address exists only inside this VM.
 ip link add kvc0 type dummy && ip addr add 10.77.0.1/24 dev kvc0 && ip link set kvc0 up
 modprobe rdma_rxe && modprobe siw && modprobe rdma_ucm
+# rdma_cm gives an iWARP connection a random local port without asking TCP; siw's connect to a peer whose 4-tuple
+# with that port is still in TIME_WAIT fails (EADDRNOTAVAIL) unless TCP may take the tuple over
+sysctl -qw net.ipv4.tcp_tw_reuse=1
 rdma link add rxe0 type rxe netdev lo
 rdma link add siw0 type siw netdev kvc0
 echo "KVCONFORM-VM-READY"
