@@ -330,10 +330,7 @@ class VerbsEngine:
         print(f"verbs: {lost} still not returned {FLUSH_BOUND_S:.0f} s after the connection ended: completed here "
               "as flushed (the device lost its flush)", file=sys.stderr, flush=True)
         for dev_id in list(self._sq):
-            out = self._sq.pop(dev_id)
-            self._release(out)
-            if out.wr is not None:
-                self._done.append(Completion(out.wr.wr_id, out.wr.op, Status.WR_FLUSH_ERR, self._name))
+            self._flushed(dev_id)
         for wr_id in list(self._rq.values()):
             self._done.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
         self._rq.clear()
@@ -421,10 +418,14 @@ class VerbsEngine:
         were posted after it: completions stay in post order)."""
         while self._backlog:
             _swr, wr_id = self._backlog.popleft()
-            out = self._sq.pop(wr_id)
-            self._release(out)
-            if out.wr is not None:
-                self._done.append(Completion(out.wr.wr_id, out.wr.op, Status.WR_FLUSH_ERR, self._name))
+            self._flushed(wr_id)
+
+    def _flushed(self, dev_id: int) -> None:
+        """A send the device will not complete: its caller's request completes as flushed."""
+        out = self._sq.pop(dev_id)
+        self._release(out)
+        if out.wr is not None:
+            self._done.append(Completion(out.wr.wr_id, out.wr.op, Status.WR_FLUSH_ERR, self._name))
 
     def _to_error(self) -> None:
         from pyverbs.pyverbs_error import PyverbsError

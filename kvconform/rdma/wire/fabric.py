@@ -516,12 +516,15 @@ class WireFabric(EmuFabric):
             detail = getattr(eng, "outstanding", lambda: "")()
             out.append(f"{c.name}: {len(c.out)} sends queued, engine timer {'set' if due is not None else 'none'}"
                        + (f", {detail}" if detail else ""))
-        out += [f"{entry[2].handle.name} waits on a timer" for entry in self._timers
+        return out + [f"{name} waits on a timer" for name in self._timed_waiter_names()]
+
+    def _timed_waiter_names(self) -> list[str]:
+        """Non-daemon actors waiting on a timer: they keep a run going."""
+        return [entry[2].handle.name for entry in self._timers
                 if entry[3] and not entry[2].handle.daemon and not entry[2].handle.done]
-        return out
 
     def _timed_waiters(self) -> bool:
-        return any(entry[3] and not entry[2].handle.daemon and not entry[2].handle.done for entry in self._timers)
+        return bool(self._timed_waiter_names())
 
     def _settled(self) -> bool:
         """Nothing left to send and no engine waiting on a timer (unacknowledged packets, a retry)."""
