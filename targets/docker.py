@@ -28,6 +28,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -229,7 +230,7 @@ def _build_by_script(client: DockerClient, image: str, build: BuildSpec) -> str:
     evidence.note(f"docker: building {image} with {build.script}")
     try:
         subprocess.run(["bash", str(build.script)], check=True, timeout=build.timeout_s, stdin=subprocess.DEVNULL,
-                       env={**os.environ, "IMAGE": image}, capture_output=True)
+                       env={"PYTHON": sys.executable, **os.environ, "IMAGE": image}, capture_output=True)
     except subprocess.CalledProcessError as exc:
         tail = (exc.stdout + exc.stderr).decode("utf-8", "replace")[-2000:]
         raise DockerUnavailable(f"image {image!r}: {build.script} exited {exc.returncode}: {tail}") from exc

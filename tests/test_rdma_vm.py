@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kvconform.targets.testbed import TestbedError, load_testbed
-from testbeds.rdma_vm import build, smoke, vm
-from testbeds.rdma_vm.build import Artefacts, Versions, extract_vmlinux, module_load_order
+from kvconform.testbeds.rdma_vm import build, smoke, vm
+from kvconform.testbeds.rdma_vm.build import Artefacts, Versions, extract_vmlinux, module_load_order
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,12 +3,13 @@
 # (python3 3.13, venv, pip, CA certificates) imported with `docker import`. Idempotent: does nothing when
 # the image exists (FORCE=1 rebuilds). Users with an image registry use aiomoqt/Dockerfile.registry instead.
 #
-# Environment: IMAGE (default kvconform/trixie-base:latest), DEBIAN_MIRROR (default http://deb.debian.org/debian),
+# Environment: IMAGE (default kvconform/trixie-base:latest), DEBIAN_MIRROR (default: the mirror of this machine's
+# apt sources, kvconform.testbeds.apt_mirror), PYTHON (default python3, with kvconform importable),
 # WORKDIR (default a temporary directory), FORCE=1.
 set -euo pipefail
 
 IMAGE="${IMAGE:-kvconform/trixie-base:latest}"
-MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+MIRROR="${DEBIAN_MIRROR:-$("${PYTHON:-python3}" -m kvconform.testbeds.apt_mirror)}"
 SUITE=trixie
 
 if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then

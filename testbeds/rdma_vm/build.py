@@ -30,12 +30,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvconform.testbeds.apt_mirror import debian_mirror
+
 # Bump when the recipe changes what it produces (init scripts, package list, layout).
 RECIPE_VERSION = "1"
 CACHE_ENV = "KVCONFORM_RDMA_VM_CACHE"
 APT_WAIT = ("-o", "DPkg::Lock::Timeout=300")  # another lane's apt-get may hold the lock: wait, bounded
 SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
 HOST_PACKAGES = ("qemu-system-x86", "debootstrap", "busybox-static", "cpio", "make", "xz-utils", "kmod")
 ROOT_PACKAGES = ("rdma-core", "ibverbs-utils", "rdmacm-utils", "ibverbs-providers", "python3-pyverbs",
                  "iproute2", "kmod", "perftest", "procps")
@@ -220,7 +221,7 @@ def build_siw(v: Versions, work: Path, log: Log) -> Path:
 def build_root(v: Versions, art: Artefacts, kernel: Path, siw_ko: Path, log: Log) -> None:
     """debootstrap minbase + the RDMA userland, the kernel's modules (with siw.ko) and the VM's init."""
     _run(["debootstrap", "--variant=minbase", f"--include={','.join(ROOT_PACKAGES)}", SUITE, str(art.root),
-          MIRROR], log, 1200)
+          debian_mirror()], log, 1200)
     _run(["chroot", str(art.root), "apt-get", "clean"], log, 60)
     mods = art.root / "lib" / "modules"
     shutil.rmtree(mods, ignore_errors=True)
@@ -379,7 +380,9 @@ sysctl -qw net.ipv4.tcp_tw_reuse=1
 rdma link add rxe0 type rxe netdev lo
 rdma link add siw0 type siw netdev kvc0
 echo "KVCONFORM-VM-READY"
-export PYTHONPATH=/mnt/project:/mnt/pydeps KVCONFORM_VM_RUN=/mnt/run KVCONFORM_VM_SIW_ADDR=10.77.0.1
+# site/: the project is not installed in the guest; its sitecustomize maps the package's folders (pyproject package-dir)
+export PYTHONPATH=/mnt/project/testbeds/rdma-vm/site:/mnt/project:/mnt/pydeps
+export KVCONFORM_VM_RUN=/mnt/run KVCONFORM_VM_SIW_ADDR=10.77.0.1
 cd /mnt/project
 if [ -f /mnt/run/cmd.sh ]; then sh /mnt/run/cmd.sh < /dev/null 2>&1; rc=$?; else rc=127; fi
 echo "$rc" > /mnt/run/exit_status

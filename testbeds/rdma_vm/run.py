@@ -1,6 +1,6 @@
 """Run one command inside the RDMA testbed VM (boot, stream the console, stop): the developer's way in.
 
-    python -m testbeds.rdma_vm.run [--timeout S] [--results DIR] -- 'sh command line'
+    python -m kvconform.testbeds.rdma_vm.run [--timeout S] [--results DIR] -- 'sh command line'
 
 The command runs with cwd = the project share and ``$KVCONFORM_VM_RUN/results`` for files to bring back
 (copied to ``--results`` when given). Exits with the command's status (124 when the bound fired).
@@ -18,7 +18,7 @@ from .vm import VM, skip_reason
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m testbeds.rdma_vm.run", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m kvconform.testbeds.rdma_vm.run", description=__doc__.splitlines()[0])
     p.add_argument("--timeout", type=float, default=600.0, help="bound of boot plus command (s)")
     p.add_argument("--results", type=Path, default=None, help="copy $KVCONFORM_VM_RUN/results here")
     p.add_argument("--kernel-log", action="store_true", help="also print the kernel's console lines")

@@ -11,10 +11,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kvconform.rdma import IB_RC, RDMAP_NO_ATOMICS, Access, Op, Profile, wait_completion
 from kvconform.rdma.verbs.fabric import VerbsFabric

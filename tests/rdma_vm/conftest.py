@@ -2,7 +2,7 @@
 
 The lane runs only when selected with ``-m rdma_vm`` (``.ci/rdma``, ``tox -e rdma``); otherwise its tests are
 deselected, so the README's plain ``pytest`` never boots a VM. Selected on a machine without qemu or without a
-built image, every test is skipped with the one line that says why (`testbeds.rdma_vm.vm.skip_reason`).
+built image, every test is skipped with the one line that says why (`kvconform.testbeds.rdma_vm.vm.skip_reason`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbeds.rdma_vm.build import Artefacts, find_cached
-from testbeds.rdma_vm.vm import skip_reason
+from kvconform.testbeds.rdma_vm.build import Artefacts, find_cached
+from kvconform.testbeds.rdma_vm.vm import skip_reason
 from tests.lanes import deselect_lane
 
 

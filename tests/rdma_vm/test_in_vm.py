@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from testbeds.rdma_vm.build import Artefacts
-from testbeds.rdma_vm.vm import VM
+from kvconform.testbeds.rdma_vm.build import Artefacts
+from kvconform.testbeds.rdma_vm.vm import VM
 from tests.clean_runs import VERBS, WIRE, unexpected
 
 pytestmark = [pytest.mark.rdma_vm, pytest.mark.timeout(4000)]  # a VM boot and a suite run per test

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from testbeds.rdma_vm.build import Artefacts
-from testbeds.rdma_vm.vm import HOST_FROM_GUEST, VM, Links
+from kvconform.testbeds.rdma_vm.build import Artefacts
+from kvconform.testbeds.rdma_vm.vm import HOST_FROM_GUEST, VM, Links
 from tests.clean_runs import SLOW_TARGET, VERBS, WIRE, unexpected
 from tests.mutants.runner import ROOT, run_suite
 from tests.served import served
