@@ -48,9 +48,9 @@ from types import FrameType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.interop` when run as a script
 
 from kvconform.targets import docker as dk
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.spec import parse_target
 from kvconform.targets.testbed import Testbed
+from kvconform.verdicts import TargetUnavailable
 from tests.interop.kvcs_transfer import VARIANTS, Transfer, cache_spec, data_bytes, transfer
 from tests.interop.peers import RELAY_TARGET, RelayEndpoint, aiomoqt_relay, aiomoqt_testbed, our_relay
 

@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.interop` 
 
 from kvconform.moqt.quic import quic_configuration
 from kvconform.targets import docker as dk
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.spec import parse_target
 from kvconform.targets.testbed import Testbed
+from kvconform.verdicts import TargetUnavailable
 from tests.interop.peers import (
     CLIENT_TARGET,
     RelayEndpoint,

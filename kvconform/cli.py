@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+from kvconform.components import COMPONENTS, SUMMARIES, component
 
 __all__ = ["discover_suites", "main", "select_suites"]
 
@@ -87,9 +88,11 @@ def select_suites(name: str, available: Sequence[str], roles: set[str] | None,
 
 
 def _plugin_args() -> list[str]:
-    # The entry point registers kvconform.fixtures.plugin as "kvconform"; block that name and load the
-    # module explicitly, so the plugin is there exactly once with or without autoloading.
-    return ["-p", "no:kvconform", "-p", "kvconform.fixtures.plugin"]
+    # The entry points register kvconform.fixtures.plugin as "kvconform" and kvconform.reports.plugin as
+    # "kvconform-reports"; block those names and load the modules explicitly, so each is there exactly once with
+    # or without autoloading.
+    return ["-p", "no:kvconform", "-p", "kvconform.fixtures.plugin",
+            "-p", "no:kvconform-reports", "-p", "kvconform.reports.plugin"]
 
 
 def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -240,7 +243,8 @@ def _report_html(args: argparse.Namespace) -> int:
     if args.all_protocols:
         from kvconform.catalog import load_catalogs
         from kvconform.reports.certification import certify
-        from kvconform.reports.coverage import TestResult, build_coverage
+        from kvconform.reports.coverage import build_coverage
+        from kvconform.results import TestResult
 
         results = [TestResult.from_dict(t) for t in doc.get("tests", [])]
         meta = doc.get("meta", {})
@@ -269,42 +273,31 @@ def _dispatch(module: str, attr: str, argv: list[str], what: str) -> int:
     return int(func(argv))
 
 
-def serve_help(components: dict[str, Callable[[list[str]], int]], summaries: dict[str, str]) -> str:
+def serve_help() -> str:
     """``kvconform serve --help``: the components, what each is, and how to get its own options."""
     lines = ["usage: kvconform serve <component> [options]", "",
              "Run a reference implementation as a network service on 127.0.0.1 (a target for kvconform run, or a",
              "peer for your own tests). It prints 'listening on HOST:PORT' once it accepts connections and stops",
              "on SIGINT or SIGTERM.", "", "components:"]
-    width = max((len(name) for name in components), default=0)
-    lines += [f"  {name.ljust(width)}  {summaries.get(name, '')}".rstrip() for name in sorted(components)]
-    if not components:
-        lines.append("  (none installed)")
+    width = max(len(name) for name in COMPONENTS)
+    lines += [f"  {name.ljust(width)}  {SUMMARIES.get(name, '')}".rstrip() for name in sorted(COMPONENTS)]
     lines += ["", "kvconform serve <component> --help lists the component's options."]
     return "\n".join(lines)
 
 
 def _serve(argv: list[str]) -> int:
-    try:
-        found = importlib.util.find_spec("kvconform.components") is not None
-    except ModuleNotFoundError:
-        found = False
-    components: dict[str, Callable[[list[str]], int]] = {}
-    summaries: dict[str, str] = {}
-    if found:
-        module = importlib.import_module("kvconform.components")
-        components, summaries = module.COMPONENTS, getattr(module, "SUMMARIES", {})
     if argv and argv[0] in ("-h", "--help"):
-        print(serve_help(components, summaries))
+        print(serve_help())
         return 0
-    if not argv or argv[0] not in components:
-        known = ", ".join(sorted(components)) or "none installed"
+    if not argv or argv[0] not in COMPONENTS:
+        known = ", ".join(sorted(COMPONENTS))
         if argv:
             print(f"kvconform serve: unknown component {argv[0]!r}; components: {known}", file=sys.stderr)
         else:
             print(f"usage: kvconform serve <component> [args...]; components: {known} "
                   "(kvconform serve --help says more)", file=sys.stderr)
         return USAGE_ERROR
-    return int(components[argv[0]](argv[1:]))
+    return int(component(argv[0])(argv[1:], None))
 
 
 # --------------------------------------------------------------------------------------------- suites

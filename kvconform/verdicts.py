@@ -28,11 +28,14 @@ __all__ = [
     "NOT_APPLICABLE_PREFIX",
     "STRICT_LEVELS",
     "CheckContext",
+    "DriverError",
     "Findings",
     "HarnessBug",
     "Inconclusive",
     "Level",
     "NotApplicable",
+    "SanityFailure",
+    "TargetUnavailable",
     "Verdict",
     "Violation",
     "activate_check",
@@ -80,6 +83,30 @@ class NotApplicable(Exception):
 class HarnessBug(Exception):
     """kvconform itself is wrong (e.g. an assertion names an id its check does not cite): never a verdict on the
     target; the check ends inconclusive and the message says to report it."""
+
+
+# ---- how driving a target can go wrong ----------------------------------------------------------------------
+# A DriverError while a target is driven is a finding about the target (the check fails); a TargetUnavailable
+# before anything was exchanged (it could not be started or reached at all) is a setup problem, so the check is
+# inconclusive, never a verdict; after an exchange it means the target stopped answering, a failure. A
+# SanityFailure is the probe after a check finding the target dead. kvconform.policy turns each into a verdict.
+
+
+class DriverError(RuntimeError):
+    """The target misbehaved while driven (it crashed, hung or answered nonsense): a finding, blamed on
+    ``requirement`` when the driver knows which rule the misbehaviour breaks, else on the check's first one."""
+
+    def __init__(self, message: str, *, requirement: str | None = None) -> None:
+        super().__init__(message)
+        self.requirement = requirement
+
+
+class TargetUnavailable(DriverError):
+    """The target could not be started or reached: inconclusive before any exchange, a failure after one."""
+
+
+class SanityFailure(DriverError):
+    """The sanity probe after a check found the target no longer serving: that check fails."""
 
 
 _MISSING: object = object()

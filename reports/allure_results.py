@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.catalog import Catalog
-from kvconform.fixtures.policy import is_harness_error
-from kvconform.reports.coverage import TestResult
+from kvconform.policy import is_harness_error
+from kvconform.results import TestResult
 from kvconform.verdicts import Verdict, gates
 
 __all__ = ["CATEGORIES", "NODEID_LABEL", "allure_status", "apply_verdicts", "properties_text", "requirement_link",

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvconform.fixtures.policy import is_harness_error
-from kvconform.reports.coverage import TestResult
+from kvconform.policy import is_harness_error
+from kvconform.results import TestResult
 from kvconform.verdicts import Verdict, gates, strongest_level
 
 __all__ = ["FULL_MESSAGES", "LISTED", "failure_blocks"]

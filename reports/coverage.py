@@ -17,18 +17,17 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kvconform.catalog import Catalog, Requirement
+from kvconform.results import NOT_REACHED, TestResult
 from kvconform.verdicts import Verdict
 
 __all__ = [
     "COVERAGE_FORMAT",
-    "NOT_REACHED",
     "VERDICT_SEVERITY",
-    "TestResult",
     "build_coverage",
     "load_coverage",
     "provisional_counts",
@@ -44,50 +43,6 @@ VERDICT_SEVERITY: tuple[str, ...] = (
 )
 UNCOVERED = "uncovered"
 UNTESTABLE = "untestable"
-NOT_REACHED = "not-reached"
-
-
-@dataclass(frozen=True)
-class TestResult:
-    """The outcome of one test as the plugin collected it on the controller."""
-
-    __test__ = False  # not a pytest test class despite the name
-
-    nodeid: str
-    suite: str | None
-    reqs: tuple[str, ...]
-    level: str | None
-    verdict: str
-    message: str = ""
-    duration: float = 0.0
-    evidence: str | None = None
-    seed: int | None = None
-    blamed: str | None = None  # a failed test: the requirement its failing assertion named
-    reached: tuple[str, ...] | None = None  # the requirements an assertion evaluated (None: not recorded)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        out = asdict(self)
-        out["reqs"] = list(self.reqs)
-        out["reached"] = None if self.reached is None else list(self.reached)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TestResult:
-        """The inverse of ``as_dict`` (a coverage.json's "tests")."""
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        fields["reqs"] = tuple(fields.get("reqs", ()))
-        if fields.get("reached") is not None:
-            fields["reached"] = tuple(fields["reached"])
-        return cls(**fields)
-
-    def verdict_for(self, rid: str) -> str:
-        """This test's verdict for one requirement it cites (the blame rule)."""
-        if self.verdict == Verdict.FAIL:
-            return Verdict.FAIL if self.blamed in (None, rid) else NOT_REACHED
-        if self.verdict == Verdict.PASS and self.reached is not None and rid not in self.reached:
-            return NOT_REACHED
-        return self.verdict
 
 
 def worst_verdict(verdicts: Iterable[str]) -> str | None:

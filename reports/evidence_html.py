@@ -14,7 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvconform.fixtures.evidence import raw_of
+from kvconform.evidence import raw_of
 
 __all__ = ["EVENTS_SHOWN", "hexdump", "render_evidence_html", "write_evidence_html"]
 

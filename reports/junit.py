@@ -3,7 +3,7 @@
 Written by the plugin on the controller from its own results (``--kvconform-junit FILE``; ``kvconform run``
 writes ``<report-dir>/junit.xml``), not by rewriting pytest's ``--junitxml``: a check's outcome in the file is
 its kvconform verdict, which pytest's outcome does not carry (a plain skip, a harness error, a target that
-could not be reached are all judged by fixtures/policy.py), the grouping is by suite, and pytest's own file
+could not be reached are all judged by kvconform/policy.py), the grouping is by suite, and pytest's own file
 stays what a project's ini makes of it. The structure is ``reports/schema/junit.xsd`` (junit-10 plus testcase
 properties).
 
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvconform.fixtures.policy import is_harness_error
-from kvconform.reports.coverage import TestResult
+from kvconform.policy import is_harness_error
+from kvconform.results import TestResult
 from kvconform.verdicts import Verdict, gates
 
 __all__ = ["COLLECTION_SUITE", "SCHEMA", "junit_document", "outcome_of", "write_junit"]

@@ -39,12 +39,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.targets import contract
-from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.process import ProcessResult
 from kvconform.targets.spec import TargetSpec
 from kvconform.targets.testbed import Testbed
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 if TYPE_CHECKING:  # the SDK is optional at run time
     from docker import DockerClient

@@ -1,63 +1,14 @@
-"""What every lane's drivers share: the ways driving a target can go wrong, and ``python:`` targets.
-
-A `DriverError` while a target is driven is a finding about the target (the check fails); a
-`TargetUnavailable` before anything was exchanged (it could not be started or reached at all) is a setup
-problem, so the check is inconclusive, never a verdict; after an exchange it means the target stopped
-answering, a failure. A `SanityFailure` is the probe after a check finding the target dead. How each becomes a
-verdict is fixtures/policy.py.
-"""
+"""``python:`` targets of every lane: an object implementing the role's driver Protocol (kvconform.loading loads it;
+how driving a target can go wrong is kvconform.verdicts: DriverError, TargetUnavailable, SanityFailure)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
-from pathlib import Path
-from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
-__all__ = ["DriverError", "SanityFailure", "TargetUnavailable", "import_python_target", "load_python_target",
-           "load_subclass", "python_driver"]
+from kvconform.loading import load_python_target
+from kvconform.verdicts import DriverError
 
-T = TypeVar("T")
-
-
-class DriverError(RuntimeError):
-    """The target misbehaved while driven (it crashed, hung or answered nonsense): a finding, blamed on
-    ``requirement`` when the driver knows which rule the misbehaviour breaks, else on the check's first one."""
-
-    def __init__(self, message: str, *, requirement: str | None = None) -> None:
-        super().__init__(message)
-        self.requirement = requirement
-
-
-class TargetUnavailable(DriverError):
-    """The target could not be started or reached: inconclusive before any exchange, a failure after one."""
-
-
-class SanityFailure(DriverError):
-    """The sanity probe after a check found the target no longer serving: that check fails."""
-
-
-def import_python_target(value: str) -> Any:
-    """`module:attr.path` -> the object it names; DriverError naming the target when it does not import."""
-    module_name, _, attr = value.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        hint = " (kvconform imports it from sys.path: is its folder on PYTHONPATH?)" \
-            if isinstance(exc, ModuleNotFoundError) else ""
-        raise TargetUnavailable(f"python target {value}: cannot import it: {exc}{hint}") from exc
-    return obj
-
-
-def load_python_target(value: str) -> Any:
-    """`module:factory` -> the object the factory returns (a class is instantiated with no arguments)."""
-    obj = import_python_target(value)
-    return obj() if callable(obj) else obj
+__all__ = ["python_driver"]
 
 
 def python_driver(value: str, suite: str, role: type) -> Any:
@@ -66,34 +17,3 @@ def python_driver(value: str, suite: str, role: type) -> Any:
     if not isinstance(obj, role):
         raise DriverError(f"python target {value}: does not implement {role.__name__} (suite {suite})")
     return obj
-
-
-def load_subclass(spec: str, base: type[T], option: str) -> type[T]:
-    """``module:Class`` or ``path/to/file.py:Class`` naming a subclass of ``base`` (how a ``serve`` component
-    starts a mutant or a vendor's class: ``--relay-class``, ``--publisher-class``). A dotted module not
-    importable as installed is looked up from the current directory too, so ``tests.mutants...`` works from
-    a checkout whichever way kvconform was started. ValueError naming ``option`` otherwise."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{option} {spec!r}: expected module:Class")
-    module: ModuleType
-    if module_name.endswith(".py"):
-        path = Path(module_name).resolve()
-        loader_spec = importlib.util.spec_from_file_location(f"_class_from_{path.stem}", path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"{option} {spec!r}: cannot load {path}")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[loader_spec.name] = module
-        loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError:
-            if os.getcwd() in sys.path:
-                raise
-            sys.path.append(os.getcwd())
-            module = importlib.import_module(module_name)
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise ValueError(f"{option} {spec!r}: {attr} is not a subclass of {base.__module__}.{base.__qualname__}")
-    return cls

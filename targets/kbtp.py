@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvconform.kbtp.constants import Features, Status
 from kvconform.rdma import PROFILES, ActorGen, Connection, Fabric, Node, Profile
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = [
     "DriverError",

@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvconform.rdma import Connection, Fabric, Node
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kbtp import (
     InitiatorEndpoint,
     InitiatorParams,
@@ -28,6 +27,7 @@ from kvconform.targets.kbtp import (
     TargetEndpoint,
     TargetParams,
 )
+from kvconform.verdicts import TargetUnavailable
 
 
 class VerbsDevice:

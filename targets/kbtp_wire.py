@@ -21,8 +21,8 @@ from kvconform.kbtp.constants import Status
 from kvconform.rdma import ConnState, Fabric, Node, Profile
 from kvconform.rdma.profiles import Binding
 from kvconform.rdma.roce.ethernet import LinkSpec
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kbtp import TargetEndpoint, TargetParams
+from kvconform.verdicts import TargetUnavailable
 
 SCHEMES = {"kbtp+iwarp": "iwarp", "kbtp+roce": "roce"}
 DEFAULT_PROFILE = {"iwarp": "rdmap-7306", "roce": "ib-rc"}
@@ -132,10 +132,10 @@ class RemoteTarget:
 
     def release_sessions(self, bed: Any) -> None:
         """GOODBYE with RELEASE for every Initiator ID ``bed`` used, each on a fresh connection (bounded)."""
-        from kvconform.conformance.kbtp.client import Ended, HarnessInitiator
-        from kvconform.fixtures import evidence
+        from kvconform import evidence
         from kvconform.kbtp.constants import Features
         from kvconform.rdma import sleep, wait_until
+        from kvconform.targets.kbtp_client import Ended, HarnessInitiator
 
         ids = list(dict.fromkeys(bytes(ini.initiator_id) for ini in bed.initiators))
         bed.fabric.close()  # the check's own connections end first: the target starts retaining their sessions
@@ -279,7 +279,7 @@ class CmdInitiatorEndpoint:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.fabric.remove_reader(self._fd)
         result = self.proc.stop()
-        from kvconform.fixtures import evidence
+        from kvconform import evidence
 
         evidence.record("received", "initiator process", result.evidence())
 

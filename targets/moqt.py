@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvconform.moqt.structures import AuthToken, TrackNamespace
-from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import Pics
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = [
     "DEFAULT_PREFIX",

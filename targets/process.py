@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Protocol, runtime_checkable
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = ["MARK_ENV", "TAIL", "CommandLauncher", "Handle", "Launcher", "Process", "ProcessResult", "as_launcher",
            "fill_template", "marked_pids", "run_handle", "run_process"]

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvconform.targets.drivers import TargetUnavailable, import_python_target
+from kvconform.loading import import_python_target
+from kvconform.verdicts import TargetUnavailable
 
 if TYPE_CHECKING:
     from kvconform.targets.spec import TargetSpec

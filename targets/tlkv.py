@@ -24,12 +24,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from kvconform.fixtures import evidence
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform import evidence
 from kvconform.targets.process import Handle, Launcher, ProcessResult, as_launcher
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 OUTCOMES = ("ok", "format", "shape", "version")
 

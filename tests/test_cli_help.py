@@ -12,7 +12,7 @@ from kvconform import cli
 from kvconform.catalog import load_catalogs
 from kvconform.components import COMPONENTS, SUMMARIES
 from kvconform.reports.console import FULL_MESSAGES, LISTED, failure_blocks
-from kvconform.reports.coverage import TestResult
+from kvconform.results import TestResult
 from kvconform.targets.registry import ROLES
 from tests.test_plugin import _run, _suite
 

@@ -14,12 +14,11 @@ import pytest
 from kvconform.targets import contract
 from kvconform.targets import docker as dk
 from kvconform.targets import reference_image as ri
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import CommandLauncher, ProcessResult
 from kvconform.targets.registry import ROLES, driver_for
 from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import TestbedError, load_testbed
-from kvconform.verdicts import INCONCLUSIVE_PREFIX, NOT_APPLICABLE_PREFIX
+from kvconform.verdicts import INCONCLUSIVE_PREFIX, NOT_APPLICABLE_PREFIX, TargetUnavailable
 
 ROOT = Path(__file__).parents[1]
 IMAGE = "kvconform/reference:dev"

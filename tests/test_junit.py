@@ -8,8 +8,8 @@ from pathlib import Path
 import lxml.etree
 import pytest
 
-from kvconform.reports.coverage import TestResult
 from kvconform.reports.junit import SCHEMA, junit_document, outcome_of, write_junit
+from kvconform.results import TestResult
 from tests.test_plugin import MIXED, _run, _suite
 
 pytest_plugins = ["pytester"]

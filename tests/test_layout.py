@@ -1,6 +1,6 @@
 """One import name per module: the design card's top-level folders are real folders that pyproject.toml's package-dir
 maps into ``kvconform``, and nothing loads one of their files under a second name (``conformance.kbtp.bed`` beside
-``kvconform.conformance.kbtp.bed``)."""
+``kvconform.targets.kbtp_bed``)."""
 
 from __future__ import annotations
 

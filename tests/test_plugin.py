@@ -229,7 +229,7 @@ def test_evidence_pics_seed_and_junit(pytester: pytest.Pytester) -> None:
     _suite(pytester, """\
         import threading
         import pytest
-        from kvconform.fixtures.evidence import note, record
+        from kvconform.evidence import note, record
 
         @pytest.mark.req("DEMO-MUST")
         def test_talks(pics, seed, rng, transcript, target):

@@ -54,7 +54,10 @@ def test_fails():
 
 # Where a lane's (or the library's) cost would come from.
 HEAVY = ("numpy", "grpc", "aioquic", "scapy", "yaml", "jsonschema", "cryptography", "ml_dtypes", "cbor2")
-PLUGIN_ITSELF = {"kvconform", "kvconform.fixtures", "kvconform.fixtures.plugin", "kvconform.fixtures.collect"}
+# The entry points and the light modules they import (pytest and the standard library below them).
+PLUGIN_ITSELF = {"kvconform", "kvconform.fixtures", "kvconform.fixtures.plugin", "kvconform.fixtures.collect",
+                 "kvconform.fixtures.hooks", "kvconform.fixtures.state", "kvconform.fixtures.controller",
+                 "kvconform.results", "kvconform.verdicts", "kvconform.reports", "kvconform.reports.plugin"}
 
 
 def _normalised(text: str) -> list[str]:
@@ -75,7 +78,7 @@ def _modules(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, s
 def test_an_unrelated_session_imports_no_lane_and_is_unchanged(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(RECORDER)
     pytester.makepyfile(test_plain=PLAIN)
-    without, base = _modules(pytester, "-p", "no:kvconform")
+    without, base = _modules(pytester, "-p", "no:kvconform", "-p", "no:kvconform-reports")
     loaded, mods = _modules(pytester)
     assert "kvconform.fixtures.plugin" in mods, "the entry point was not loaded: the comparison shows nothing"
     assert "kvconform.fixtures.plugin" not in base
@@ -95,7 +98,7 @@ def test_an_unrelated_session_imports_no_lane_and_is_unchanged(pytester: pytest.
 def test_a_collect_only_session_is_unchanged_too(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(RECORDER)
     pytester.makepyfile(test_plain=PLAIN)
-    without, base = _modules(pytester, "--co", "-q", "-p", "no:kvconform")
+    without, base = _modules(pytester, "--co", "-q", "-p", "no:kvconform", "-p", "no:kvconform-reports")
     loaded, mods = _modules(pytester, "--co", "-q")
     assert {m for m in mods - base if m.startswith("kvconform")} == PLUGIN_ITSELF
     assert loaded.ret == without.ret == pytest.ExitCode.OK

@@ -75,8 +75,8 @@ def test_how_each_way_a_check_can_end_is_judged(pytester: pytest.Pytester, body:
                                                 blamed: str | None, text: str) -> None:
     _suite(pytester, f"""\
         import pytest
-        from kvconform.fixtures.evidence import record
-        from kvconform.targets.drivers import DriverError, TargetUnavailable
+        from kvconform.evidence import record
+        from kvconform.verdicts import DriverError, TargetUnavailable
         from kvconform.verdicts import check
         @pytest.mark.req("DEMO-MUST", "DEMO-SHOULD")
         def test_ends():
@@ -114,8 +114,8 @@ def test_a_hang_past_the_bound_fails_and_a_spent_suite_budget_is_inconclusive(py
 def test_a_shared_setup_that_fails_is_judged_once(pytester: pytest.Pytester) -> None:
     _suite(pytester, """\
         import pytest
-        from kvconform.fixtures.evidence import record
-        from kvconform.targets.drivers import DriverError
+        from kvconform.evidence import record
+        from kvconform.verdicts import DriverError
         @pytest.fixture(scope="module")
         def publication():
             record("received", "garbage", {})
@@ -138,7 +138,7 @@ def test_the_check_during_which_the_target_died_fails_and_the_next_is_inconclusi
         pytester: pytest.Pytester) -> None:
     _suite(pytester, """\
         import pytest
-        from kvconform.fixtures.evidence import record
+        from kvconform.evidence import record
         from kvconform.fixtures.sanity import Sanity
         from kvconform.verdicts import check
         ALIVE = [True]

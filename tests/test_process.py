@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.process import Process, fill_template, marked_pids, run_process
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 PY = sys.executable
 

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from kvconform.targets import registry
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.registry import ROLES, RoleError, cmd_roles, driver_for
 from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import load_testbed
+from kvconform.verdicts import TargetUnavailable
 
 
 @pytest.mark.parametrize("suite", sorted(ROLES))

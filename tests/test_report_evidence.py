@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.fixtures import evidence
-from kvconform.fixtures.evidence import INLINE_BYTES, Transcript, pics_summary, raw_of, write_evidence
+from kvconform import evidence
+from kvconform.evidence import INLINE_BYTES, Transcript, pics_summary, raw_of, write_evidence
 from kvconform.reports.evidence_html import EVENTS_SHOWN, hexdump, render_evidence_html, write_evidence_html
 from kvconform.targets.process import TAIL, ProcessResult
 

@@ -9,8 +9,9 @@ import pytest
 
 from kvconform.catalog import Catalog, load_catalogs
 from kvconform.reports.certification import CATEGORIES, certify, obligation
-from kvconform.reports.coverage import TestResult, build_coverage
+from kvconform.reports.coverage import build_coverage
 from kvconform.reports.html import render_html
+from kvconform.results import TestResult
 
 CATALOG = """\
 protocol: demo

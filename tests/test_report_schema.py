@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvconform import __version__
-from kvconform.fixtures.evidence import raw_of
+from kvconform.evidence import raw_of
 from kvconform.reports.certification import validate_report
 from kvconform.reports.identity import file_sha256
 from kvconform.reports.manifest import verify

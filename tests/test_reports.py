@@ -7,14 +7,9 @@ from pathlib import Path
 import pytest
 
 from kvconform.catalog import Catalog, load_catalogs
-from kvconform.reports.coverage import (
-    TestResult,
-    build_coverage,
-    load_coverage,
-    worst_verdict,
-    write_coverage_json,
-)
+from kvconform.reports.coverage import build_coverage, load_coverage, worst_verdict, write_coverage_json
 from kvconform.reports.html import render_html, write_html
+from kvconform.results import TestResult
 
 CATALOGS = {
     "demo.yaml": """\

@@ -8,7 +8,7 @@ laid out exactly as in the wheel (plus tests/, bench/ and tools/, which import i
     python tools/package_tree.py mypy                # mypy on the package, tests, bench and tools
     python tools/package_tree.py lint-imports        # the import-linter contracts of pyproject.toml
 
-Paths in the tools' output are the checkout's (``conformance/kbtp/bed.py``, not the tree's).
+Paths in the tools' output are the checkout's (``targets/kbtp_bed.py``, not the tree's).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run([sys.executable, "-m", "mypy", "--config-file", config, "--cache-dir", str(ROOT / ".mypy_cache"),
                      *(args.args or ["kvconform", *BESIDE])], folders)
     if args.tool == "lint-imports":
-        return _run([str(bindir / "lint-imports"), "--config", config, *args.args], folders)
+        return _run([str(bindir / "lint-imports"), config, *args.args], folders)
     print(f"package tree: {TREE}")
     return 0
 

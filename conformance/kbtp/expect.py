@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from kvconform.conformance.kbtp.client import Ended, Reply
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.kbtp.constants import Status
 from kvconform.kbtp.messages import Completion, HelloAck
+from kvconform.targets.kbtp_client import Ended, Reply
 from kvconform.verdicts import check, check_equal
 
 STATUS_OFFSET = 22  # of the common header

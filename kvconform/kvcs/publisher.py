@@ -358,6 +358,6 @@ async def _watch(stop: threading.Event, done: asyncio.Event) -> None:
 
 def load_publisher_class(spec: str) -> type[KvcsPublisher]:
     """``module:Class`` naming a ``KvcsPublisher`` subclass (how mutant publishers are started)."""
-    from kvconform.targets.drivers import load_subclass
+    from kvconform.loading import load_subclass
 
     return load_subclass(spec, KvcsPublisher, "--publisher-class")

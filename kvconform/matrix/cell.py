@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.matrix.context import Broken, CellContext, Participant, Unavailable, Unobservable
 
 __all__ = ["main", "run_cell"]

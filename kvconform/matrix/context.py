@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.matrix.registry import RunForm
 from kvconform.targets.spec import TargetSpec
 

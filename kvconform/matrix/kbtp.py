@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvconform.matrix.context import Broken, CellContext, Unavailable
-from kvconform.targets.drivers import TargetUnavailable
+from kvconform.verdicts import TargetUnavailable
 
 __all__ = ["MAX_STEPS", "run"]
 

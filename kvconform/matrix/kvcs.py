@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.matrix.context import Broken, CellContext, Unavailable
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = ["ANNOUNCE_TIMEOUT_S", "GEOMETRY", "run"]
 

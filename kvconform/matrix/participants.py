@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.matrix.registry import RunForm
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import Process, ProcessResult, fill_template
 from kvconform.targets.spec import TargetSpec
+from kvconform.verdicts import TargetUnavailable
 
 __all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "RUN_LABEL", "Relay", "contract_params", "declared_unsupported",
            "docker_template", "remove_containers", "start_relay", "target_spec", "write_certificates"]

@@ -29,9 +29,8 @@ from typing import Any
 import yaml
 
 from kvconform.matrix.registry import Registry, RoleEntry
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import run_process
-from kvconform.verdicts import Verdict, gates
+from kvconform.verdicts import TargetUnavailable, Verdict, gates
 
 __all__ = ["SuiteRun", "run_suite"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvconform.matrix.context import Broken, CellContext, Unavailable, Unobservable
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = ["PREFILL_TIMEOUT_S", "run_envelope", "run_transfer"]
 
@@ -34,7 +34,7 @@ ENVELOPE_GEOMETRY = {"block_tokens": 16, "n_layers": 3, "n_kv_heads": 2, "head_d
 
 def _not_started(ctx: CellContext, suite: str, what: str) -> int | None:
     """The exit status of the last ``what`` process a driver ran, when it says the command could not run."""
-    from kvconform.fixtures import evidence
+    from kvconform import evidence
 
     transcript = evidence.current()
     events = [e for e in (transcript.as_list() if transcript else []) if e["kind"] == f"{what} process"]

@@ -27,13 +27,13 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kvconform.moqt.errors import RequestErrorCode
-from kvconform.targets.testbed import schema_dir
 
 __all__ = [
     "EXPIRED_AUTH_TOKEN",
@@ -178,7 +178,8 @@ def _grant(name: str, doc: dict[str, Any]) -> Grant:
 def _validate(doc: object, origin: str) -> None:
     import jsonschema
 
-    schema = json.loads((schema_dir() / _SCHEMA_FILE).read_text("utf-8"))
+    # the schema ships with the testbeds' data (the policy is a relay's testbed file), located, not imported
+    schema = json.loads((resources.files("kvconform.testbeds") / "schema" / _SCHEMA_FILE).read_text("utf-8"))
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc),
                     key=lambda e: [str(p) for p in e.absolute_path])
     if errors:

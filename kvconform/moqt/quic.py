@@ -27,8 +27,8 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.logger import QuicFileLogger
 from aioquic.quic.packet import QuicTransportParameters, pull_quic_transport_parameters
 
+from kvconform import evidence
 from kvconform.capture import hooks as capture
-from kvconform.fixtures import evidence
 from kvconform.moqt import tls
 from kvconform.moqt.errors import SessionError
 from kvconform.moqt.session import (

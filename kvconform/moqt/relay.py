@@ -1453,7 +1453,7 @@ def _loc_tuple(loc: Location) -> tuple[int, int]:
 def load_relay_class(spec: str) -> type[Relay]:
     """``module:Class`` or ``path/to/file.py:Class`` naming a ``Relay`` subclass (the mutant runner starts
     mutants this way)."""
-    from kvconform.targets.drivers import load_subclass
+    from kvconform.loading import load_subclass
 
     return load_subclass(spec, Relay, "--relay-class")
 

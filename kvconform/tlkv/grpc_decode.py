@@ -8,18 +8,18 @@ KvChunk fails the stream cleanly (INVALID_ARGUMENT, nothing stored) instead of g
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from kvconform import evidence
 from kvconform.tlkv.chunk import Chunk
 from kvconform.tlkv.decode import DecodeSide, PushResult, PushStream, Status, TransferError, decode_chunk
 from kvconform.tlkv.proto import tl_kv_v1_pb2 as pb
@@ -42,23 +42,11 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-_evidence: ModuleType | None = None
-_evidence_checked = False
-
-
-def _record(direction: str, kind: str, fields: dict[str, Any] | None = None, raw: bytes | None = None) -> None:
-    """kvconform.fixtures.evidence.record when that module is importable; nothing otherwise."""
-    global _evidence, _evidence_checked
-    if not _evidence_checked:
-        try:
-            _evidence = importlib.import_module("kvconform.fixtures.evidence")
-        except ImportError:
-            _evidence = None
-        _evidence_checked = True
-    if _evidence is None:
-        return
+def _record(direction: evidence.Direction, kind: str, fields: dict[str, Any] | None = None,
+            raw: bytes | None = None) -> None:
+    """``evidence.record`` from the server's own threads (a no-op outside a check)."""
     try:
-        _evidence.record(direction, kind, fields=fields, raw=raw)
+        evidence.record(direction, kind, fields=fields, raw=raw)
     except Exception:  # evidence is best effort: never let it change an RPC's outcome
         log.warning("evidence.record(%r, %r) failed", direction, kind, exc_info=True)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import Launcher, as_launcher, run_handle
+from kvconform.verdicts import TargetUnavailable
 
 __all__ = ["GRACE", "SUITE", "CmdConsumer", "ConsumerDriver", "ConsumerRun", "FetchRequest", "InProcessConsumer",
            "adapt_consumer", "reference_consumer"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.process import Handle, Launcher, as_launcher
+from kvconform.verdicts import TargetUnavailable
 
 __all__ = ["SUITE", "CmdPublisher", "InProcessPublisher", "PublisherDriver", "PublisherExit", "adapt_publisher",
            "reference_publisher"]

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.targets import docker as dk
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.testbed import Testbed
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import TargetUnavailable, inconclusive
 from tests.lanes import deselect_lane
 
 from .peers import (

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.targets import docker as dk
-from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.registry import driver_for
 from kvconform.targets.spec import TargetSpec, parse_target
 from kvconform.targets.testbed import Testbed, default_testbed_path, load_testbed
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 from .tap import TapError, TapPoint, parse_tap
 

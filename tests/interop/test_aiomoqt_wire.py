@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.moqt.messages import PublishNamespace, Setup, Subscribe
 from kvconform.moqt.structures import ParamType, SetupOption
 from kvconform.targets import docker as dk

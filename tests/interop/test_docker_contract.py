@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 from kvconform.targets import docker as dk
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.spec import parse_target
 from kvconform.targets.testbed import Testbed, load_testbed
-from kvconform.verdicts import inconclusive
+from kvconform.verdicts import TargetUnavailable, inconclusive
 
 pytestmark = pytest.mark.interop
 

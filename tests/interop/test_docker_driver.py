@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvconform.targets import docker as dk
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 pytestmark = pytest.mark.interop
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 
 from .disagreements import KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
 from .kvcs_transfer import VARIANTS, cache_spec, data_bytes, transfer

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.moqt.client import Subscription, connect
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import Location, TrackNamespace

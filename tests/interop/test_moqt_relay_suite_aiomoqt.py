@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 
 from .disagreements import SUITE_FAILS_ON_AIOMOQT
 from .peers import RelayEndpoint, suite_report_dir, suite_verdicts

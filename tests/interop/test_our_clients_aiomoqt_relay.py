@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.moqt.client import MoqtClient, RequestRejected, connect
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvconform.moqt.filters import LocationFilter

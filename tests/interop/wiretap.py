@@ -23,7 +23,7 @@ from aioquic.asyncio.server import serve
 from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.moqt import tls
 from kvconform.moqt.errors import MoqtDecodeError, NeedMoreData, RequestErrorCode
 from kvconform.moqt.messages import (

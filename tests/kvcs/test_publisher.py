@@ -25,8 +25,8 @@ from kvconform.kvcs.publisher import KvcsPublisher, load_publisher_class, serve_
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import AuthToken, PropertyType, TrackNamespace, property_int
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kvcs.publisher import CmdPublisher, InProcessPublisher
+from kvconform.verdicts import TargetUnavailable
 
 TIMEOUT = 10.0
 
@@ -266,12 +266,12 @@ def test_serve_publisher_reports_a_refused_announcement() -> None:
 
 
 def test_cli_component_refuses_a_bad_cache_spec(tmp_path: Path) -> None:
-    from kvconform.components import COMPONENTS
+    from kvconform.components import component
 
     bad = tmp_path / "cache.json"
     bad.write_text(json.dumps({"profile": "kvsp-provisional-1"}))
-    assert COMPONENTS["kvcs-publisher"](["--relay", "moqt://127.0.0.1:1", "--cache", str(bad)]) == 2
-    assert COMPONENTS["kvcs-publisher"](["--cache", str(bad)]) == 2  # --relay is required
+    assert component("kvcs-publisher")(["--relay", "moqt://127.0.0.1:1", "--cache", str(bad)], None) == 2
+    assert component("kvcs-publisher")(["--cache", str(bad)], None) == 2  # --relay is required
 
 
 def _wait_ready(fifo: Path, timeout: float) -> str:

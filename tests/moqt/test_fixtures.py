@@ -23,7 +23,7 @@ from kvconform.moqt.data import DataStreamParser, FetchObject, FetchStreamWriter
 from kvconform.moqt.errors import SessionError
 from kvconform.moqt.session import SessionClosed
 from kvconform.moqt.structures import Location
-from kvconform.targets.drivers import DriverError, TargetUnavailable
+from kvconform.verdicts import DriverError, TargetUnavailable
 
 
 def test_a_stuck_scenario_names_the_wait_and_its_requirement() -> None:

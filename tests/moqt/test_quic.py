@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.moqt import quic, tls
 from kvconform.moqt.errors import SessionError
 from kvconform.moqt.messages import Goaway

@@ -20,7 +20,8 @@ from typing import TypeVar
 
 import pytest
 
-from kvconform.components import COMPONENTS, serve_moqt_relay
+from kvconform.components import component
+from kvconform.components.moqt import serve_moqt_relay
 from kvconform.moqt import client as mc
 from kvconform.moqt.client import MoqtClient, RequestRejected, Subscription
 from kvconform.moqt.craft import unknown_type, with_forbidden_param, wrong_length
@@ -685,7 +686,7 @@ def test_spawned_relay_with_policy_and_relay_class(spawned_relays: list[subproce
 
 
 def test_serve_arguments_and_in_process_stop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert COMPONENTS["moqt-relay"] is serve_moqt_relay
+    assert component("moqt-relay") is serve_moqt_relay
     assert serve_moqt_relay(["--relay-class", "kvconform.moqt.policy:Policy"]) == 2
     assert "not a subclass" in capsys.readouterr().err
     assert serve_moqt_relay(["--relay-class", "nocolon"]) == 2

@@ -197,15 +197,15 @@ def test_a_roce_url_carries_the_link_and_says_it_back() -> None:
     ("kbtp+roce://127.0.0.1:1?ether=10.0.0.1:2,127.0.0.1:3&address=10.78.0.1", "ether local '10.0.0.1:2'"),
 ])
 def test_a_bad_link_in_a_url_is_refused_naming_what(url: str, names: str) -> None:
-    from kvconform.targets.drivers import TargetUnavailable
     from kvconform.targets.kbtp_wire import target_from_url
+    from kvconform.verdicts import TargetUnavailable
 
     with pytest.raises(TargetUnavailable, match=re.escape(names)):
         target_from_url(url)
 
 
 def test_serve_takes_the_link_only_with_roce(capsys: pytest.CaptureFixture[str]) -> None:
-    from kvconform.kbtp.serve import serve_kbtp_target
+    from kvconform.components.kbtp import serve_kbtp_target
 
     assert serve_kbtp_target(["--binding", "iwarp", "--ether", "127.0.0.1:2,127.0.0.1:3",
                               "--ether-address", "10.78.0.1"]) == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvconform import cli
-from kvconform.kbtp.serve import serve_kbtp_target
+from kvconform.components.kbtp import serve_kbtp_target
 from kvconform.rdma import (
     IB_RC,
     IB_RC_MASKED,
@@ -31,12 +31,12 @@ from kvconform.rdma import (
 from kvconform.rdma.verbs import cm
 from kvconform.rdma.verbs.device import DeviceInfo, VerbsUnavailable, discover, profile_for, skip_reason
 from kvconform.rdma.verbs.engine import WC_WITH_IMM, WC_WITH_INV, imm_from_wire, imm_to_wire, terminate_for
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kbtp_verbs import VerbsInitiatorDriver, VerbsRemoteTargetDriver, VerbsTargetDriver
 from kvconform.targets.kbtp_wire import target_from_url
 from kvconform.targets.registry import driver_for
 from kvconform.targets.spec import parse_target
 from kvconform.targets.testbed import load_testbed
+from kvconform.verdicts import TargetUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 VM_TESTBED = REPO / "testbeds" / "rdma-vm.yaml"

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvconform.components import COMPONENTS, serve_tlkv_decode
+from kvconform.components import component
+from kvconform.components.tlkv import serve_tlkv_decode
 from kvconform.tlkv.grpc_client import KvTransferClient
 from tests.tlkv.helpers import GEOMETRY, Kit
 
@@ -43,7 +44,7 @@ def spawned() -> Iterator[subprocess.Popen[str]]:
 
 
 def test_registered() -> None:
-    assert COMPONENTS["tlkv-decode"] is serve_tlkv_decode
+    assert component("tlkv-decode") is serve_tlkv_decode
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

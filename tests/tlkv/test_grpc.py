@@ -210,7 +210,7 @@ def test_concurrent_streams_deduplicate(kit: Kit, side: DecodeSide, server: Deco
 
 
 def test_server_records_evidence(kit: Kit, client: KvTransferClient) -> None:
-    evidence = pytest.importorskip("kvconform.fixtures.evidence")
+    evidence = pytest.importorskip("kvconform.evidence")
     transcript = evidence.Transcript()
     previous = evidence.activate(transcript)
     try:

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import Gen
-from kvconform.conformance.kbtp.observer import InitiatorBed, RemoteOp
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Opcode, Status
 from kvconform.kbtp.messages import Bind, DirectAlloc, Free, HelloAck
 from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.rdma import masked_add, pause
 from kvconform.rdma.scheduler import PctScheduler
+from kvconform.targets.kbtp_client import Gen
+from kvconform.targets.kbtp_observer import InitiatorBed, RemoteOp
 from kvconform.verdicts import HarnessBug, check, inconclusive, violation
 
 DL, DA = Features.DIRECT_LOAD, Features.DIRECT_ALLOC

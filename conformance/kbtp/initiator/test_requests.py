@@ -15,11 +15,11 @@ import pytest
 
 from kvconform import sweep
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import Gen, precise
-from kvconform.conformance.kbtp.observer import Exposed, InitiatorBed, Received, exposed_stags, stags_observable
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import FLAGS_OF_OPCODE, Features, Opcode, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free, Goodbye, Hello, HelloAck, Load, Store
+from kvconform.targets.kbtp_client import Gen, precise
+from kvconform.targets.kbtp_observer import Exposed, InitiatorBed, Received, exposed_stags, stags_observable
 from kvconform.verdicts import HarnessBug, check, inconclusive, not_applicable
 
 

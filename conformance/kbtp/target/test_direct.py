@@ -8,12 +8,12 @@ import struct
 import pytest
 
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import Gen, HarnessInitiator, add_mask
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, RING_SLOT_SIZE, EntryFlags, Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
 from kvconform.kbtp.ring import TICKET_MODULUS
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator, add_mask
 from kvconform.verdicts import check, check_equal, inconclusive, not_applicable, violation
 
 DL, DA = Features.DIRECT_LOAD, Features.DIRECT_ALLOC

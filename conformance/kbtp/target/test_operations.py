@@ -15,15 +15,16 @@ from dataclasses import dataclass
 
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import PREPARED, Ended, Gen, HarnessInitiator, header_only, prepare_handles
-from kvconform.fixtures import evidence
+from kvconform.conformance.kbtp.prepared import PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Opcode, RequestFlags, Status
 from kvconform.kbtp.layers import KBTP, KBTPLoad, craft
 from kvconform.kbtp.messages import AllocStore, DataDescriptor, Load
 from kvconform.rdma import Access, Region, Window
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator, header_only
 from kvconform.verdicts import check, check_one_of, inconclusive, not_applicable
 
 # KBTP "Examples": ALLOC_STORE of "KVBLOCK!" inline to handle 0x4001, Request ID 7, flags INLINE.

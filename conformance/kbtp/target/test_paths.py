@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from kvconform import sweep
+from kvconform import evidence, sweep
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import PREPARED, Ended, Gen, HarnessInitiator, prepare_handles
-from kvconform.fixtures import evidence
+from kvconform.conformance.kbtp.prepared import PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Bind, Free, Load, Store
 from kvconform.rdma import Access
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator
 from kvconform.verdicts import check, inconclusive, not_applicable
 
 SEAL = int(RequestFlags.SEAL)

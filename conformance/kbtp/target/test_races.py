@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import RING_SLOT_SIZE, Gen, HarnessInitiator
-from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, EntryFlags, Features, RequestFlags, Status
 from kvconform.rdma import Access, pause, wait_until
 from kvconform.rdma.scheduler import PctScheduler, RandomScheduler, ScheduleError, ScriptScheduler
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import RING_SLOT_SIZE, Gen, HarnessInitiator
 from kvconform.verdicts import check, inconclusive, not_applicable
 
 SEAL = int(RequestFlags.SEAL)

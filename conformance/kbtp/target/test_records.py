@@ -9,11 +9,11 @@ import struct
 import pytest
 
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import Gen, HarnessInitiator, Reply
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, CompletionDescriptor, Load
 from kvconform.rdma import Access, Binding, Op, Region
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator, Reply
 from kvconform.verdicts import Violation, check, not_applicable
 
 RC = Features.RECORD_COMPLETION

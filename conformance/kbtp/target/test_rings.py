@@ -16,9 +16,9 @@ import pytest
 
 from kvconform import sweep
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import Gen
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, Status
+from kvconform.targets.kbtp_client import Gen
 from kvconform.verdicts import check, inconclusive
 
 R_RING = "KBTP-RING-NO-LOSS"

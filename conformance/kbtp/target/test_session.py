@@ -12,8 +12,6 @@ import itertools
 import pytest
 
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import Ended, Gen, HarnessInitiator
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import (
     DIRECT_ALLOC_SIZE,
@@ -26,6 +24,8 @@ from kvconform.kbtp.constants import (
 )
 from kvconform.kbtp.messages import HelloAck
 from kvconform.rdma import Binding, wait_until
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator
 from kvconform.verdicts import check, check_equal, check_one_of, not_applicable
 
 ALL = Features(0xF)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import RING_SLOT_SIZE, Ended, Gen, HarnessInitiator
-from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
 from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.rdma import sleep
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import RING_SLOT_SIZE, Ended, Gen, HarnessInitiator
 from kvconform.verdicts import check, check_one_of, inconclusive, not_applicable
 
 DA = Features.DIRECT_ALLOC

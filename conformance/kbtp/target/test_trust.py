@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvconform import sweep
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import Gen, HarnessInitiator
-from kvconform.fixtures import evidence
+from kvconform import evidence, sweep
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import HEADER_SIZE, HELLO_ACK_FIXED_SIZE, Features
 from kvconform.kbtp.messages import HelloAck
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator
 from kvconform.verdicts import check, check_equal, not_applicable
 
 DIRECT = Features.DIRECT_LOAD | Features.DIRECT_ALLOC

@@ -18,12 +18,12 @@ import time
 
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.client import RECV_DEPTH, Ended, Gen, HarnessInitiator
-from kvconform.fixtures import evidence
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free
+from kvconform.targets.kbtp_client import RECV_DEPTH, Ended, Gen, HarnessInitiator
 from kvconform.verdicts import check, inconclusive, not_applicable
 
 GEN_MAX = 0xFFFF

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kbtp.bed import Bed
-from kvconform.conformance.kbtp.client import Gen, HarnessInitiator
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Status
 from kvconform.kbtp.messages import Free
 from kvconform.rdma import ConnState, Op, wait_completion_for, wait_until
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator
 from kvconform.verdicts import check, check_equal, inconclusive, not_applicable
 
 ANSWER_S = 3.0  # how long the harness waits for the target's answer to an attack (real time)

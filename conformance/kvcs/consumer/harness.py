@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.kvcs.consumer import MAX_RESULT_OCTETS, convention_layer_digest
 from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.cose import ProducerKey, sign
@@ -48,9 +48,9 @@ from kvconform.moqt.policy import policy_from_mapping
 from kvconform.moqt.relay import Peer, Relay
 from kvconform.moqt.session import Request, Role, SessionConfig
 from kvconform.moqt.structures import TrackNamespace
-from kvconform.targets.drivers import DriverError
 from kvconform.targets.kvcs.consumer import GRACE, ConsumerDriver, ConsumerRun, FetchRequest
 from kvconform.targets.moqt import RelayAccess, harness_policy
+from kvconform.verdicts import DriverError
 
 __all__ = ["PUBLISHER_TOKEN", "SUBSCRIBER_TOKEN", "Asked", "HarnessPublisher", "Outcome", "Poison",
            "RecordingRelay", "Stage", "expected_digests", "play"]

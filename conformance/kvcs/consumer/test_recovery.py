@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvconform import sweep
+from kvconform import evidence, sweep
 from kvconform.conformance.kvcs.consumer.checks import LAYERS, data_requests, digest_findings, run, small_spec
 from kvconform.conformance.kvcs.consumer.harness import (
     SLACK,
@@ -18,7 +18,6 @@ from kvconform.conformance.kvcs.consumer.harness import (
     Stage,
     poisoned_layers_reported_good,
 )
-from kvconform.fixtures import evidence
 from kvconform.fixtures.kvcs.consumer import DEFAULT_BUDGET
 from kvconform.kvcs.namespace import new_publication_id
 from kvconform.verdicts import Findings, check, inconclusive

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import findings
 from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.namespace import FIELD_LENGTHS, KvcsNamespace
 from kvconform.moqt.policy import TokenKey
+from kvconform.targets.kvcs.recording_relay import findings
 from kvconform.verdicts import check, check_equal, inconclusive
 
 # namespace field -> the requirement a wrong value of it breaks (field 0 is the "kvcs-1" tag; a wrong Anchor

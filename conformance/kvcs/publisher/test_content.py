@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import (
+from kvconform.kvcs.errors import KvcsError
+from kvconform.kvcs.payload import HEADER_LEN, decode_object, field_offset
+from kvconform.kvcs.tracks import DataTrack, parse_track_name
+from kvconform.moqt.data import ObjectStatus
+from kvconform.moqt.structures import Location
+from kvconform.targets.kvcs.recording_relay import (
     Observation,
     findings,
     need_publication,
     readable_manifests,
     track_name,
 )
-from kvconform.kvcs.errors import KvcsError
-from kvconform.kvcs.payload import HEADER_LEN, decode_object, field_offset
-from kvconform.kvcs.tracks import DataTrack, parse_track_name
-from kvconform.moqt.data import ObjectStatus
-from kvconform.moqt.structures import Location
 from kvconform.targets.spec import Pics
 from kvconform.verdicts import inconclusive
 

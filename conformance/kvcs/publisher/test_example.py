@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Case, Observation, need_publication
 from kvconform.kvcs.content import CacheSpec, example_spec
 from kvconform.kvcs.payload import HEADER_LEN, field_offset
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import Location
+from kvconform.targets.kvcs.recording_relay import Case, Observation, need_publication
 from kvconform.testvectors import load_vectors
 from kvconform.verdicts import check, check_no_problems
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Observation, findings, need_live, track_name
-from kvconform.conformance.kvcs.publisher.limits import FetchProbe, LimitObservation
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import RequestErrorCode
+from kvconform.targets.kvcs.fetch_limit import FetchProbe, LimitObservation
+from kvconform.targets.kvcs.recording_relay import Observation, findings, need_live, track_name
 from kvconform.targets.spec import Pics
 from kvconform.verdicts import inconclusive, not_applicable
 

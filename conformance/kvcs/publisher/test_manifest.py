@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import (
+from kvconform.kvcs.manifest import Manifest, manifest_problems
+from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
+from kvconform.moqt.data import ObjectStatus
+from kvconform.targets.kvcs.recording_relay import (
     Observation,
     Seen,
     findings,
@@ -21,9 +24,6 @@ from kvconform.conformance.kvcs.publisher.harness import (
     need_publication,
     readable_manifests,
 )
-from kvconform.kvcs.manifest import Manifest, manifest_problems
-from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
-from kvconform.moqt.data import ObjectStatus
 from kvconform.verdicts import check, check_no_problems, inconclusive
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import need_publication
 from kvconform.conformance.kvcs.streams import check_grant
+from kvconform.targets.kvcs.recording_relay import need_publication
 from kvconform.targets.spec import Pics
 
 

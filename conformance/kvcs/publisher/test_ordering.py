@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Observation, Seen, findings, need_live, track_name
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import SG_FIRST_OBJECT, ObjectStatus
 from kvconform.moqt.structures import Location, PropertyType, property_int
+from kvconform.targets.kvcs.recording_relay import Observation, Seen, findings, need_live, track_name
 from kvconform.verdicts import check_no_problems, inconclusive
 
 

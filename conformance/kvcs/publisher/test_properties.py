@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import need_publication, track_name
 from kvconform.moqt.data import SubgroupObject
 from kvconform.moqt.errors import MoqtDecodeError
 from kvconform.moqt.structures import PropertyType, property_int
-from kvconform.targets.drivers import DriverError
-from kvconform.verdicts import check_no_problems
+from kvconform.targets.kvcs.recording_relay import need_publication, track_name
+from kvconform.verdicts import DriverError, check_no_problems
 
 TIMEOUTS = (PropertyType.OBJECT_DELIVERY_TIMEOUT, PropertyType.SUBGROUP_DELIVERY_TIMEOUT)
 

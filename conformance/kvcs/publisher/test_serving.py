@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kvcs.publisher.harness import Answer, Observation, findings, need_publication, track_name
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.structures import Location
+from kvconform.targets.kvcs.recording_relay import Answer, Observation, findings, need_publication, track_name
 from kvconform.verdicts import Findings, inconclusive
 
 

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.decode.transfer import (
     ACCEPT,
     ATOMIC,
@@ -25,7 +26,6 @@ from kvconform.conformance.tlkv.decode.transfer import (
     valid_version,
 )
 from kvconform.conformance.tlkv.malformations import full_block, statuses
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import DecodeUnderTest
 from kvconform.tlkv.chunk import Chunk
 from kvconform.tlkv.envelope import encode_envelope

@@ -21,15 +21,14 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.judging import cites, held
 from kvconform.conformance.tlkv.malformations import full_block
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import CALL_TIMEOUT, DecodeUnderTest
-from kvconform.targets.drivers import DriverError
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.envelope import Block, encode_envelope
 from kvconform.tlkv.grpc_client import KvTransferClient, PushOutcome
-from kvconform.verdicts import check, check_one_of, not_applicable, violation
+from kvconform.verdicts import DriverError, check, check_one_of, not_applicable, violation
 
 __all__ = [
     "ACCEPT",

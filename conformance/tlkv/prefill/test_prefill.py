@@ -22,15 +22,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvconform import sweep
+from kvconform import evidence, sweep
 from kvconform.capture import hooks as capture
 from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.hashes import CHAIN, FULL_BLOCK_RULES, FULL_ONLY, ZERO_IS_ONE, judge_hashes
 from kvconform.conformance.tlkv.judging import cites, held
 from kvconform.conformance.tlkv.scenarios import case_seed, make_contents, make_tokens
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import CALL_TIMEOUT
-from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Prefill
 from kvconform.tlkv.blockhash import block_fills, chain_hashes
@@ -43,7 +41,16 @@ from kvconform.tlkv.grpc_client import KvTransferClient
 from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.reader import EnvelopeError, read_envelope
 from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
-from kvconform.verdicts import Findings, HarnessBug, check, check_equal, inconclusive, violation
+from kvconform.verdicts import (
+    DriverError,
+    Findings,
+    HarnessBug,
+    TargetUnavailable,
+    check,
+    check_equal,
+    inconclusive,
+    violation,
+)
 
 # Seconds one transfer may take: a few blocks over loopback, plus an interpreter's start-up for a cmd: prefill
 # side on a loaded machine; past it the prefill side hung.

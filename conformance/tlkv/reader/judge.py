@@ -20,8 +20,8 @@ from collections.abc import Collection
 import numpy as np
 import numpy.typing as npt
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.judging import cites, held
-from kvconform.fixtures import evidence
 from kvconform.targets.tlkv import ImportOutcome, ReaderSession
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.payload import E4M3

@@ -17,9 +17,9 @@ import struct
 import numpy as np
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.malformations import MALFORMATIONS, applicable, full_block, header_of
 from kvconform.conformance.tlkv.reader.judge import ACCEPT, NOALLOC, READER_RULES, REFUSAL_BLAME, V2_BOTH, imported
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.tlkv.envelope import encode_envelope, with_crc
 from kvconform.tlkv.geometry import Geometry

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from _pytest.mark import ParameterSet
 
-from kvconform import sweep
+from kvconform import evidence, sweep
 from kvconform.conformance.tlkv.malformations import (
     GENERATED,
     HAND_WRITTEN,
@@ -38,7 +38,6 @@ from kvconform.conformance.tlkv.reader.judge import (
     judge_refusal,
 )
 from kvconform.conformance.tlkv.scenarios import case_seed
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import ImportOutcome

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.malformations import full_block
 from kvconform.conformance.tlkv.reader.judge import (
     REFUSAL_BLAME,
@@ -19,7 +20,6 @@ from kvconform.conformance.tlkv.reader.judge import (
     judge_blocks,
     judge_values,
 )
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.targets.spec import Pics
 from kvconform.tlkv.envelope import encode_envelope

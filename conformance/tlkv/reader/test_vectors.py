@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.malformations import vector_classes
 from kvconform.conformance.tlkv.reader.judge import (
     REFUSAL_BLAME,
@@ -23,7 +24,6 @@ from kvconform.conformance.tlkv.reader.judge import (
     judge_blocks,
     judge_refusal,
 )
-from kvconform.fixtures import evidence
 from kvconform.fixtures.tlkv import ReaderUnderTest
 from kvconform.testvectors import VectorCase, load_vectors
 from kvconform.tlkv.geometry import Geometry

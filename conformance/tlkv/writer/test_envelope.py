@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.hashes import CHAIN, FULL_BLOCK_RULES, FULL_ONLY, ZERO_IS_ONE
 from kvconform.conformance.tlkv.scenarios import WRITER_CASES, Case, case_seed, fills_of, make_contents, make_tokens
 from kvconform.conformance.tlkv.writer.envelope import (
@@ -28,7 +29,6 @@ from kvconform.conformance.tlkv.writer.envelope import (
     judge_v2_scales,
     records,
 )
-from kvconform.fixtures import evidence
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Writer
 from kvconform.tlkv.geometry import Geometry

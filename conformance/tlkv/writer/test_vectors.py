@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from kvconform import evidence
 from kvconform.conformance.tlkv.hashes import CHAIN, FULL_BLOCK_RULES, FULL_ONLY
 from kvconform.conformance.tlkv.writer.envelope import (
     HEADER_RULES,
@@ -30,7 +31,6 @@ from kvconform.conformance.tlkv.writer.envelope import (
     judge_v2_scales,
     records,
 )
-from kvconform.fixtures import evidence
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Writer
 from kvconform.testvectors import VectorCase, load_vectors

@@ -24,7 +24,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.kbtp.constants import (
     EMPTY_BLOCK_OFFSET,
     RING_SLOT_SIZE,  # re-exported for the checks
@@ -32,7 +32,6 @@ from kvconform.kbtp.constants import (
     EntryFlags,
     Features,
     RequestFlags,
-    Status,
 )
 from kvconform.kbtp.messages import (
     AllocStore,
@@ -523,21 +522,3 @@ def header_only(opcode: int, *, version: int = 1, flags: int = 0, request_id: in
                 generation: int = 0, status: int = 0) -> bytes:
     """A bare 24-octet common header (for unknown opcodes and truncations)."""
     return struct.pack(">BBHQQHH", version, opcode, flags, request_id, handle, generation, status)
-
-
-# Handles the refusal checks bind before their request (handle index: data, flags): one sealed, one not.
-PREPARED: dict[int, tuple[bytes, int]] = {0: (b"0" * 16, int(RequestFlags.SEAL)), 1: (b"1" * 16, 0)}
-
-
-def prepare_handles(a: HarnessInitiator, needs: tuple[int, ...] | list[int]) -> Gen:
-    """Bind the PREPARED handles a case needs (each within quota, so a stuck one is KBTP-QUOTA-ALLOC-BOUNDED's);
-    their Generations by handle index."""
-    from kvconform.conformance.kbtp import expect  # here: expect imports this module
-
-    gens: dict[int, int] = {}
-    for h in needs:
-        data, flags = PREPARED[h]
-        r = yield from a.alloc_store(a.handle(h), data, flags=flags)
-        expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE of prepared handle {h}")
-        gens[h] = r.generation
-    return gens

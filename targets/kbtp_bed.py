@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kvconform.conformance.kbtp.client import Gen, HarnessInitiator
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.kbtp.constants import Features, Status
 from kvconform.kbtp.messages import HelloAck
 from kvconform.rdma import ActorFailed, Node
 from kvconform.targets.kbtp import NO_FEATURES, DriverError, KbtpTarget, TargetEndpoint, TargetParams, TargetUnavailable
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator
 from kvconform.verdicts import HarnessBug, Violation, inconclusive, violation
 
 MAX_STEPS = 400_000  # every run is bounded: a target that never answers ends the run, not the suite

@@ -33,13 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform import sweep
-from kvconform.conformance.kvcs.publisher.harness import (
-    Answer,
-    Case,
-    RecordingRelay,
-    _wait_publication,
-    publishing,
-)
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.filters import LocationFilter
@@ -49,6 +42,13 @@ from kvconform.moqt.relay import Peer
 from kvconform.moqt.session import DataStreamEnded, DataStreamOpened, Event, MessageReceived
 from kvconform.moqt.structures import Parameters, ParamType
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
+from kvconform.targets.kvcs.recording_relay import (
+    Answer,
+    Case,
+    RecordingRelay,
+    _wait_publication,
+    publishing,
+)
 from kvconform.verdicts import HarnessBug
 
 __all__ = ["CASE", "WINDOW", "FetchProbe", "LimitObservation", "observe_fetch_limit"]

@@ -16,9 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvconform.conformance.kbtp.bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
-from kvconform.conformance.kbtp.client import HarnessInitiator
-from kvconform.fixtures import evidence
+from kvconform import evidence
 from kvconform.kbtp.constants import EntryFlags
 from kvconform.kbtp.freering import FreeRing
 from kvconform.kbtp.messages import HelloAck, KbtpDecodeError, Message, decode
@@ -26,9 +24,10 @@ from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import ActorFailed, ActorGen
 from kvconform.rdma.fabric import Access
-from kvconform.targets.drivers import TargetUnavailable
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
-from kvconform.verdicts import HarnessBug, Violation, check, inconclusive
+from kvconform.targets.kbtp_bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
+from kvconform.targets.kbtp_client import HarnessInitiator
+from kvconform.verdicts import HarnessBug, TargetUnavailable, Violation, check, inconclusive
 
 START_GENERATION = 0xFFFE  # the first binding of every entry gets 0xFFFF (all ones), its free 1 (zero skipped)
 CREDIT_SLACK = 8  # receive buffers posted beyond the advertised Request Credits, to observe an overrun

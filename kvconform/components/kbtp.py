@@ -20,13 +20,33 @@ on ``--host`` (an address of the device's netdev; rdma_cm refuses 127.0.0.1). Th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvconform.argtypes import OneLineParser, port_or_zero, positive_int
+from kvconform.components import SUMMARIES, until_stopped
+from kvconform.kbtp import control
 from kvconform.kbtp.constants import Features
-from kvconform.targets.kbtp_wire import DEFAULT_PROFILE
+from kvconform.kbtp.initiator import ReferenceInitiator
+from kvconform.kbtp.target import ReferenceTarget
+from kvconform.loading import load_subclass
+from kvconform.rdma.profiles import PROFILES
+from kvconform.rdma.roce.ethernet import LinkSpec
+from kvconform.rdma.verbs.device import VerbsUnavailable, query
+from kvconform.rdma.verbs.fabric import VerbsFabric
+from kvconform.rdma.wire.fabric import WireFabric
+from kvconform.targets.kbtp import (
+    InitiatorParams,
+    OpResult,
+    ReferenceInitiatorDriver,
+    ReferenceTargetDriver,
+    TargetParams,
+)
+from kvconform.targets.kbtp_wire import DEFAULT_PROFILE, SCHEMES, check_binding
+from kvconform.verdicts import TargetUnavailable
 
 DEFAULT_FEATURES = "DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE"
 
@@ -53,7 +73,6 @@ def _pool(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    from kvconform.components import SUMMARIES
 
     p = OneLineParser(prog="kvconform serve kbtp-target", description=SUMMARIES["kbtp-target"])
     p.add_argument("--binding", choices=("iwarp", "roce", "verbs"), required=True,
@@ -87,9 +106,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def params_of(args: argparse.Namespace, default_profile: str | None = None) -> Any:
-    from kvconform.targets.kbtp import TargetParams
-
+def params_of(args: argparse.Namespace, default_profile: str | None = None) -> TargetParams:
     pool = list(args.pool) + [None] * (4 - len(args.pool))
     return TargetParams(
         binding=args.profile or default_profile or DEFAULT_PROFILE[args.binding], features=args.features,
@@ -99,10 +116,8 @@ def params_of(args: argparse.Namespace, default_profile: str | None = None) -> A
         untrusted_initiators=tuple(bytes.fromhex(i) for i in filter(None, args.untrusted.split(","))))
 
 
-def ether_link(args: argparse.Namespace) -> Any:
+def ether_link(args: argparse.Namespace) -> LinkSpec | None:
     """The `LinkSpec` of ``--ether``/``--ether-address`` (None without them); ValueError naming the option."""
-    from kvconform.rdma.roce.ethernet import LinkSpec
-
     if args.ether is None and args.ether_address is None:
         return None
     if args.binding != "roce" or args.ether is None or args.ether_address is None:
@@ -112,14 +127,6 @@ def ether_link(args: argparse.Namespace) -> Any:
 
 def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> int:
     """Run until SIGINT/SIGTERM (or ``stop`` is set, for in-process callers)."""
-    from kvconform.components import _until_stopped
-    from kvconform.kbtp.target import ReferenceTarget
-    from kvconform.rdma.profiles import PROFILES
-    from kvconform.rdma.wire.fabric import WireFabric
-    from kvconform.targets.drivers import TargetUnavailable, load_subclass
-    from kvconform.targets.kbtp import ReferenceTargetDriver
-    from kvconform.targets.kbtp_wire import check_binding
-
     try:
         args = parser().parse_args(argv)
     except SystemExit as exc:
@@ -128,8 +135,6 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
     try:
         verbs = None
         if args.binding == "verbs":
-            from kvconform.rdma.verbs.device import VerbsUnavailable, query
-
             if not args.device:
                 raise ValueError("--binding verbs needs --device (ibv_devices lists them)")
             try:
@@ -143,8 +148,6 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         driver.target_class = load_subclass(args.target_class, ReferenceTarget, "--target-class")
         fabric: Any
         if verbs is not None:
-            from kvconform.rdma.verbs.fabric import VerbsFabric
-
             try:
                 fabric = VerbsFabric(params.profile, device=args.device, host=args.host, capture_dir=args.pcap,
                                      info=verbs)
@@ -163,7 +166,7 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
     print(f"listening on {args.host}:{fabric.port_of(listener)}", flush=True)
     if fabric.binding == "roce":
         print(f"udp {fabric.roce_address}:{fabric.udp_port}", flush=True)
-    with _until_stopped(stop) as event:
+    with until_stopped(stop) as event:
         try:
             fabric.serve_forever(stop=event.is_set)
         finally:
@@ -172,7 +175,6 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
 
 
 def initiator_parser() -> argparse.ArgumentParser:
-    from kvconform.components import SUMMARIES
 
     p = OneLineParser(prog="kvconform serve kbtp-initiator", description=SUMMARIES["kbtp-initiator"])
     p.add_argument("--target", required=True, help="the target: kbtp+iwarp://HOST:PORT or kbtp+roce://HOST:PORT")
@@ -189,18 +191,6 @@ def initiator_parser() -> argparse.ArgumentParser:
 def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -> int:
     """The reference initiator as a process under the ``cmd:`` contract (kvconform.kbtp.control): it connects
     to ``--target``, then performs the operations it reads on stdin and answers each on stdout."""
-    import os
-    from urllib.parse import urlsplit
-
-    from kvconform.components import _until_stopped
-    from kvconform.kbtp import control
-    from kvconform.kbtp.initiator import ReferenceInitiator
-    from kvconform.rdma.profiles import PROFILES
-    from kvconform.rdma.wire.fabric import WireFabric
-    from kvconform.targets.drivers import TargetUnavailable, load_subclass
-    from kvconform.targets.kbtp import InitiatorParams, OpResult, ReferenceInitiatorDriver
-    from kvconform.targets.kbtp_wire import SCHEMES, check_binding
-
     try:
         args = initiator_parser().parse_args(argv)
     except SystemExit as exc:
@@ -277,7 +267,7 @@ def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -
             fabric.spawn(f"op{body['id']}", perform(body), daemon=True)
 
     fabric.add_reader(sys.stdin.fileno(), on_stdin)
-    with _until_stopped(stop) as event:
+    with until_stopped(stop) as event:
         try:
             fabric.serve_forever(stop=lambda: event.is_set() or (eof[0] and running[0] == 0))
         finally:
