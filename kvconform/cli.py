@@ -153,7 +153,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     pytest_args += ["--timeout", str(args.timeout)]
     pytest_args += ["-q"] * args.quiet + ["-v"] * args.verbose
 
-    import pytest
+    import pytest  # optional: the library imports without pytest
 
     code = int(pytest.main(pytest_args))
     for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "manifest.sha256"):

@@ -286,7 +286,7 @@ def _skip(reason: str) -> NoReturn:
 def inconclusive(reason: str) -> NoReturn:
     """End the running check with verdict inconclusive: the harness could not observe what it needs."""
     try:
-        import pytest  # noqa: F401
+        import pytest  # noqa: F401  # optional: the library imports without pytest
     except ImportError:
         raise Inconclusive(reason) from None
     _skip(INCONCLUSIVE_PREFIX + reason)
@@ -295,7 +295,7 @@ def inconclusive(reason: str) -> NoReturn:
 def not_applicable(reason: str) -> NoReturn:
     """End the running check with verdict not-applicable (only from a declared capability)."""
     try:
-        import pytest  # noqa: F401
+        import pytest  # noqa: F401  # optional: the library imports without pytest
     except ImportError:
         raise NotApplicable(reason) from None
     _skip(NOT_APPLICABLE_PREFIX + reason)

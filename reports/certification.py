@@ -19,6 +19,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,6 @@ _WORDS = {"fail": "failed", "inconclusive": "inconclusive", "xfail": "known disa
 
 def report_schema() -> dict[str, Any]:
     """The published JSON Schema of coverage.json (``reports/schema/report.schema.json``)."""
-    from importlib import resources
 
     text = resources.files("kvconform.reports.schema").joinpath("report.schema.json").read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
@@ -46,7 +46,7 @@ def report_schema() -> dict[str, Any]:
 
 def validate_report(doc: object) -> list[str]:
     """Every way ``doc`` breaks the report schema, as ``<JSON path>: <message>`` (empty: valid)."""
-    import jsonschema  # type: ignore[import-untyped]
+    import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
 
     validator = jsonschema.Draft202012Validator(report_schema())
     errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])

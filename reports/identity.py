@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import kvconform
+from kvconform import __version__
 from kvconform.catalog import Catalog
 from kvconform.targets.spec import TargetSpec, leaf_paths
 from kvconform.targets.testbed import Testbed
@@ -73,7 +75,6 @@ def harness_commit(root: Path | None = None) -> str:
     """The git commit kvconform runs from (``<sha>`` or ``<sha>+dirty``) when it runs from a checkout; "unknown"
     for an installed package, or when git is absent or slow."""
     if root is None:
-        import kvconform
 
         root = Path(kvconform.__file__).resolve().parent.parent
     if not (root / ".git").exists():
@@ -150,7 +151,6 @@ def build_identity(*, target: TargetSpec, testbed: Testbed, catalog: Catalog, pr
                    strict: bool, sweep: str, started: str, finished: str, exit_code: int | None,
                    versions: Mapping[str, str]) -> dict[str, Any]:
     """The Identity block of the certification report (coverage.json ``identity``)."""
-    from kvconform import __version__
 
     values = pics_values(target)
     return {

@@ -19,6 +19,7 @@ daemon, or when an image cannot be built, the driver raises :class:`DockerUnavai
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import errno
@@ -39,12 +40,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+import yaml
+
 from kvconform import evidence
+from kvconform.moqt.tls import test_certificate
 from kvconform.targets import contract
 from kvconform.targets.process import ProcessResult
-from kvconform.targets.spec import TargetSpec
-from kvconform.targets.testbed import Testbed
-from kvconform.verdicts import DriverError, TargetUnavailable
+from kvconform.targets.registry import ROLES, _load
+from kvconform.targets.spec import TargetSpec, parse_target
+from kvconform.targets.testbed import Testbed, load_testbed
+from kvconform.verdicts import DriverError, TargetUnavailable, inconclusive
 
 if TYPE_CHECKING:  # the SDK is optional at run time
     from docker import DockerClient
@@ -167,7 +172,7 @@ def docker_problem() -> str | None:
 def docker_client(timeout_s: float = 60.0) -> DockerClient:
     """A client of the local daemon (``DOCKER_HOST`` or the default socket); DockerUnavailable otherwise."""
     try:
-        import docker
+        import docker  # optional: the docker extra
         from docker.errors import DockerException
     except ImportError as exc:
         raise DockerUnavailable(f"the docker SDK is not installed (pip install 'kvconform[docker]'): {exc}") from exc
@@ -191,7 +196,7 @@ def recipe_digest(build: BuildSpec) -> str:
 def ensure_image(client: DockerClient, image: str, build: BuildSpec | None = None) -> str:
     """The id of ``image``, building it from ``build`` (host networking, no registry) when it is missing, or when
     it was built from another Dockerfile recipe than ``build`` (its ``org.kvconform.recipe`` label)."""
-    from docker.errors import BuildError, DockerException, ImageNotFound
+    from docker.errors import BuildError, DockerException, ImageNotFound  # optional: the docker extra
 
     digest = recipe_digest(build) if build is not None and build.script is None and build.context.is_dir() else None
     try:
@@ -255,7 +260,7 @@ def _alive(pid: int) -> bool:
 def reap_orphans(client: DockerClient) -> list[str]:
     """Remove harness containers whose owning process is gone (a run killed before its cleanup); the
     names removed. Containers of live runs, and containers without the owner label, are left alone."""
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # optional: the docker extra
 
     removed: list[str] = []
     for container in client.containers.list(all=True, filters={"label": HARNESS_LABEL}):
@@ -331,7 +336,7 @@ def _remove_live() -> None:
 
 def _create(client: DockerClient, spec: ContainerSpec) -> Container:
     """``containers.run`` (create, then start); a container created but not started is removed again."""
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # optional: the docker extra
 
     kwargs = _run_kwargs(spec)
     try:
@@ -409,7 +414,7 @@ class DockerContainer:
     def close(self) -> None:
         """Stop (SIGTERM, SIGKILL after ``stop_timeout_s``), keep its exit status and output, remove the
         container, then end the log follower; idempotent, bounded, and quiet when the daemon is gone."""
-        from docker.errors import DockerException
+        from docker.errors import DockerException  # optional: the docker extra
 
         container, self._container = self._container, None
         if container is not None:
@@ -572,7 +577,7 @@ class DockerContainer:
 def run_to_completion(spec: ContainerSpec, timeout_s: float, client: DockerClient | None = None) -> RunResult:
     """Run a one-shot container (e.g. a peer's test client) to its end, bounded by ``timeout_s``; the
     container is removed afterwards. A container still running at the bound is killed: DriverError."""
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # optional: the docker extra
 
     own = client is None
     client = client or docker_client()
@@ -808,8 +813,6 @@ def unsupported_declaration(image: str, role: str) -> str | None:
 
 
 def _inconclusive(reason: str) -> NoReturn:
-    from kvconform.verdicts import inconclusive
-
     inconclusive(reason)
 
 
@@ -878,9 +881,7 @@ class ContainerRelay:
         self.result: ProcessResult | None = None  # how the last container ended (after stop())
 
     def start(self, policy: dict[str, Any]) -> str:
-        import yaml
 
-        from kvconform.moqt.tls import test_certificate
 
         self._folder = tempfile.mkdtemp(prefix="kvconform-relay-")
         try:
@@ -934,7 +935,6 @@ def play_role(image: str, role: str, values: Mapping[str, str], params: Mapping[
 def contract_driver(suite: str, target: TargetSpec) -> Any:
     """The driver of ``suite`` for a ``docker`` target (``targets/registry.py`` calls it): the role's ``cmd:`` driver
     over a ``ContainerLauncher``, or a ``ContainerRelay``. TargetUnavailable for a role no container can play."""
-    from kvconform.targets.registry import ROLES, _load
 
     roles = contract.container_roles()
     if suite not in roles:
@@ -952,7 +952,6 @@ def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
     """Make every docker image the testbed names: its base first (by the base's script, e.g. a debootstrap), then
     the images of its ``defaults.params.docker.images`` recipes and of its ``docker`` targets. Returns the image
     names; bounded."""
-    from kvconform.targets.spec import parse_target
 
     defaults = testbed.defaults.get("params", {}).get("docker", {})
     client = docker_client()
@@ -989,9 +988,7 @@ def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m kvconform.targets.docker prepare TESTBED``: make the testbed's images (for CI)."""
-    import argparse
 
-    from kvconform.targets.testbed import load_testbed
 
     parser = argparse.ArgumentParser(prog="python -m kvconform.targets.docker")
     sub = parser.add_subparsers(dest="command", required=True)

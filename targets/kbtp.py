@@ -19,8 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from kvconform.kbtp.constants import Features, Status
+from kvconform.kbtp.config import TargetConfig
+from kvconform.kbtp.constants import EntryFlags, Features, Status
+from kvconform.kbtp.initiator import InitiatorError, ReferenceInitiator
+from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import PROFILES, ActorGen, Connection, Fabric, Node, Profile
+from kvconform.rdma.fabric import wait_until
 from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = [
@@ -229,7 +233,6 @@ REFERENCE_START_GENERATION = 0xFFEC
 
 def target_config(params: TargetParams) -> Any:
     """The reference target's TargetConfig for declared ``params``."""
-    from kvconform.kbtp.config import TargetConfig
 
     return TargetConfig(
         block_size=params.block_size, pool_blocks=params.blocks, shared_blocks=params.shared_blocks,
@@ -259,9 +262,6 @@ class ReferenceTargetDriver:
     start_generation: int | None = REFERENCE_START_GENERATION
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
-        from kvconform.kbtp.constants import EntryFlags
-        from kvconform.kbtp.target import ReferenceTarget
-
         cls = self.target_class or ReferenceTarget
         try:
             target = cls(fabric, node, target_config(params))
@@ -294,8 +294,6 @@ class ReferenceInitiatorEndpoint:
 
     def serial(self, op: ActorGen) -> ActorGen:
         """Run ``op`` once no other operation of this endpoint is running."""
-        from kvconform.kbtp.initiator import InitiatorError
-        from kvconform.rdma.fabric import wait_until
 
         while self.busy:  # re-checked on waking: several waiters may wake when one operation ends
             idle = yield from wait_until(lambda: not self.busy, name="initiator-idle", timeout=self.ini.timeout_s)
@@ -420,8 +418,6 @@ class ReferenceInitiatorDriver:
     initiator_class: Any = None
 
     def start(self, fabric: Fabric, node: Node, conn: Connection, params: InitiatorParams) -> InitiatorEndpoint:
-        from kvconform.kbtp.initiator import ReferenceInitiator
-
         cls = self.initiator_class or ReferenceInitiator
         ini = cls(fabric, node, conn, requested=params.features, invalidate=params.requests_invalidate)
         endpoint: InitiatorEndpoint = ReferenceInitiatorEndpoint(ini)

@@ -18,9 +18,13 @@ from typing import Any, NoReturn
 from kvconform import evidence
 from kvconform.kbtp.constants import Features, Status
 from kvconform.kbtp.messages import HelloAck
-from kvconform.rdma import ActorFailed, Node
+from kvconform.rdma import ActorFailed, Node, sleep
+from kvconform.rdma.emulated import EmuFabric
+from kvconform.rdma.scheduler import ScriptScheduler
+from kvconform.rdma.wire.fabric import WireFabric
 from kvconform.targets.kbtp import NO_FEATURES, DriverError, KbtpTarget, TargetEndpoint, TargetParams, TargetUnavailable
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator
+from kvconform.targets.kbtp_wire import check_binding
 from kvconform.verdicts import HarnessBug, Violation, inconclusive, violation
 
 MAX_STEPS = 400_000  # every run is bounded: a target that never answers ends the run, not the suite
@@ -39,12 +43,9 @@ def make_fabric(params: TargetParams, seed: int, scheduler: Any = None, trace: b
     scheduler (PCT, a schedule script) is given. ``wire`` iwarp / roce: a `WireFabric` over loopback sockets
     instead (in-process targets over the real wire format; no scheduler to own)."""
     if wire != "emulated":
-        from kvconform.rdma.wire.fabric import WireFabric
-        from kvconform.targets.kbtp_wire import check_binding
 
         check_binding(f"--kbtp-wire {wire}", wire, params.binding, params.profile, "PICS binding")
         return WireFabric(params.profile, binding=wire, trace=trace)  # type: ignore[arg-type]
-    from kvconform.rdma.emulated import EmuFabric
 
     return EmuFabric(params.profile, seed=seed, scheduler=scheduler, trace=trace)
 
@@ -53,7 +54,6 @@ def require_owned_races(fabric: Any, scheduler: Any) -> None:
     """A schedule script replays the text's interleaving step by step at the target's race points: only a
     fabric the harness schedules (the emulated one, with the target in-process) can do that. Elsewhere the
     check is inconclusive; the seeded repetitions of the race checks still run there as black-box attempts."""
-    from kvconform.rdma.scheduler import ScriptScheduler
 
     if isinstance(scheduler, ScriptScheduler) and not getattr(fabric, "owns_races", True):
         inconclusive("this check replays a named interleaving step by step at the target's race points, which "
@@ -117,7 +117,6 @@ class Bed:
         """A new connection with ``old``'s Initiator ID once the target has let go of the old session
         (it may still count it active for a moment after the connection failed). Returns the new client;
         inconclusive when the target keeps refusing (the check cannot go on without the session)."""
-        from kvconform.rdma import sleep
 
         status = None
         for n in range(attempts):

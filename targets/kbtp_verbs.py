@@ -16,9 +16,11 @@ so nothing is judged.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from kvconform.rdma import Connection, Fabric, Node
+from kvconform.rdma.verbs.device import VerbsUnavailable, skip_reason
+from kvconform.rdma.verbs.fabric import VerbsFabric
 from kvconform.targets.kbtp import (
     InitiatorEndpoint,
     InitiatorParams,
@@ -27,6 +29,7 @@ from kvconform.targets.kbtp import (
     TargetEndpoint,
     TargetParams,
 )
+from kvconform.targets.kbtp_remote import RemoteTarget
 from kvconform.verdicts import TargetUnavailable
 
 
@@ -53,9 +56,6 @@ class VerbsDevice:
         return f"verbs:{self.device}" + (f"@{self.address}" if self.address else "")
 
     def make_fabric(self, params: Any, *, trace: bool = False) -> Any:
-        from kvconform.rdma.verbs.device import VerbsUnavailable, skip_reason
-        from kvconform.rdma.verbs.fabric import VerbsFabric
-
         why = skip_reason(self.device, params.profile)
         if why is not None:
             if self.where == "rdma-vm":
@@ -99,7 +99,6 @@ class VerbsRemoteTargetDriver(VerbsDevice):
 
     @classmethod
     def from_url(cls, url: str) -> VerbsRemoteTargetDriver:
-        from urllib.parse import parse_qs
 
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -117,6 +116,4 @@ class VerbsRemoteTargetDriver(VerbsDevice):
         return f"kbtp+verbs://{self.host}:{self.port}?device={self.device}{local}"
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> TargetEndpoint:
-        from kvconform.targets.kbtp_wire import RemoteTarget
-
-        return RemoteTarget(self, fabric)  # type: ignore[arg-type]
+        return RemoteTarget(self, fabric)

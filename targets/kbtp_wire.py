@@ -5,31 +5,32 @@
   binding of `kvconform.rdma.wire`. The target's PICS (binding, features, pool, quota...) come from the
   testbed and are cross-checked against its HELLO_ACK by the suites, as for every target.
 
-A remote target keeps its state between checks. Each check ends by releasing the sessions it opened (GOODBYE
-with RELEASE from every Initiator ID it used, on a fresh connection), so the next check meets the pool its
-PICS declare; a target that refuses is left as it is and the next check's verdicts say so.
+A remote target keeps its state between checks: targets/kbtp_remote.py releases what each check opened.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
+import contextlib
+import os
+import secrets
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
-from kvconform.kbtp.constants import Status
-from kvconform.rdma import ConnState, Fabric, Node, Profile
+from kvconform import evidence
+from kvconform.kbtp import control
+from kvconform.kbtp.constants import Features
+from kvconform.rdma import Fabric, Node, Profile, wait_until
 from kvconform.rdma.profiles import Binding
-from kvconform.rdma.roce.ethernet import LinkSpec
-from kvconform.targets.kbtp import TargetEndpoint, TargetParams
+from kvconform.rdma.roce.ethernet import LinkError, LinkSpec
+from kvconform.rdma.wire.fabric import WireFabric
+from kvconform.targets.kbtp import OpResult, TargetEndpoint, TargetParams
+from kvconform.targets.kbtp_remote import RemoteTarget
+from kvconform.targets.kbtp_verbs import VerbsRemoteTargetDriver
+from kvconform.targets.process import Process, fill_template
 from kvconform.verdicts import TargetUnavailable
 
 SCHEMES = {"kbtp+iwarp": "iwarp", "kbtp+roce": "roce"}
 DEFAULT_PROFILE = {"iwarp": "rdmap-7306", "roce": "ib-rc"}
-# A target may still count the old connection live for a while after it closed (longer across a VM's NAT): the
-# release retries for this long, backing off from 10 ms to 250 ms
-RELEASE_BUDGET_S = 5.0
-RELEASE_WAIT_S = 2.0
 
 
 def wire_of(profile: Profile) -> str:
@@ -61,9 +62,7 @@ class WireTargetDriver:
     @classmethod
     def from_url(cls, url: str) -> WireTargetDriver:
         """``kbtp+iwarp://HOST:PORT[?rtr_delay_ms=N]``, ``kbtp+roce://HOST:PORT[?ether=LOCAL,PEER&address=IP]``."""
-        from urllib.parse import parse_qs
 
-        from kvconform.rdma.roce.ethernet import LinkError
 
         parts = urlsplit(url)
         if not parts.hostname or parts.port is None:
@@ -96,8 +95,6 @@ class WireTargetDriver:
         return DEFAULT_PROFILE[self.wire]
 
     def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
-        from kvconform.rdma.wire.fabric import WireFabric
-
         check_binding(f"{self.scheme}://", self.wire, params.binding, params.profile, "PICS kbtp.target.binding")
         options = {"rtr_delay_s": self.rtr_delay_ms / 1000} if self.rtr_delay_ms else None
         return WireFabric(params.profile, binding=self.wire, trace=trace, link=self.link,  # type: ignore[arg-type]
@@ -110,81 +107,9 @@ class WireTargetDriver:
 def target_from_url(url: str) -> Any:
     """The kbtp-target driver of a URL: the userspace bindings' schemes, or ``kbtp+verbs://`` (a verbs device)."""
     if url.startswith("kbtp+verbs:"):
-        from kvconform.targets.kbtp_verbs import VerbsRemoteTargetDriver
 
         return VerbsRemoteTargetDriver.from_url(url)
     return WireTargetDriver.from_url(url)
-
-
-class RemoteTarget:
-    """The endpoint of a remote target: the harness dials it for each initiator."""
-
-    def __init__(self, driver: WireTargetDriver, fabric: Any) -> None:
-        self.driver = driver
-        self.fabric = fabric
-
-    def attach(self, conn: Any) -> None:
-        raise TypeError("a remote target is dialled (RemoteTarget.dial), not attached")
-
-    def dial(self, node: Node, name: str, fabric: Any = None) -> Any:
-        fabric = fabric or self.fabric
-        return fabric.dial(fabric.remote("target", self.driver.host, self.driver.port), node, name=name)
-
-    def release_sessions(self, bed: Any) -> None:
-        """GOODBYE with RELEASE for every Initiator ID ``bed`` used, each on a fresh connection (bounded)."""
-        from kvconform import evidence
-        from kvconform.kbtp.constants import Features
-        from kvconform.rdma import sleep, wait_until
-        from kvconform.targets.kbtp_client import Ended, HarnessInitiator
-
-        ids = list(dict.fromkeys(bytes(ini.initiator_id) for ini in bed.initiators))
-        bed.fabric.close()  # the check's own connections end first: the target starts retaining their sessions
-        if not ids:
-            return
-        fab = self.driver.make_fabric(bed.params)
-        try:
-            for n, iid in enumerate(ids):
-                give_up = time.monotonic() + RELEASE_BUDGET_S
-                pause = 0.01
-                released = False
-                for attempt in itertools.count():
-                    if time.monotonic() > give_up:
-                        break
-                    name = f"release{n}.{attempt}"
-                    try:
-                        conn = self.dial(fab.node(name), f"{name}-conn", fab)
-                    except OSError as exc:
-                        if isinstance(exc, ConnectionRefusedError) or "refused" in str(exc).lower():
-                            return  # the target is gone: the next check finds out and says so
-                        continue  # a local failure (a port still in TIME_WAIT): a new connection may go through
-                    ini = HarnessInitiator(fab, conn.node, conn, name, quiet=True)
-                    ini.initiator_id = iid
-
-                    def release(ini: Any = ini, conn: Any = conn, pause: float = pause) -> Any:
-                        ack = yield from ini.hello(Features(0), allow_end=True)
-                        if isinstance(ack, Ended) or ack.status != Status.OK:
-                            yield from sleep(pause)
-                            return False
-                        ini.goodbye(release=True)
-                        yield from wait_until(lambda: conn.state is not ConnState.CONNECTED, name="released",
-                                              timeout=RELEASE_WAIT_S)
-                        return True
-
-                    handle = fab.spawn(name, release())
-                    try:
-                        fab.run()
-                    except Exception as exc:  # best effort: the next check's verdicts show what was left
-                        evidence.note(f"releasing Initiator ID {iid.hex()} after the check failed: {exc!r}")
-                        break
-                    if handle.result:
-                        released = True
-                        break
-                    pause = min(pause * 2, 0.25)
-                if not released:  # the next checks may find the target short of a session: say why
-                    evidence.note(f"the target did not release Initiator ID {iid.hex()} within {RELEASE_BUDGET_S} s "
-                                  "after the check (HELLO with it refused): the next checks may find a session fewer")
-        finally:
-            fab.close()
 
 
 # ---- kbtp-initiator under the cmd: contract ---------------------------------------------------------------
@@ -199,8 +124,6 @@ class CmdInitiatorDriver:
     Placeholders: ``{target}`` (always), ``{initiator_id}`` and ``{features}`` (optional)."""
 
     def __init__(self, template: str) -> None:
-        from kvconform.targets.process import Process, fill_template
-
         self.template = template
         self._fill = fill_template
         self._process = Process
@@ -209,17 +132,13 @@ class CmdInitiatorDriver:
         return f"cmd:{self.template}"
 
     def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
-        from kvconform.rdma.wire.fabric import WireFabric
-
         return WireFabric(params.profile, binding=wire_of(params.profile), trace=trace)  # type: ignore[arg-type]
 
     def start(self, fabric: Fabric, node: Node, conn: Any, params: Any) -> Any:
         raise TypeError("a cmd: initiator is launched (CmdInitiatorDriver.launch), not placed on a node")
 
     def launch(self, fabric: Any, target_url: str, params: Any) -> CmdInitiatorEndpoint:
-        import secrets
 
-        from kvconform.kbtp.constants import Features
 
         iid = secrets.token_bytes(16)
         feats = ",".join(f.name for f in Features if f & params.features and f.name)
@@ -233,7 +152,6 @@ class CmdInitiatorEndpoint:
     """InitiatorEndpoint of a cmd: process: each operation is a request line and a wait (bounded) for its answer."""
 
     def __init__(self, fabric: Any, proc: Any, initiator_id: bytes) -> None:
-        import os
 
         self.fabric = fabric
         self.proc = proc
@@ -248,9 +166,7 @@ class CmdInitiatorEndpoint:
         fabric.add_reader(self._fd, self._readable)
 
     def _readable(self) -> None:
-        import os
 
-        from kvconform.kbtp import control
 
         try:
             data = os.read(self._fd, 1 << 16)
@@ -274,19 +190,14 @@ class CmdInitiatorEndpoint:
                                if k in a.fields})
 
     def close(self) -> None:
-        import contextlib
 
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.fabric.remove_reader(self._fd)
         result = self.proc.stop()
-        from kvconform import evidence
 
         evidence.record("received", "initiator process", result.evidence())
 
     def _call(self, op: str, **args: Any) -> Any:
-        from kvconform.kbtp import control
-        from kvconform.rdma import wait_until
-
         rid = next(self._ids)
         try:
             self.proc.stdin.write(control.request(rid, op, **args))
@@ -304,8 +215,6 @@ class CmdInitiatorEndpoint:
         return a.fields
 
     def _result(self, op: str, **args: Any) -> Any:
-        from kvconform.targets.kbtp import OpResult
-
         f = yield from self._call(op, **args)
         data = f.get("data")
         return OpResult(int(f.get("status", 0)), int(f.get("generation", 0)), int(f.get("data_length", 0)),
@@ -313,8 +222,6 @@ class CmdInitiatorEndpoint:
                         str(f.get("detail", "")))
 
     def hello(self) -> Any:
-        from kvconform.kbtp.constants import Features
-
         f = yield from self._call("hello")
         granted = f.get("granted")
         if granted is None:

@@ -59,8 +59,8 @@ def default_testbed_path() -> Path:
 
 
 def _validator() -> Any:
-    import jsonschema  # type: ignore[import-untyped]  # no types-jsonschema in the test extra yet
-    from referencing import Registry, Resource
+    import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
+    from referencing import Registry, Resource  # lazy: with jsonschema
     from referencing.jsonschema import DRAFT202012
 
     folder = schema_dir()

@@ -26,8 +26,12 @@ import numpy.typing as npt
 
 from kvconform import evidence
 from kvconform.targets.process import Handle, Launcher, ProcessResult, as_launcher
+from kvconform.tlkv.content import read_sequence, write_sequence
+from kvconform.tlkv.decode import DecodeSide
 from kvconform.tlkv.envelope import encode_sequence
 from kvconform.tlkv.geometry import Geometry
+from kvconform.tlkv.grpc_decode import DecodeServer
+from kvconform.tlkv.prefill import run_prefill
 from kvconform.tlkv.reader import EnvelopeError, EnvelopeReader
 from kvconform.verdicts import DriverError, TargetUnavailable
 
@@ -154,9 +158,6 @@ class ReferenceDecode:
         self._server: Any = None
 
     def start(self, geometry: Geometry, versions: frozenset[int]) -> str:
-        from kvconform.tlkv.decode import DecodeSide
-        from kvconform.tlkv.grpc_decode import DecodeServer
-
         side = (self._side_factory or DecodeSide)(geometry, versions)
         server_class = self._server_class or DecodeServer
         self._server = server_class(side, host="127.0.0.1", port=0, **self._server_options)
@@ -173,9 +174,6 @@ class ReferencePrefill:
     """The reference prefill side (kvconform.tlkv.prefill), in-process."""
 
     def prefill(self, decode_addr: str, sequence_file: Path, timeout: float) -> None:
-        from kvconform.tlkv.content import read_sequence
-        from kvconform.tlkv.prefill import run_prefill
-
         seq = read_sequence(sequence_file)
         run_prefill(decode_addr, seq.tokens, seq.kv, seq.geometry, seq.version, seq.request_id, timeout)
 
@@ -236,8 +234,6 @@ class CmdWriter:
 
     def export(self, geometry: Geometry, version: int, tokens: Sequence[int],
                kv: npt.NDArray[np.float16]) -> bytes:
-        from kvconform.tlkv.content import write_sequence
-
         with tempfile.TemporaryDirectory(prefix="kvconform-writer-") as tmp:
             seq, out = Path(tmp) / "sequence.json", Path(tmp) / "envelope.bin"
             write_sequence(seq, geometry=geometry, version=version, tokens=list(tokens), kv=kv, request_id="export")

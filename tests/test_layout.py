@@ -4,8 +4,10 @@ maps into ``kvconform``, and nothing loads one of their files under a second nam
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -94,3 +96,41 @@ def test_this_session_loads_no_file_twice() -> None:
             names.setdefault(Path(file).resolve(), set()).add(name)
     twice = {str(f.relative_to(ROOT)): sorted(n) for f, n in names.items() if len(n) > 1}
     assert twice == {}, f"files loaded under two names: {twice}"
+
+
+def _function_imports() -> list[tuple[str, int, str, bool]]:
+    """(file, line, module, has a reason) of every import statement inside a function of the package."""
+    found = []
+    for folder in PACKAGE_DIRS.values():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = path.read_text("utf-8").splitlines()
+            tree = ast.parse("\n".join(lines))
+            for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+                for node in ast.walk(func):
+                    if not isinstance(node, ast.Import | ast.ImportFrom) or getattr(node, "level", 0):
+                        continue
+                    module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    # the reason sits on the statement or on another line of its block of imports
+                    first, last = node.lineno - 1, node.end_lineno or node.lineno
+                    while first > 0 and _IMPORT.match(lines[first - 1]):
+                        first -= 1
+                    while last < len(lines) and _IMPORT.match(lines[last]):
+                        last += 1
+                    reason = any(_REASON.search(line) for line in lines[first:last])
+                    found.append((str(path.relative_to(ROOT)), node.lineno, module or "", reason))
+    return found
+
+
+_IMPORT = re.compile(r"^\s*(from \S+ )?import ")
+_REASON = re.compile(r"#.*\b(optional|lazy): \S")
+
+
+def test_imports_inside_functions_are_optional_or_lazy_and_say_why() -> None:
+    """kvconform's own modules are imported at the top, where a reader (and import-linter) sees a module's
+    dependencies; inside a function only an optional dependency or a heavy one a start-up does not need, each
+    with its reason (``# optional: ...`` or ``# lazy: ...``) on its block of imports."""
+    imports = list(dict.fromkeys(_function_imports()))  # nested functions are walked twice
+    own = [f"{f}:{line} imports {m}" for f, line, m, _ in imports if m.split(".")[0] == "kvconform"]
+    assert own == [], "kvconform modules imported inside functions:\n" + "\n".join(own)
+    silent = [f"{f}:{line} imports {m}" for f, line, m, reason in imports if not reason]
+    assert silent == [], "imports inside functions without '# optional: why' or '# lazy: why':\n" + "\n".join(silent)

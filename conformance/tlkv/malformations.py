@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 
 from kvconform.checksum import crc32c
+from kvconform.tlkv.content import make_kv
 from kvconform.tlkv.envelope import DTYPE_OF_VERSION, HEADER, Block, encode_envelope, encode_raw, with_crc
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.layers import craft
@@ -50,7 +51,6 @@ class Malformation:
 
 def full_block(rng: np.random.Generator, geometry: Geometry, fill: int | None = None) -> Block:
     """A block with fresh contents; full blocks get a fresh non-zero hash, partial ones hash 0."""
-    from kvconform.tlkv.content import make_kv
 
     fill = geometry.block_tokens if fill is None else fill
     block_hash = int(rng.integers(1, 1 << 63)) if fill == geometry.block_tokens else 0

@@ -17,6 +17,10 @@ import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
+from kvconform.capture.pcap import Datagram
+from kvconform.capture.quic import RecordingTransport
+from kvconform.capture.relay import TcpRelay
+
 if TYPE_CHECKING:  # the capture's modules load only when one is installed (a lane imports this one always)
     from aioquic.quic.logger import QuicLogger
 
@@ -66,7 +70,6 @@ def tcp_endpoint(address: str) -> Iterator[str]:
     except OSError:
         yield address  # a name that does not resolve: the lane's own connect reports it
         return
-    from kvconform.capture.relay import TcpRelay
 
     relay = TcpRelay((ip, port), session.record_segments)
     try:
@@ -102,7 +105,6 @@ def udp_transport(transport: Any) -> Any:
     local = _sockname(transport) if session is not None else None
     if session is None or local is None:
         return transport
-    from kvconform.capture.quic import RecordingTransport
 
     session.watch("udp", local[1])
     peer = transport.get_extra_info("peername")
@@ -119,6 +121,5 @@ def udp_received(transport: Any, data: bytes, addr: Any) -> None:
     session = _session
     if session is None or not addr or not getattr(transport, "records", False):
         return
-    from kvconform.capture.pcap import Datagram
 
     session.record_datagram(Datagram((str(addr[0]), int(addr[1])), transport.local, bytes(data)), received=True)

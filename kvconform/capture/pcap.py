@@ -147,7 +147,7 @@ def write_pcap(path: str | Path, frames: Iterable[Frame]) -> int:
 
 
 def _ip_layer(src: str, dst: str) -> object:
-    from scapy.layers.inet import IP
+    from scapy.layers.inet import IP  # lazy: scapy costs ~0.3 s of start-up; only reading a pcap needs it
     from scapy.layers.inet6 import IPv6
 
     if ipaddress.ip_address(src).version == 6:
@@ -157,7 +157,7 @@ def _ip_layer(src: str, dst: str) -> object:
 
 def segment_frame(segment: Segment) -> bytes:
     """The Ethernet frame of a synthesised TCP segment (checksums computed by scapy)."""
-    from scapy.layers.inet import TCP
+    from scapy.layers.inet import TCP  # lazy: scapy costs ~0.3 s of start-up; only reading a pcap needs it
     from scapy.layers.l2 import Ether
 
     ip = _ip_layer(segment.src[0], segment.dst[0])
@@ -168,7 +168,7 @@ def segment_frame(segment: Segment) -> bytes:
 
 def datagram_frame(datagram: Datagram) -> bytes:
     """The Ethernet frame of a UDP datagram a harness socket sent or received."""
-    from scapy.layers.inet import UDP
+    from scapy.layers.inet import UDP  # lazy: scapy costs ~0.3 s of start-up; only reading a pcap needs it
     from scapy.layers.l2 import Ether
 
     ip = _ip_layer(datagram.src[0], datagram.dst[0])

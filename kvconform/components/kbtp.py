@@ -73,7 +73,6 @@ def _pool(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-
     p = OneLineParser(prog="kvconform serve kbtp-target", description=SUMMARIES["kbtp-target"])
     p.add_argument("--binding", choices=("iwarp", "roce", "verbs"), required=True,
                    help="wire format: iwarp (MPA/DDP/RDMAP over TCP) or roce (IB RC over RoCEv2/UDP), userspace; "
@@ -175,7 +174,6 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
 
 
 def initiator_parser() -> argparse.ArgumentParser:
-
     p = OneLineParser(prog="kvconform serve kbtp-initiator", description=SUMMARIES["kbtp-initiator"])
     p.add_argument("--target", required=True, help="the target: kbtp+iwarp://HOST:PORT or kbtp+roce://HOST:PORT")
     p.add_argument("--profile", default=None, help="capability profile (default rdmap-7306 / ib-rc by binding)")

@@ -12,6 +12,8 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
+from kvconform.fuzz.registry import all_targets, resolve
+
 __all__ = ["main"]
 
 
@@ -20,8 +22,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import atheris  # optional: kvconform[fuzz]
 
     with atheris.instrument_imports(include=["kvconform"]):
-        from kvconform.fuzz.registry import all_targets, resolve
-
         all_targets()  # every parser module (and the toys, when asked for) loads instrumented here
         target = resolve(args[0])
     accepts = target.accepts

@@ -9,13 +9,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from kvconform.fuzz.target import FuzzTarget
+from kvconform.testvectors import vectors_dir
 
 __all__ = ["committed_corpus_dir", "load_corpus", "save_inputs"]
 
 
 def committed_corpus_dir() -> Path:
     """``vectors/fuzz`` of the packaged (or $KVCONFORM_VECTORS_DIR) vectors."""
-    from kvconform.testvectors import vectors_dir
 
     return vectors_dir() / "fuzz"
 

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvconform.fuzz.atheris_engine import run_atheris
 from kvconform.fuzz.corpus import save_inputs
 from kvconform.fuzz.engine import Engine, FuzzConfig, ParserReport
 from kvconform.fuzz.finding import load_input
@@ -99,7 +100,6 @@ def _replay(target: FuzzTarget, args: argparse.Namespace) -> int:
 
 def _run_one(target: FuzzTarget, args: argparse.Namespace, config: FuzzConfig, engine: Engine | None) -> ParserReport:
     if args.engine == "atheris":
-        from kvconform.fuzz.atheris_engine import run_atheris
 
         return run_atheris(target, config, args.out)
     assert engine is not None

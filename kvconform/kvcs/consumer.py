@@ -61,6 +61,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvconform.kvcs import cose
@@ -75,8 +76,9 @@ from kvconform.kvsp import KvspError, KvspProfile
 from kvconform.moqt import client as mc
 from kvconform.moqt.data import GroupOrder, ObjectStatus
 from kvconform.moqt.errors import RequestErrorCode, SessionError
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter
+from kvconform.moqt.filters import LocationFilter, RangeFilter
 from kvconform.moqt.messages import FetchOk
+from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.session import (
     UNKNOWN_STREAM_COUNT,
     Event,
@@ -1176,7 +1178,6 @@ def _cose_payload_unverified(data: bytes) -> bytes:
 def load_producer_keys(items: Iterable[str]) -> dict[bytes, str]:
     """``kid=PATH`` (a PEM file) or ``kid=PEM`` items -> kid -> public PEM (empty items are skipped: a
     driver's ``{producer_key}`` placeholder is empty when a scenario has no producer key)."""
-    from pathlib import Path
 
     out: dict[bytes, str] = {}
     for item in items:

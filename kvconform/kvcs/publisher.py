@@ -51,9 +51,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kvconform.kvcs.cose import ProducerKey, sign
 from kvconform.kvcs.namespace import KvcsNamespace, new_publication_id
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack
+from kvconform.loading import load_subclass
+from kvconform.moqt.client import RequestRejected, SessionEnded, connect
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.messages import Fetch
+from kvconform.moqt.session import Role, SessionConfig
 from kvconform.moqt.structures import AuthToken, KeyValuePair, PropertyType, TrackNamespace
 
 if TYPE_CHECKING:
@@ -285,8 +288,6 @@ class KvcsPublisher:
                   on_progress: ProgressHook | None = None, timeout: float = CONNECT_TIMEOUT) -> None:
         """Connect to the relay at ``url``, publish, call ``on_published``, serve until ``stop`` or the
         session ends."""
-        from kvconform.moqt.client import connect
-        from kvconform.moqt.session import Role, SessionConfig
 
         config = SessionConfig(role=Role.CLIENT, implementation="kvconform-kvcs-publisher/0.1")
         client = await connect(url, config=config, timeout=timeout)
@@ -320,7 +321,6 @@ def serve_publisher(relay_url: str, spec: CacheSpec, token: bytes | None, stop: 
     the drivers' entry point). Prints one ``published ...`` line (flushed) when everything is published.
     ``publisher``: a ready (sub)class instance; else ``KvcsPublisher(spec, **options)``. Exit status 0,
     1 when the relay cannot be reached or refuses the publication."""
-    from kvconform.moqt.client import RequestRejected, SessionEnded
 
     stream = out if out is not None else sys.stdout
     pub = publisher if publisher is not None else KvcsPublisher(spec, **options)
@@ -358,6 +358,5 @@ async def _watch(stop: threading.Event, done: asyncio.Event) -> None:
 
 def load_publisher_class(spec: str) -> type[KvcsPublisher]:
     """``module:Class`` naming a ``KvcsPublisher`` subclass (how mutant publishers are started)."""
-    from kvconform.loading import load_subclass
 
     return load_subclass(spec, KvcsPublisher, "--publisher-class")

@@ -30,7 +30,8 @@ from kvconform.kvcs.consumer import (
     LayerReady,
     load_producer_keys,
 )
-from kvconform.kvcs.content import CacheSpec
+from kvconform.kvcs.content import CacheSpec, example_spec
+from kvconform.kvcs.cose import ProducerKey
 from kvconform.kvcs.errors import KvcsError
 
 __all__ = ["main"]
@@ -86,9 +87,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _write_spec(args: argparse.Namespace) -> int:
-    from kvconform.kvcs.content import example_spec
-    from kvconform.kvcs.cose import ProducerKey
-
     try:
         segments = [int(n) for n in args.segments.split(",") if n.strip()]
         signing = None

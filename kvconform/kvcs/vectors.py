@@ -36,7 +36,7 @@ from kvconform.kvcs.payload import HEADER_LEN, ObjectHeader, decode_object, enco
 from kvconform.kvcs.tracks import DataTrack, parse_track_name
 from kvconform.kvsp import PROVISIONAL, KvspError, jcs_canonical
 from kvconform.moqt.errors import MoqtDecodeError
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter
+from kvconform.moqt.filters import LocationFilter, RangeFilter
 from kvconform.moqt.messages import (
     ControlMessage,
     Fetch,
@@ -44,7 +44,8 @@ from kvconform.moqt.messages import (
     SubscribeNamespace,
     parse_control_message,
 )
-from kvconform.moqt.structures import AuthToken, Parameters, ParamType, TrackNamespace
+from kvconform.moqt.parameters import FillParameters, Parameters
+from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
 from kvconform.moqt.vi64 import Reader
 from kvconform.testvectors import Checker, VectorCase, make_document
 

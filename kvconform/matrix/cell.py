@@ -19,6 +19,7 @@ What the outcome says (the verdict policy, applied to a whole exchange):
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -29,6 +30,8 @@ from typing import Any
 
 from kvconform import evidence
 from kvconform.matrix.context import Broken, CellContext, Participant, Unavailable, Unobservable
+from kvconform.matrix.participants import declared_unsupported, remove_containers
+from kvconform.verdicts import INCONCLUSIVE_PREFIX, Inconclusive
 
 __all__ = ["main", "run_cell"]
 
@@ -45,7 +48,6 @@ EXCHANGES: dict[str, str] = {
 
 
 def _exchange(kind: str) -> Callable[[CellContext], None]:
-    import importlib
 
     module, _, attr = EXCHANGES[kind].partition(":")
     func: Callable[[CellContext], None] = getattr(importlib.import_module(module), attr)
@@ -66,7 +68,6 @@ def _inconclusive_reason(exc: BaseException) -> str | None:
     """The reason when ``exc`` is ``kvconform.verdicts.inconclusive``'s (pytest's skip where pytest is imported,
     else ``Inconclusive``): a driver ending what it does inconclusive, e.g. under the container contract an image
     that declares it does not play its role."""
-    from kvconform.verdicts import INCONCLUSIVE_PREFIX, Inconclusive
 
     if isinstance(exc, Inconclusive):
         return str(exc)
@@ -98,8 +99,6 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:
         reason = _inconclusive_reason(exc)
         if reason is not None:
-            from kvconform.matrix.participants import declared_unsupported
-
             # an image: participant that said it does not play its role (nothing of it was tested), or a
             # driver that could not observe what it needed
             declared = declared_unsupported(participants)
@@ -116,8 +115,6 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         evidence.activate(None)
         with_docker = [p for p in participants.values() if p.run.in_docker]
         if with_docker:
-            from kvconform.matrix.participants import remove_containers
-
             try:
                 left = remove_containers(ctx.run, ctx.id)
             except Exception as exc:  # cleanup is best effort; docker_template labelled them for reaping

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform import evidence
+from kvconform.matrix.participants import target_spec
 from kvconform.matrix.registry import RunForm
 from kvconform.targets.spec import TargetSpec
 
@@ -90,7 +91,6 @@ class CellContext:
     def spec(self, suite: str) -> TargetSpec:
         """The TargetSpec of the participant playing ``suite`` (an ``image:`` a docker target of the contract, a
         ``cmd:`` in ``docker:`` its ``docker run``; containers labelled with the cell and the run)."""
-        from kvconform.matrix.participants import target_spec
 
         p = self.participants[suite]
         return target_spec(p.implementation, suite, p.run, p.pics, mounts=[self.dir], cell=self.id,

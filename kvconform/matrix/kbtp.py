@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvconform.kbtp.constants import Status
 from kvconform.matrix.context import Broken, CellContext, Unavailable
+from kvconform.rdma import PROFILES, ActorFailed
+from kvconform.rdma.emulated import EmuFabric
+from kvconform.targets.kbtp import InitiatorParams, TargetParams
+from kvconform.targets.registry import driver_for
 from kvconform.verdicts import TargetUnavailable
 
 __all__ = ["MAX_STEPS", "run"]
@@ -23,8 +28,6 @@ INI, TGT = "kbtp-initiator", "kbtp-target"
 
 
 def _scenario(ini: Any, blocks: list[bytes], ops: list[dict[str, Any]]) -> Any:
-    from kvconform.kbtp.constants import Status
-
     features = yield from ini.hello()
     ops.append({"op": "HELLO", "granted": repr(features)})
     if features is None:
@@ -57,10 +60,6 @@ def _scenario(ini: Any, blocks: list[bytes], ops: list[dict[str, Any]]) -> Any:
 
 def run(ctx: CellContext) -> None:
     """initiator x target (see the module docstring)."""
-    from kvconform.rdma import PROFILES, ActorFailed
-    from kvconform.rdma.emulated import EmuFabric
-    from kvconform.targets.kbtp import InitiatorParams, TargetParams
-    from kvconform.targets.registry import driver_for
 
     bindings = [v for v in ctx.part(INI).versions if v in ctx.part(TGT).versions and v in PROFILES]
     binding = str(bindings[0])

@@ -23,7 +23,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from kvconform.kvcs.consumer import convention_layer_digest
+from kvconform.kvcs.content import example_spec
 from kvconform.matrix.context import Broken, CellContext, Unavailable
+from kvconform.matrix.participants import start_relay, write_certificates
+from kvconform.moqt.client import RequestRejected, SessionEnded, connect
+from kvconform.moqt.structures import AuthToken
+from kvconform.targets.kvcs.consumer import FetchRequest
+from kvconform.targets.registry import driver_for
 from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = ["ANNOUNCE_TIMEOUT_S", "GEOMETRY", "run"]
@@ -36,8 +43,6 @@ P, R, C = "kvcs-publisher", "kvcs-relay", "kvcs-consumer"
 
 async def _await_publication(url: str, prefix: Any, token: bytes, timeout: float) -> tuple[str, Any]:
     """("announced", Publication ID hex) | ("unreachable", why) | ("refused", why) | ("silent", why)."""
-    from kvconform.moqt.client import RequestRejected, SessionEnded, connect
-    from kvconform.moqt.structures import AuthToken
 
     try:
         client = await connect(url, timeout=CONNECT_TIMEOUT_S)
@@ -63,8 +68,6 @@ async def _await_publication(url: str, prefix: Any, token: bytes, timeout: float
 
 
 def _judge(ctx: CellContext, spec: Any, result: Any) -> None:
-    from kvconform.kvcs.consumer import convention_layer_digest
-
     full = [(s.segment, s.blocks) for s in spec.segment_layout()]
     layers: list[dict[str, Any]] = []
     for layer in range(spec.layers):
@@ -101,9 +104,6 @@ def _judge(ctx: CellContext, spec: Any, result: Any) -> None:
 
 def run(ctx: CellContext) -> None:
     """The KVCS exchange of one cell (see the module docstring)."""
-    from kvconform.kvcs.content import example_spec
-    from kvconform.matrix.participants import start_relay, write_certificates
-    from kvconform.targets.registry import driver_for
 
     spec = example_spec(**GEOMETRY, seed=ctx.seed % 2**31, model=f"kvconform-matrix-{ctx.id}")
     cache = spec.write_json(ctx.dir / "cache.json")
@@ -178,8 +178,6 @@ def _text(data: bytes) -> str:
 
 
 def _consume(ctx: CellContext, spec: Any, cache: Path, url: str, token: str, consumer: Any) -> None:
-    from kvconform.targets.kvcs.consumer import FetchRequest
-
     out = ctx.dir / "consumer-result.json"
     request = FetchRequest(relays=(url,), cache=cache, budget=ctx.budget_s, token=token)
     ctx.step("consumer started", relay=url, budget_s=ctx.budget_s)

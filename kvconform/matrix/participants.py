@@ -34,8 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.matrix.registry import RunForm
+from kvconform.moqt.tls import test_certificate
+from kvconform.targets import docker as dk
+from kvconform.targets.docker import unsupported_declaration
 from kvconform.targets.process import Process, ProcessResult, fill_template
-from kvconform.targets.spec import TargetSpec
+from kvconform.targets.registry import driver_for
+from kvconform.targets.spec import TargetSpec, _url_params
 from kvconform.verdicts import TargetUnavailable
 
 __all__ = ["CELL_LABEL", "READY_TIMEOUT_S", "RUN_LABEL", "Relay", "contract_params", "declared_unsupported",
@@ -50,7 +54,6 @@ READY_POLL_S = 0.05  # the output file and the port have no event to wait on: a 
 
 def write_certificates(folder: Path) -> Path:
     """The harness's self-signed test certificate as ``cert.pem`` + ``priv.key`` in ``folder`` ({certs})."""
-    from kvconform.moqt.tls import test_certificate
 
     cert = test_certificate()
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,7 +68,6 @@ def docker_template(form: RunForm, mounts: list[Path], cell: str, registry_dir: 
     """The ``cmd:`` template that runs ``form``'s command inside its docker image (host network, the given
     folders mounted at the same paths, labelled with the cell and the matrix run), after making sure the image
     exists; TargetUnavailable otherwise."""
-    from kvconform.targets import docker as dk
 
     assert form.docker is not None
     image = str(form.docker["image"])
@@ -106,7 +108,6 @@ def declared_unsupported(participants: Mapping[str, Any]) -> tuple[str, str] | N
     """(suite, why) of the first ``image:`` participant whose image declared, in this process, that it does not
     play its role (exit 127 with ``kvconform-unsupported``), or None. ``participants``: suite -> anything with a
     ``run`` RunForm."""
-    from kvconform.targets.docker import unsupported_declaration
 
     for suite, participant in participants.items():
         form: RunForm = participant.run
@@ -121,7 +122,6 @@ def remove_containers(run: str, cell: str | None = None) -> list[str]:
     """Remove every container of the matrix run ``run`` (of its cell or suite ``cell`` when given) that is
     still there (its ``docker run`` was killed, or SIGTERM did not stop it); their names. Only that run's:
     another matrix run on the machine may have cells of the same names."""
-    from kvconform.targets import docker as dk
 
     if dk.docker_problem() is not None:
         return []
@@ -142,7 +142,6 @@ def target_spec(name: str, suite: str, form: RunForm, pics: dict[str, Any], *, m
                 cell: str = "", registry_dir: Path | None = None, run: str = "") -> TargetSpec:
     """The TargetSpec the role's driver takes for ``form``: an ``image:`` a ``docker`` target (the contract), a
     ``cmd:`` inside ``docker:`` its ``docker run`` template."""
-    from kvconform.targets.spec import _url_params
 
     source = f"implementations registry: {name} ({suite})"
     if form.kind == "reference":
@@ -247,8 +246,6 @@ def start_relay(spec: TargetSpec, ready: dict[str, Any], certs: Path, *,
     if spec.kind == "url":
         return Relay(spec.value)
     if spec.kind in ("reference", "python", "docker"):
-        from kvconform.targets.registry import driver_for
-
         # docker: a ContainerRelay (the contract: the policy file, the certificate, a free port, readiness)
         driver = driver_for("kvcs-relay", spec)
         url = driver.start({"version": 1, "allow_all": True})  # every cell's scope is new: an open policy

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.matrix.registry import MATRIX_ROLES, Registry, RoleEntry
+from kvconform.rdma import PROFILES
 
 __all__ = ["KINDS", "CellPlan", "Kind", "Plan", "Table", "cell_id", "make_plan", "selected_suites"]
 
@@ -44,7 +45,6 @@ def _drivable(protocol: str) -> set[Any]:
         return {22}  # kvconform's MOQT stack speaks draft 22
     if protocol == "tlkv":
         return {1, 2}
-    from kvconform.rdma import PROFILES
 
     return set(PROFILES)
 

@@ -25,15 +25,19 @@ import shlex
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from kvconform.matrix.participants import remove_containers
 from kvconform.matrix.plan import KINDS, CellPlan, Plan, combination, make_plan
 from kvconform.matrix.registry import Registry, RoleEntry
 from kvconform.matrix.suites import SuiteRun, run_suite
+from kvconform.reports.matrix import write_matrix
 from kvconform.targets.process import run_process
 
 __all__ = ["MATRIX_FORMAT", "OUTCOMES", "MatrixOptions", "run_matrix", "worst"]
@@ -90,7 +94,6 @@ def _request(cell: CellPlan, registry: Registry, folder: Path, seed: int, budget
 
 def _remove_left(run_id: str, cell: str | None = None) -> list[str]:
     """The run's (cell's) containers still there, removed (best effort: names, or why not)."""
-    from kvconform.matrix.participants import remove_containers
 
     try:
         return remove_containers(run_id, cell)
@@ -251,7 +254,6 @@ def _cell_entry(cell: CellPlan, result: dict[str, Any], registry: Registry, suit
 
 def run_matrix(registry: Registry, opts: MatrixOptions) -> dict[str, Any]:
     """Run everything the plan holds; the result document (matrix.json's content)."""
-    from kvconform.reports.matrix import write_matrix
 
     started = datetime.datetime.now(datetime.UTC)
     plan: Plan = make_plan(registry, opts.suites)
@@ -338,7 +340,6 @@ def _run_all(plan: Plan, registry: Registry, opts: MatrixOptions, suite_entries:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("kvconform")
@@ -348,7 +349,6 @@ def _version() -> str:
 
 def _document(registry: Registry, plan: Plan, cells: list[dict[str, Any]], suites: dict[tuple[str, str], SuiteRun],
               opts: MatrixOptions, started: datetime.datetime) -> dict[str, Any]:
-    from collections import Counter
 
     shown = [c for c in cells if not c["isolation"]]
     counts = Counter(c["outcome"] for c in shown)

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from kvconform.matrix.participants import remove_containers, start_relay, target_spec, write_certificates
 from kvconform.matrix.registry import Registry, RoleEntry
 from kvconform.targets.process import run_process
 from kvconform.verdicts import TargetUnavailable, Verdict, gates
@@ -99,7 +100,6 @@ def _judge(run: SuiteRun, coverage: Path) -> None:
 def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, budget_s: float,
               check_timeout_s: float, env: dict[str, str], run_id: str) -> SuiteRun:
     """Run ``entry``'s role suite (bounded by ``budget_s`` + a grace period); never raises for the outcome."""
-    from kvconform.matrix.participants import start_relay, target_spec, write_certificates
 
     folder.mkdir(parents=True, exist_ok=True)
     report = folder / "report"
@@ -156,8 +156,6 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
         return run
     finally:
         if entry.suite_run.in_docker:
-            from kvconform.matrix.participants import remove_containers
-
             try:
                 remove_containers(run_id, label)
             except Exception as exc:  # best effort: the containers carry the owner label for reaping

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from kvconform import evidence
 from kvconform.matrix.context import Broken, CellContext, Unavailable, Unobservable
+from kvconform.targets.registry import driver_for
+from kvconform.tlkv.blockhash import block_fills, block_hashes, chain_hashes
+from kvconform.tlkv.content import make_kv, write_sequence
+from kvconform.tlkv.envelope import encode_sequence
+from kvconform.tlkv.geometry import Geometry
+from kvconform.tlkv.grpc_client import KvTransferClient
+from kvconform.tlkv.reader import read_envelope
 from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = ["PREFILL_TIMEOUT_S", "run_envelope", "run_transfer"]
@@ -34,7 +42,6 @@ ENVELOPE_GEOMETRY = {"block_tokens": 16, "n_layers": 3, "n_kv_heads": 2, "head_d
 
 def _not_started(ctx: CellContext, suite: str, what: str) -> int | None:
     """The exit status of the last ``what`` process a driver ran, when it says the command could not run."""
-    from kvconform import evidence
 
     transcript = evidence.current()
     events = [e for e in (transcript.as_list() if transcript else []) if e["kind"] == f"{what} process"]
@@ -57,8 +64,6 @@ def _versions(ctx: CellContext, *suites: str) -> list[int]:
 
 
 def _sequence(ctx: CellContext, geometry: Any, version: int, request_id: str, garbage_tail: bool) -> Any:
-    from kvconform.tlkv.content import make_kv, write_sequence
-
     rng = np.random.default_rng(ctx.seed)
     b = geometry.block_tokens
     tail = b // 2 + 1 if b > 1 else 0
@@ -75,10 +80,6 @@ def _sequence(ctx: CellContext, geometry: Any, version: int, request_id: str, ga
 
 def run_transfer(ctx: CellContext) -> None:
     """prefill x decode (see the module docstring)."""
-    from kvconform.targets.registry import driver_for
-    from kvconform.tlkv.blockhash import chain_hashes
-    from kvconform.tlkv.geometry import Geometry
-    from kvconform.tlkv.grpc_client import KvTransferClient
 
     pf, dec = "tlkv-prefill", "tlkv-decode"
     versions = _versions(ctx, pf, dec)
@@ -137,8 +138,6 @@ def run_transfer(ctx: CellContext) -> None:
 
 def _expected_values(geometry: Any, version: int, tokens: list[int], kv: Any) -> list[Any]:
     """What a correct writer's envelope decodes to: the reference's encoding, read by the reference reader."""
-    from kvconform.tlkv.envelope import encode_sequence
-    from kvconform.tlkv.reader import read_envelope
 
     env = read_envelope(encode_sequence(geometry, version, tokens, kv), geometry=geometry, versions={version})
     return [np.asarray(env.kv(i), dtype=np.float64) for i in range(len(env.records))]
@@ -146,9 +145,6 @@ def _expected_values(geometry: Any, version: int, tokens: list[int], kv: Any) ->
 
 def run_envelope(ctx: CellContext) -> None:
     """writer x reader (see the module docstring)."""
-    from kvconform.targets.registry import driver_for
-    from kvconform.tlkv.blockhash import block_fills, block_hashes
-    from kvconform.tlkv.geometry import Geometry
 
     wr, rd = "tlkv-writer", "tlkv-reader"
     versions = _versions(ctx, wr, rd)

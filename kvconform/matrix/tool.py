@@ -11,6 +11,7 @@ Exit status: 0 when every cell passed, 1 when one failed or was inconclusive, 2 
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -18,6 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+from kvconform.matrix.plan import selected_suites
+from kvconform.matrix.registry import RegistryError, default_registry_path, load_registry
+from kvconform.matrix.runner import MatrixOptions, run_matrix
 
 __all__ = ["main"]
 
@@ -32,15 +36,12 @@ def _workers(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        import argparse
 
         raise argparse.ArgumentTypeError(f"-n {text!r}: expected a positive integer or 'auto'")
     return value
 
 
 def _parser() -> OneLineParser:
-    from kvconform.matrix.registry import default_registry_path
-
     p = OneLineParser(prog="kvconform matrix", description="Run every registered implementation against every "
                       "other (the plugfest matrix) and write its page.")
     p.add_argument("--registry", default=str(default_registry_path()), metavar="FILE",
@@ -75,10 +76,6 @@ def _fresh(out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from kvconform.matrix.plan import selected_suites
-    from kvconform.matrix.registry import RegistryError, load_registry
-    from kvconform.matrix.runner import MatrixOptions, run_matrix
-
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(args_list)

@@ -29,7 +29,7 @@ from typing import TypeVar
 from kvconform.moqt import quic
 from kvconform.moqt.data import EndOfRange, FetchHeader, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode, SessionError, StreamResetCode
-from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType, RangeFilter, passes_range_filters
+from kvconform.moqt.filters import LocationFilter, LocationFilterType, RangeFilter, passes_range_filters
 from kvconform.moqt.messages import (
     ControlMessage,
     Fetch,
@@ -46,6 +46,7 @@ from kvconform.moqt.messages import (
     SubscribeOk,
     TrackStatus,
 )
+from kvconform.moqt.parameters import FillParameters, Parameter, Parameters
 from kvconform.moqt.session import (
     NO_PARAMETERS,
     UNKNOWN_STREAM_COUNT,
@@ -66,15 +67,7 @@ from kvconform.moqt.session import (
     SetupReceived,
     unknown_mandatory_properties,
 )
-from kvconform.moqt.structures import (
-    AuthToken,
-    KeyValuePair,
-    Location,
-    Parameter,
-    Parameters,
-    ParamType,
-    TrackNamespace,
-)
+from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, ParamType, TrackNamespace
 from kvconform.moqt.url import MoqtUrl
 
 __all__ = [

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvconform.moqt.messages import ControlMessage
-from kvconform.moqt.structures import Parameter
+from kvconform.moqt.parameters import Parameter
 from kvconform.moqt.vi64 import encode_vi64
 
 __all__ = [

@@ -1,27 +1,19 @@
-"""MOQT d22 filters: the typed LOCATION_FILTER (profile §7.3), FILL_PARAMETERS (§7.4) and the Range
-Filters 0x25-0x29 incl. OBJECTID_FILTER (§7.5), with their wire codecs and their evaluation rules.
+"""MOQT d22 filters: the typed LOCATION_FILTER (profile §7.3) and the Range Filters 0x25-0x29 incl.
+OBJECTID_FILTER (§7.5), with their wire codecs and their evaluation rules (FILL_PARAMETERS, which holds
+parameters, is with them in ``parameters``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 from kvconform.moqt.errors import MoqtEncodeError
-from kvconform.moqt.structures import (
-    KeyValuePair,
-    Location,
-    Parameter,
-    Parameters,
-    ParamType,
-    ParamValue,
-)
+from kvconform.moqt.structures import KeyValuePair, Location, ParamType
 from kvconform.moqt.vi64 import MAX_VI64, Reader, encode_vi64
 
 __all__ = [
-    "FILL_INNER_PARAMS",
-    "FillParameters",
     "LocationFilter",
     "LocationFilterType",
     "RangeFilter",
@@ -151,41 +143,6 @@ class LocationFilter:
         """Whether a subscription with this filter passes ``loc`` (start computed once, at processing)."""
         end = self.end()
         return self.start(largest_at_start) <= loc and (end is None or loc <= end)
-
-
-# Inner parameters allowed inside FILL_PARAMETERS (d22 Table 7; profile §7.2, §13 #3).
-FILL_INNER_PARAMS = frozenset({ParamType.FILL_TIMEOUT, ParamType.SUBSCRIBER_PRIORITY, ParamType.LOCATION_FILTER,
-                               ParamType.GROUP_ORDER, ParamType.SUBGROUP_FILTER, ParamType.OBJECTID_FILTER,
-                               ParamType.PRIORITY_FILTER, ParamType.OBJECT_PROPERTY_FILTER})
-
-
-@dataclass(frozen=True)
-class FillParameters:
-    """``FILL_PARAMETERS value { Length (vi64), Number of Parameters (vi64), params }`` (§7.4).
-
-    Empty = ``01 00``; a received bare ``00`` (Length 0) is read as empty too (§13 #16).
-    """
-
-    params: Parameters = field(default_factory=Parameters)
-
-    @classmethod
-    def of(cls, *params: Parameter | tuple[int, ParamValue]) -> FillParameters:
-        return cls(Parameters.of(*params))
-
-    def encode(self) -> bytes:
-        inner = self.params.encode(allowed=FILL_INNER_PARAMS, where="FILL_PARAMETERS")
-        return encode_vi64(len(inner)) + inner
-
-    @classmethod
-    def decode(cls, r: Reader, field: str = "FILL_PARAMETERS") -> FillParameters:
-        length = r.vi64(field + ".Length")
-        if length == 0:
-            return cls()
-        inner = r.sub(length, field + ".Value")
-        params = Parameters.decode(inner, field, allowed=FILL_INNER_PARAMS, where="FILL_PARAMETERS")
-        if not inner.at_end():
-            raise inner.error(field, f"{inner.remaining()} byte(s) after the inner parameters inside Length {length}")
-        return cls(params)
 
 
 _PROPERTY_FILTERS = (ParamType.OBJECT_PROPERTY_FILTER, ParamType.TRACK_PROPERTY_FILTER)

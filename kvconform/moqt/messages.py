@@ -15,11 +15,11 @@ from enum import IntEnum
 from typing import ClassVar, Self
 
 from kvconform.moqt.errors import MoqtDecodeError, MoqtEncodeError, NeedMoreData, SessionError
+from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.structures import (
     AuthToken,
     KeyValuePair,
     Location,
-    Parameters,
     ParamType,
     SetupOption,
     TrackNamespace,

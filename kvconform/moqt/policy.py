@@ -176,7 +176,7 @@ def _grant(name: str, doc: dict[str, Any]) -> Grant:
 
 
 def _validate(doc: object, origin: str) -> None:
-    import jsonschema
+    import jsonschema  # lazy: jsonschema costs ~0.1 s of start-up; only validating a file needs it
 
     # the schema ships with the testbeds' data (the policy is a relay's testbed file), located, not imported
     schema = json.loads((resources.files("kvconform.testbeds") / "schema" / _SCHEMA_FILE).read_text("utf-8"))

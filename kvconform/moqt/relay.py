@@ -43,6 +43,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from kvconform.loading import load_subclass
 from kvconform.moqt import quic
 from kvconform.moqt.cache import (
     MAX_ID,
@@ -64,7 +65,7 @@ from kvconform.moqt.data import (
     SubgroupObject,
 )
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode, StreamResetCode
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter, passes_range_filters
+from kvconform.moqt.filters import LocationFilter, RangeFilter, passes_range_filters
 from kvconform.moqt.messages import (
     Fetch,
     FetchOk,
@@ -80,6 +81,7 @@ from kvconform.moqt.messages import (
     SubscribeOk,
     TrackStatus,
 )
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.policy import Decision, Policy, Right, TokenKey
 from kvconform.moqt.session import (
     DataStreamEnded,
@@ -104,7 +106,6 @@ from kvconform.moqt.structures import (
     AuthToken,
     KeyValuePair,
     Location,
-    Parameters,
     ParamType,
     PropertyType,
     TrackNamespace,
@@ -1453,7 +1454,6 @@ def _loc_tuple(loc: Location) -> tuple[int, int]:
 def load_relay_class(spec: str) -> type[Relay]:
     """``module:Class`` or ``path/to/file.py:Class`` naming a ``Relay`` subclass (the mutant runner starts
     mutants this way)."""
-    from kvconform.loading import load_subclass
 
     return load_subclass(spec, Relay, "--relay-class")
 

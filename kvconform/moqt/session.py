@@ -40,7 +40,7 @@ from kvconform.moqt.data import (
     classify_uni_stream,
 )
 from kvconform.moqt.errors import MoqtDecodeError, NeedMoreData, RequestErrorCode, SessionError, StreamResetCode
-from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType, RangeFilter
+from kvconform.moqt.filters import LocationFilter, LocationFilterType, RangeFilter
 from kvconform.moqt.messages import (
     REQUEST_MESSAGE_TYPES,
     ControlMessage,
@@ -68,12 +68,12 @@ from kvconform.moqt.messages import (
     TrackStatus,
     parse_control_message,
 )
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.structures import (
     AuthAliasType,
     AuthToken,
     KeyValuePair,
     Location,
-    Parameters,
     ParamType,
     PropertyType,
     TrackNamespace,

@@ -29,6 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from kvconform.kvcs.consumer import (
+    Consumer,
+    ConsumeResult,
+    ConsumerIdentity,
+    ConsumerOptions,
+    LayerReady,
+    load_producer_keys,
+)
+from kvconform.kvcs.content import CacheSpec
+from kvconform.kvcs.errors import KvcsError
 from kvconform.targets.process import Launcher, as_launcher, run_handle
 from kvconform.verdicts import TargetUnavailable
 
@@ -81,8 +91,6 @@ class ConsumerDriver(Protocol):
 
 def _read_result(out: Path) -> tuple[Any, str | None]:
     """The parsed result, or why there is none: no file, not JSON, or a field that is off (named)."""
-    from kvconform.kvcs.consumer import ConsumeResult
-    from kvconform.kvcs.errors import KvcsError
 
     if not out.exists():
         return None, f"no result JSON at {out}"
@@ -102,9 +110,6 @@ class InProcessConsumer:
         return True
 
     def fetch(self, request: FetchRequest, out: Path) -> ConsumerRun:
-        from kvconform.kvcs.consumer import ConsumerIdentity, ConsumerOptions, LayerReady, load_producer_keys
-        from kvconform.kvcs.content import CacheSpec
-
         lines: list[str] = []
 
         def progress(ready: LayerReady) -> None:
@@ -153,8 +158,6 @@ class CmdConsumer:
     @staticmethod
     def _range_values(request: FetchRequest) -> dict[str, str]:
         """{layers} (a-b) and {blocks} (n): what is asked, else every layer / every block of the cache."""
-        from kvconform.kvcs.content import CacheSpec
-        from kvconform.kvcs.errors import KvcsError
 
         try:
             spec = CacheSpec.load(request.cache)
@@ -185,13 +188,11 @@ class CmdConsumer:
 
 def reference_consumer() -> InProcessConsumer:
     """The reference consumer, in-process."""
-    from kvconform.kvcs.consumer import Consumer
 
     return InProcessConsumer(Consumer)
 
 
 def adapt_consumer(obj: object) -> InProcessConsumer | None:
     """A ``python:`` target that is a ``Consumer`` subclass (a mutant) runs like the reference."""
-    from kvconform.kvcs.consumer import Consumer
 
     return InProcessConsumer(obj) if isinstance(obj, type) and issubclass(obj, Consumer) else None

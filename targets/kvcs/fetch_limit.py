@@ -37,10 +37,11 @@ from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE
 from kvconform.moqt.data import GroupOrder
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import FetchOk, RequestError
+from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.quic import LoopThread, MoqtConnection
 from kvconform.moqt.relay import Peer
 from kvconform.moqt.session import DataStreamEnded, DataStreamOpened, Event, MessageReceived
-from kvconform.moqt.structures import Parameters, ParamType
+from kvconform.moqt.structures import ParamType
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
 from kvconform.targets.kvcs.recording_relay import (
     Answer,

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from kvconform.kvcs.content import CacheSpec
+from kvconform.kvcs.errors import KvcsError
+from kvconform.kvcs.publisher import KvcsPublisher, serve_publisher
 from kvconform.targets.process import Handle, Launcher, as_launcher
 from kvconform.verdicts import TargetUnavailable
 
@@ -72,10 +75,6 @@ class InProcessPublisher:
         self._code: int | None = None
 
     def start(self, relay_url: str, cache: Path, token: str) -> None:
-        from kvconform.kvcs.content import CacheSpec
-        from kvconform.kvcs.errors import KvcsError
-        from kvconform.kvcs.publisher import serve_publisher
-
         try:
             spec = CacheSpec.load(cache)
             publisher = self.publisher_class(spec, **self.options)
@@ -132,14 +131,12 @@ class CmdPublisher:
 
 def reference_publisher(**options: Any) -> InProcessPublisher:
     """The reference publisher, in-process; ``options`` are KvcsPublisher keyword arguments (e.g. kv_track)."""
-    from kvconform.kvcs.publisher import KvcsPublisher
 
     return InProcessPublisher(KvcsPublisher, **options)
 
 
 def adapt_publisher(obj: object, **options: Any) -> InProcessPublisher | None:
     """A ``python:`` target that is a ``KvcsPublisher`` subclass (a mutant) runs like the reference."""
-    from kvconform.kvcs.publisher import KvcsPublisher
 
     if isinstance(obj, type) and issubclass(obj, KvcsPublisher):
         return InProcessPublisher(obj, **options)

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cbor2
+
 from kvconform.kvcs.content import CacheSpec, example_spec
 from kvconform.kvcs.cose import CoseError, ProducerKey, verify
 from kvconform.kvcs.errors import KvcsError
@@ -38,8 +40,9 @@ from kvconform.kvcs.namespace import KvcsNamespace
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack, parse_track_name
 from kvconform.moqt.data import FetchObject, GroupOrder, ObjectStatus, SubgroupHeader, SubgroupObject
 from kvconform.moqt.errors import SessionError
-from kvconform.moqt.filters import FillParameters, LocationFilter
+from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import FetchOk, PublishDone, PublishNamespace, RequestError, SubscribeOk
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.policy import Right, TokenKey, policy_from_mapping
 from kvconform.moqt.quic import LoopThread, granting_stream_data_uni
 from kvconform.moqt.relay import Peer, Relay, Upstream, _Refusal
@@ -55,7 +58,7 @@ from kvconform.moqt.session import (
     RequestState,
     SetupReceived,
 )
-from kvconform.moqt.structures import KeyValuePair, Location, Parameters, ParamType, TrackNamespace
+from kvconform.moqt.structures import KeyValuePair, Location, ParamType, TrackNamespace
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
 from kvconform.verdicts import Findings, inconclusive
 
@@ -410,7 +413,6 @@ class RecordingRelay(Relay):
         body = seen.payload
         with contextlib.suppress(Exception):
             if seen.track == MANIFEST_COSE:
-                import cbor2
 
                 body = cbor2.loads(body).value[2]  # the payload, unverified: only to learn track names
             manifest = parse_manifest(body)

@@ -12,7 +12,7 @@ PORT_ACTIVE = 4  # ibv_port_state IBV_PORT_ACTIVE
 
 
 def main() -> int:
-    from pyverbs.device import Context, get_device_list  # type: ignore[import-not-found, unused-ignore]  # VM only
+    from pyverbs.device import Context, get_device_list  # type: ignore[import-not-found, unused-ignore]  # optional: pyverbs ships with rdma-core, on RDMA hosts only  # VM only
 
     names = sorted(d.name.decode() for d in get_device_list())
     print(f"pyverbs devices: {names}")

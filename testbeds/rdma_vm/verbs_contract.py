@@ -102,7 +102,7 @@ def contract(dev: str, profile: Profile, host: str | None) -> None:
 
 def finding_window_bounds(fab: VerbsFabric, dev: str) -> None:
     """Whether the device bounds an access through a window by the window (the binding does not rely on it)."""
-    import pyverbs.enums as e
+    import pyverbs.enums as e  # optional: pyverbs ships with rdma-core, on RDMA hosts only
     from pyverbs.mr import MW
 
     a, b = fab.node("wa"), fab.node("wb")

@@ -12,18 +12,11 @@ from kvconform.moqt import client as mc
 from kvconform.moqt import craft, quic
 from kvconform.moqt.data import GroupOrder, ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode, SessionError, StreamResetCode
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter
+from kvconform.moqt.filters import LocationFilter, RangeFilter
 from kvconform.moqt.messages import Subscribe
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.session import RequestReceived, RequestState, Role, SessionConfig, SessionUsageError
-from kvconform.moqt.structures import (
-    KeyValuePair,
-    Location,
-    Parameters,
-    ParamType,
-    PropertyType,
-    TrackNamespace,
-    encode_kvps,
-)
+from kvconform.moqt.structures import KeyValuePair, Location, ParamType, PropertyType, TrackNamespace, encode_kvps
 
 TIMEOUT = 5.0
 NS = TrackNamespace.of("kvcs-1", "scope", "compat", "anchor", "pub1")

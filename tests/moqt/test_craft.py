@@ -21,7 +21,7 @@ from kvconform.moqt.craft import (
 )
 from kvconform.moqt.data import DataStreamParser, FetchObject, SubgroupObject
 from kvconform.moqt.errors import MoqtDecodeError, NeedMoreData, SessionError
-from kvconform.moqt.filters import FillParameters, LocationFilter
+from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import (
     MESSAGE_TYPES,
     Fetch,
@@ -31,7 +31,8 @@ from kvconform.moqt.messages import (
     check_request_id,
     parse_control_message,
 )
-from kvconform.moqt.structures import AuthToken, Parameter, Parameters, ParamType, TrackNamespace
+from kvconform.moqt.parameters import FillParameters, Parameter, Parameters
+from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
 
 NS = TrackNamespace.of("kvcs-1", b"\x01" * 16)
 SUB = Subscribe(0, NS, b"k.raw.s0", Parameters.of((ParamType.LOCATION_FILTER, LocationFilter.next_object())))

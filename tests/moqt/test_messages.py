@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvconform.moqt.errors import MoqtDecodeError, MoqtEncodeError, NeedMoreData, SessionError
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter, passes_range_filters
+from kvconform.moqt.filters import LocationFilter, RangeFilter, passes_range_filters
 from kvconform.moqt.messages import (
     ALLOWED_PARAMS,
     MESSAGE_TYPES,
@@ -40,12 +40,11 @@ from kvconform.moqt.messages import (
     check_request_id,
     parse_control_message,
 )
+from kvconform.moqt.parameters import FillParameters, Parameter, Parameters
 from kvconform.moqt.structures import (
     AuthToken,
     KeyValuePair,
     Location,
-    Parameter,
-    Parameters,
     ParamType,
     TrackNamespace,
     encode_kvps,

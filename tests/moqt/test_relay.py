@@ -27,21 +27,13 @@ from kvconform.moqt.client import MoqtClient, RequestRejected, Subscription
 from kvconform.moqt.craft import unknown_type, with_forbidden_param, wrong_length
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode, SessionError
-from kvconform.moqt.filters import FillParameters, LocationFilter
+from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import FetchOk, PublishNamespace, Subscribe
+from kvconform.moqt.parameters import FillParameters, Parameter, Parameters
 from kvconform.moqt.policy import Decision, policy_from_mapping
 from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, load_relay_class, run_relay
 from kvconform.moqt.session import ObjectReceived, Request, SessionClosed
-from kvconform.moqt.structures import (
-    AuthToken,
-    KeyValuePair,
-    Location,
-    Parameter,
-    Parameters,
-    ParamType,
-    PropertyType,
-    TrackNamespace,
-)
+from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, ParamType, PropertyType, TrackNamespace
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvconform.moqt import craft
 from kvconform.moqt.data import FetchObject, ObjectStatus, SubgroupHeader, SubgroupObject, SubgroupStreamWriter
 from kvconform.moqt.errors import SessionError, StreamResetCode
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter
+from kvconform.moqt.filters import LocationFilter, RangeFilter
 from kvconform.moqt.messages import (
     Goaway,
     Namespace,
@@ -26,6 +26,7 @@ from kvconform.moqt.messages import (
     Subscribe,
     SubscribeOk,
 )
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.session import (
     CloseConnection,
     Command,
@@ -49,7 +50,7 @@ from kvconform.moqt.session import (
     StopSending,
     WriteStream,
 )
-from kvconform.moqt.structures import KeyValuePair, Location, Parameters, ParamType, PropertyType, TrackNamespace
+from kvconform.moqt.structures import KeyValuePair, Location, ParamType, PropertyType, TrackNamespace
 
 NS = TrackNamespace.of("kvcs-1", "scope", "pub")
 NAME = b"k.raw.s0"

@@ -20,18 +20,11 @@ from kvconform.moqt.data import SG_FIRST_OBJECT, EndOfRange, FetchObject, GroupO
 from kvconform.moqt.errors import MoqtDecodeError, RequestErrorCode, SessionError, StreamResetCode
 from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Fetch, PublishNamespace, Subscribe, SubscribeNamespace
+from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Decision, Policy, Right, is_prefix
 from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, UpstreamFetch, _Refusal
 from kvconform.moqt.session import Event, Request, SessionUsageError, SetupReceived
-from kvconform.moqt.structures import (
-    AuthToken,
-    KeyValuePair,
-    Location,
-    Parameters,
-    ParamType,
-    SetupOption,
-    TrackNamespace,
-)
+from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, ParamType, SetupOption, TrackNamespace
 from tests.mutants import Mutant
 
 # ---- behaviours several mutants (of this lane and of kvcs-relay) share ----------------------------------

@@ -117,7 +117,7 @@ def test_a_flush_the_device_never_delivers_ends_as_flushed_after_the_bound(
     """siw once kept an ended connection's send unreturned for the rest of a run: the engine waits FLUSH_BOUND_S,
     then completes what is left as flushed, names it on stderr, and is drained (a run can end)."""
     from kvconform.rdma.verbs import engine as verbs_engine
-    from kvconform.rdma.wire.engine import WorkRequest
+    from kvconform.rdma.engine import WorkRequest
 
     class SilentCQ:
         def poll(self, n: int) -> tuple[int, list[object]]:

@@ -200,7 +200,7 @@ def test_a_delayed_rtr_goes_first_at_its_time_and_holds_the_sends() -> None:
     from kvconform.rdma.iwarp.ddp import parse
     from kvconform.rdma.iwarp.engine import IwarpEngine
     from kvconform.rdma.iwarp.mpa import Enhanced, StartFrame, encode_start
-    from kvconform.rdma.wire.engine import WorkRequest
+    from kvconform.rdma.engine import WorkRequest
 
     ini = IwarpEngine("I", _NoMemory(), initiator=True, rtr_delay_s=0.5)  # type: ignore[arg-type]
     ini.start(0.0)

@@ -20,6 +20,10 @@ from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Status
 from kvconform.kbtp.messages import Free
 from kvconform.rdma import ConnState, Op, wait_completion_for, wait_until
+from kvconform.rdma.iwarp import ddp, mpa
+from kvconform.rdma.iwarp.rdmap import Opcode as RdmapOpcode
+from kvconform.rdma.roce.headers import Bth, Opcode, Packet
+from kvconform.rdma.roce.icrc import append_icrc
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator
 from kvconform.verdicts import check, check_equal, inconclusive, not_applicable
@@ -90,33 +94,22 @@ def _free_request(a: HarnessInitiator) -> bytes:
 
 
 def _iwarp_send(a: HarnessInitiator, payload: bytes) -> bytes:
-    from kvconform.rdma.iwarp import ddp
-    from kvconform.rdma.iwarp.rdmap import Opcode
-
     engine = a.conn.engine  # type: ignore[attr-defined]
-    seg = ddp.Segment(False, True, Opcode.SEND, payload, qn=ddp.QN_SEND, msn=engine.msn_out[ddp.QN_SEND])
+    seg = ddp.Segment(False, True, RdmapOpcode.SEND, payload, qn=ddp.QN_SEND, msn=engine.msn_out[ddp.QN_SEND])
     return seg.encode()
 
 
 def _bad_crc(a: HarnessInitiator) -> bytes:
-    from kvconform.rdma.iwarp import mpa
-
     fpdu = mpa.encode_fpdu(_iwarp_send(a, _free_request(a)))
     return fpdu[:-4] + bytes(b ^ 0xFF for b in fpdu[-4:])
 
 
 def _write_unadvertised(a: HarnessInitiator) -> bytes:
-    from kvconform.rdma.iwarp import ddp, mpa
-    from kvconform.rdma.iwarp.rdmap import Opcode
-
-    return mpa.encode_fpdu(ddp.Segment(True, True, Opcode.WRITE, b"x" * 16, stag=UNADVERTISED_STAG, to=0).encode())
+    return mpa.encode_fpdu(ddp.Segment(True, True, RdmapOpcode.WRITE, b"x" * 16, stag=UNADVERTISED_STAG, to=0).encode())
 
 
 def _read_response_unasked(a: HarnessInitiator) -> bytes:
-    from kvconform.rdma.iwarp import ddp, mpa
-    from kvconform.rdma.iwarp.rdmap import Opcode
-
-    return mpa.encode_fpdu(ddp.Segment(True, True, Opcode.READ_RESPONSE, b"y" * 16, stag=UNADVERTISED_STAG,
+    return mpa.encode_fpdu(ddp.Segment(True, True, RdmapOpcode.READ_RESPONSE, b"y" * 16, stag=UNADVERTISED_STAG,
                                        to=0).encode())
 
 
@@ -171,9 +164,6 @@ def test_iwarp_attack(kbtp_target: TargetUnderTest, seed: int, attack: Attack) -
 
 
 def _roce_send(a: HarnessInitiator, *, icrc_ok: bool = True, p_key: int | None = None, qpn_delta: int = 0) -> bytes:
-    from kvconform.rdma.roce.headers import Bth, Opcode, Packet
-    from kvconform.rdma.roce.icrc import append_icrc
-
     e = a.conn.engine  # type: ignore[attr-defined]
     bth = Bth(Opcode.SEND_ONLY, (e.remote.qpn + qpn_delta) & 0xFFFFFF, e._next_psn, ack_req=True,
               p_key=e.p_key if p_key is None else p_key)

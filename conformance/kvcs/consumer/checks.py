@@ -10,7 +10,8 @@ from kvconform.conformance.kvcs.consumer.harness import Asked, Outcome, Stage, e
 from kvconform.kvcs.content import CacheSpec, example_spec
 from kvconform.kvcs.cose import ProducerKey
 from kvconform.moqt.data import GroupOrder
-from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType, RangeFilter
+from kvconform.moqt.filters import LocationFilter, LocationFilterType, RangeFilter
+from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.structures import ParamType
 from kvconform.verdicts import Findings
 

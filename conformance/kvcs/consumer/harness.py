@@ -73,7 +73,7 @@ class Asked:
     kind: str  # "SUBSCRIBE_NAMESPACE", "SUBSCRIBE", "FETCH"
     namespace: TrackNamespace
     name: bytes
-    parameters: Any  # kvconform.moqt.structures.Parameters
+    parameters: Any  # kvconform.moqt.parameters.Parameters
     at: float = 0.0  # time.monotonic() when the relay received it
 
     def param(self, ptype: int) -> Any:

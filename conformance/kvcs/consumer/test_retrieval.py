@@ -27,7 +27,8 @@ from kvconform.conformance.kvcs.consumer.checks import (
 from kvconform.conformance.kvcs.consumer.harness import HarnessPublisher, NoFilterRangesRelay, Stage
 from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.namespace import KVCS_TAG
-from kvconform.moqt.filters import FillParameters, LocationFilter, LocationFilterType
+from kvconform.moqt.filters import LocationFilter, LocationFilterType
+from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.structures import ParamType, TrackNamespace
 from kvconform.verdicts import Findings, check_no_problems
 

@@ -12,6 +12,7 @@ subscriber of the other scope receives a layer published after the refusals.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ from kvconform.fixtures.moqt import (
     subscribe,
     waiting,
 )
+from kvconform.kvcs.namespace import KvcsNamespace
 from kvconform.moqt.client import RequestRejected
 from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.structures import TrackNamespace
@@ -318,8 +320,6 @@ def test_publish_namespace_into_another_scope_is_refused(kvcs_relay: KvcsRelay, 
 
 def _shadow(legit: Any, ns: TrackNamespace) -> Any:
     """The legitimate publication's tracks under the refused namespace ``ns`` (what a consumer would try)."""
-    from dataclasses import replace
 
-    from kvconform.kvcs.namespace import KvcsNamespace
 
     return replace(legit, namespace=KvcsNamespace.parse(ns))

@@ -32,8 +32,11 @@ from kvconform.fixtures.moqt import (
     waiting,
 )
 from kvconform.moqt.client import RequestRejected
+from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvconform.moqt.filters import LocationFilter
-from kvconform.moqt.structures import KeyValuePair, Location, encode_kvps
+from kvconform.moqt.messages import Fetch
+from kvconform.moqt.session import RequestReceived
+from kvconform.moqt.structures import KeyValuePair, Location, PropertyType, encode_kvps
 from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
@@ -156,10 +159,6 @@ def test_expired_objects_are_not_served_from_cache(moqt_relay: RelayUnderTest, r
     """Track Property MAX_CACHE_DURATION 300 ms; the relay received the objects live; 0.6 s later (real time:
     the expiry itself is under test) a FETCH must not be served from the expired entries, and the publisher
     refuses the relay's FETCH, so nothing may be delivered (a REQUEST_ERROR or unknown ranges instead)."""
-    from kvconform.moqt.errors import RequestErrorCode
-    from kvconform.moqt.messages import Fetch
-    from kvconform.moqt.session import RequestReceived
-    from kvconform.moqt.structures import PropertyType
 
     def refuse_fetch(client: Any, event: RequestReceived) -> bool:
         if isinstance(event.message, Fetch):
@@ -201,7 +200,6 @@ def test_a_duplicate_object_with_another_payload_makes_the_track_malformed(moqt_
     """The publisher sends Object {0,0} again on a second subgroup stream with a different payload: the
     relay must end the subscription with PUBLISH_DONE MALFORMED_TRACK (0x12) and never forward the second
     payload (profile sections 9.3, 12)."""
-    from kvconform.moqt.errors import PublishDoneCode
 
     req = "MOQT-DATA-MALFORMED-DUPLICATE"
 

@@ -26,6 +26,7 @@ from kvconform.fixtures.moqt import (
     RelayUnderTest,
     done_after_streams,
     exactly_once,
+    fetch,
     finish,
     packet_tap,
     publisher,
@@ -35,10 +36,15 @@ from kvconform.fixtures.moqt import (
     subscribe,
     waiting,
 )
+from kvconform.moqt.client import build_parameters
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
-from kvconform.moqt.structures import Location
-from kvconform.verdicts import Findings
+from kvconform.moqt.filters import LocationFilter, RangeFilter
+from kvconform.moqt.messages import Fetch
+from kvconform.moqt.parameters import FillParameters
+from kvconform.moqt.session import RequestReceived
+from kvconform.moqt.structures import KeyValuePair, Location, SetupOption, encode_kvps
+from kvconform.verdicts import Findings, inconclusive
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
 
@@ -282,7 +288,6 @@ def test_forwarded_objects_are_unchanged_and_in_order(moqt_relay: RelayUnderTest
     """Objects of every shape (empty Normal object, one byte, several packets, binary; two subgroups of a
     group with their own priorities; Object Properties) arrive with the fields they were published with,
     in their order on each stream."""
-    from kvconform.moqt.structures import KeyValuePair, encode_kvps
 
     props = encode_kvps([KeyValuePair(0x78, int(rng.integers(0, 1 << 20))), KeyValuePair(0x79, rng.bytes(5))])
 
@@ -341,8 +346,6 @@ def _short(value: object) -> str:
 def test_forward_state_0_sends_nothing_until_updated(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """FORWARD 0: no object and no fill stream, control messages still flow; REQUEST_UPDATE FORWARD 1 starts
     delivery after the Largest Object of its REQUEST_OK (profile section 11.1)."""
-    from kvconform.moqt.client import build_parameters
-    from kvconform.moqt.filters import FillParameters, LocationFilter
 
     req = "MOQT-SUB-FORWARD"
 
@@ -379,8 +382,6 @@ def test_forward_state_0_sends_nothing_until_updated(moqt_relay: RelayUnderTest,
 def test_track_properties_reach_subscribers(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """The publisher's Track Properties, an unknown application property included, come back unchanged in
     SUBSCRIBE_OK and FETCH_OK (profile section 8)."""
-    from kvconform.fixtures.moqt import fetch
-    from kvconform.moqt.structures import KeyValuePair
 
     props = (KeyValuePair(0x0E, 7), KeyValuePair(0x78, int(rng.integers(0, 1 << 30))),
              KeyValuePair(0x7B, b"kvconform " + rng.bytes(6)))
@@ -406,9 +407,6 @@ def test_track_properties_reach_subscribers(moqt_relay: RelayUnderTest, rng: np.
 def test_object_id_filter_selects_the_first_objects(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """OBJECTID_FILTER 0..n-1 (the KVCS "first n blocks" recipe) on Next Object + fill: only Object IDs
     below n arrive, by the fill and by the subscription (profile sections 7.5, 11.3)."""
-    from kvconform.moqt.filters import RangeFilter
-    from kvconform.moqt.structures import SetupOption
-    from kvconform.verdicts import inconclusive
 
     n = int(rng.integers(1, 3))
 
@@ -441,9 +439,6 @@ def test_object_id_filter_selects_the_first_objects(moqt_relay: RelayUnderTest, 
 def test_cancelling_the_subscription_resets_its_open_fill(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """The publisher holds the relay's upstream FETCH, so the fill of a subscriber that joins mid-track stays
     open; the subscriber cancels its SUBSCRIBE: the relay must reset the fill stream (not FIN it)."""
-    from kvconform.moqt.messages import Fetch
-    from kvconform.moqt.session import RequestReceived
-    from kvconform.verdicts import inconclusive
 
     held = asyncio.Event()
 

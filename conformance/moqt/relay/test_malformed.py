@@ -27,7 +27,7 @@ from kvconform.moqt.craft import (
     wrong_length,
 )
 from kvconform.moqt.errors import SessionError
-from kvconform.moqt.filters import FillParameters, LocationFilter
+from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import (
     Fetch,
     Goaway,
@@ -39,8 +39,9 @@ from kvconform.moqt.messages import (
     SubscribeNamespace,
     SubscribeOk,
 )
+from kvconform.moqt.parameters import FillParameters, Parameter, Parameters
 from kvconform.moqt.session import SessionClosed
-from kvconform.moqt.structures import Parameter, Parameters, ParamType, TrackNamespace
+from kvconform.moqt.structures import ParamType, TrackNamespace
 from kvconform.verdicts import check, check_one_of, violation
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")

@@ -27,6 +27,7 @@ from kvconform.fixtures.moqt import (
     subscribe,
     waiting,
 )
+from kvconform.moqt.client import RequestRejected, SessionEnded
 from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Subscribe
 from kvconform.moqt.session import RequestReceived
@@ -132,7 +133,6 @@ def test_unknown_error_code_from_upstream_keeps_the_session(moqt_relay: RelayUnd
                                                            rng: np.random.Generator) -> None:
     """The publisher refuses the relay's SUBSCRIBE with REQUEST_ERROR code 0x7ABC, in no registry: the
     relay treats it as INTERNAL_ERROR, refuses downstream, and keeps the publisher's session."""
-    from kvconform.moqt.client import RequestRejected, SessionEnded
 
     def refuse_oddly(client: Any, event: RequestReceived) -> bool:
         if isinstance(event.message, Subscribe) and event.message.TYPE == Subscribe.TYPE:

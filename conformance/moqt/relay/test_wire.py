@@ -36,16 +36,9 @@ from kvconform.fixtures.moqt import (
 from kvconform.moqt.client import SessionEnded
 from kvconform.moqt.craft import CraftedMessage, vi64
 from kvconform.moqt.messages import RequestOk, SubscribeNamespace
+from kvconform.moqt.parameters import Parameter, Parameters
 from kvconform.moqt.quic import ALPN
-from kvconform.moqt.structures import (
-    KeyValuePair,
-    Parameter,
-    Parameters,
-    ParamType,
-    SetupOption,
-    TrackNamespace,
-    encode_kvps,
-)
+from kvconform.moqt.structures import KeyValuePair, ParamType, SetupOption, TrackNamespace, encode_kvps
 from kvconform.verdicts import Findings, check
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")

@@ -22,7 +22,7 @@ from kvconform.moqt.data import (
     SubgroupStreamWriter,
 )
 from kvconform.moqt.errors import MoqtDecodeError, MoqtEncodeError
-from kvconform.moqt.filters import FillParameters, LocationFilter, RangeFilter
+from kvconform.moqt.filters import LocationFilter, RangeFilter
 from kvconform.moqt.messages import (
     ControlMessage,
     ControlStreamParser,
@@ -49,12 +49,12 @@ from kvconform.moqt.messages import (
     frame,
     parse_control_message,
 )
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.structures import (
     AuthAliasType,
     AuthToken,
     KeyValuePair,
     Location,
-    Parameters,
     ParamType,
     TrackNamespace,
     check_properties,

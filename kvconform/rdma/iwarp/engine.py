@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvconform.rdma.engine import LocalMemory, Source, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
     Access,
@@ -52,7 +53,6 @@ from kvconform.rdma.iwarp.rdmap import (
     decode_terminate,
     encode_terminate,
 )
-from kvconform.rdma.wire.engine import LocalMemory, Source, WorkRequest
 
 DEFAULT_MULPDU = 1460 - 2 - 4  # one FPDU per TCP segment of a 1500-octet MTU (rdma-bindings §3.5)
 _QN_OF = {Opcode.READ_REQUEST: ddp.QN_READ, Opcode.ATOMIC_REQUEST: ddp.QN_READ, Opcode.TERMINATE: ddp.QN_TERMINATE,

@@ -6,7 +6,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from kvconform.rdma.fabric import Layer, Terminate
+from kvconform.rdma.fabric import DdpTaggedCode, DdpUntaggedCode, Layer, RdmapCode, Terminate
 
 
 class Opcode(enum.IntEnum):
@@ -117,8 +117,6 @@ def encode_terminate(term: Terminate, ddp_header: bytes = b"", rdmap_header: byt
 
 
 def _code_name(layer: int, etype: int, code: int) -> str:
-    from kvconform.rdma.fabric import DdpTaggedCode, DdpUntaggedCode, RdmapCode
-
     table: type[enum.IntEnum] | None = RdmapCode if layer == 0 else DdpTaggedCode if (layer, etype) == (1, 1) \
         else DdpUntaggedCode if (layer, etype) == (1, 2) else None
     if table is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from kvconform.rdma.engine import LocalMemory, Source, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
     Access,
@@ -56,7 +57,6 @@ from kvconform.rdma.roce.headers import (
 )
 from kvconform.rdma.roce.icrc import append_icrc, check_icrc
 from kvconform.rdma.roce.qp import QpInfo
-from kvconform.rdma.wire.engine import LocalMemory, Source, WorkRequest
 
 _HALF = 1 << 23
 _ATOMICS = (Op.FETCH_ADD, Op.COMP_SWAP)
@@ -110,7 +110,7 @@ class _Inbound:
 
 
 class RoceEngine:
-    """An RC endpoint over RoCEv2 implementing `kvconform.rdma.wire.engine.Engine` (see the module docstring)."""
+    """An RC endpoint over RoCEv2 implementing `kvconform.rdma.engine.Engine` (see the module docstring)."""
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ Like rc_pingpong's ``LID:QPN:PSN:GID`` line, but binary, versioned and length-pr
     GID(128)    the IPv6 address, or IPv4-mapped ::ffff:a.b.c.d (§5.1)
     [R_Key(32) VA(64)]
 
-Big-endian throughout. The socket part is the wire fabric's (`kvconform.rdma.wire.roce_setup`).
+Big-endian throughout. The socket part is the wire fabric's (`kvconform.rdma.wire.fabric`, RoceSetup).
 """
 
 from __future__ import annotations

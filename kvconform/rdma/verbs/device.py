@@ -38,7 +38,7 @@ class VerbsUnavailable(RuntimeError):
 def pyverbs() -> Any:
     """The pyverbs package, or VerbsUnavailable saying how to get it (it comes with rdma-core, not PyPI)."""
     try:
-        import pyverbs.device
+        import pyverbs.device  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         import pyverbs.enums
     except ImportError as exc:
         raise VerbsUnavailable(f"pyverbs is not importable ({exc}); it ships with rdma-core "
@@ -88,7 +88,7 @@ def query(name: str, port: int = 1, address: str | None = None) -> DeviceInfo:
     """One device's DeviceInfo; VerbsUnavailable when pyverbs or the device is missing. On RoCE, the GID is the
     first RoCEv2 one of an IPv4 address, or of ``address`` when given (a host with several)."""
     pv = pyverbs()
-    from pyverbs.device import Context, get_device_list
+    from pyverbs.device import Context, get_device_list  # optional: pyverbs ships with rdma-core, on RDMA hosts only
     from pyverbs.pyverbs_error import PyverbsError
 
     try:
@@ -130,7 +130,7 @@ def discover() -> list[DeviceInfo]:
     """Every verbs device of this host; [] when there is no RDMA stack or no pyverbs (never raises)."""
     try:
         pyverbs()
-        from pyverbs.device import get_device_list
+        from pyverbs.device import get_device_list  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         names = [d.name.decode() for d in get_device_list()]
     except Exception:

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvconform.rdma.engine import Source, WorkRequest
 from kvconform.rdma.fabric import Completion, ConnState, Layer, Op, RdmapCode, RdmapEType, Sge, Status, Terminate
-from kvconform.rdma.wire.engine import Source, WorkRequest
+from kvconform.rdma.verbs.memory import address_of
 
 POLL_S = 0.0005  # how often the fabric polls a CQ that has work in flight (no completion channel fd in pyverbs)
 # A QP in ERROR flushes what it holds at once; what the device has not returned this long after the connection
@@ -83,7 +84,7 @@ class VerbsEngine:
     def __init__(self, name: str, *, qp: Any, cq: Any, pd: Any, lkey_of: Callable[[Sge], tuple[int, int]],
                  on_remote_invalidate: Callable[[int], None], on_disconnect: Callable[[], None] | None = None,
                  note: Callable[..., None] | None = None, depth: int = 64) -> None:
-        import pyverbs.enums as e
+        import pyverbs.enums as e  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.mr import MR
 
         self._e = e
@@ -109,7 +110,6 @@ class VerbsEngine:
         self._held: list[WorkRequest] = []  # sends posted before the QP is ready to send
         self._done: deque[Completion] = deque()
         self._staging_mem = mmap.mmap(-1, STAGING_SLOT * STAGING_SLOTS)
-        from kvconform.rdma.verbs.fabric import address_of
 
         self._staging_addr = address_of(self._staging_mem)
         self._staging = MR(pd, len(self._staging_mem), e.IBV_ACCESS_LOCAL_WRITE, address=self._staging_addr)
@@ -150,7 +150,7 @@ class VerbsEngine:
         if self._state is not ConnState.CONNECTED:
             self._done.append(Completion(wr.wr_id, wr.op, Status.WR_FLUSH_ERR, self._name))
             return
-        from pyverbs.wr import SGE, SendWR
+        from pyverbs.wr import SGE, SendWR  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         e = self._e
         out = _Out(wr)
@@ -210,7 +210,7 @@ class VerbsEngine:
     def bind_window(self, mw: Any, mr: Any, addr: int, length: int, access: int) -> int:
         """Bind type-2 window ``mw`` over [addr, +length) of ``mr`` on this QP; returns the new rkey (valid once
         the bind executes, which is before any later work request of this QP)."""
-        from pyverbs.mr import MWBindInfo
+        from pyverbs.mr import MWBindInfo  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.wr import SendWR
 
         swr = SendWR(wr_id=self._new_id(), opcode=self._e.IBV_WR_BIND_MW, send_flags=self._e.IBV_SEND_SIGNALED)
@@ -222,7 +222,7 @@ class VerbsEngine:
     def _post_send(self, swr: Any, wr_id: int) -> None:
         """To the device, or to the backlog while its send queue is full (the fabric interface takes any number
         of posts; a device's queue holds ``depth``)."""
-        from pyverbs.pyverbs_error import PyverbsError
+        from pyverbs.pyverbs_error import PyverbsError  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         if self._posted >= self._depth or self._backlog:
             self._backlog.append((swr, wr_id))
@@ -246,7 +246,7 @@ class VerbsEngine:
         if self._state is not ConnState.CONNECTED:
             self._done.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
             return
-        from pyverbs.wr import SGE, RecvWR
+        from pyverbs.wr import SGE, RecvWR  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         sges = []
         if sge is not None and sge.length:
@@ -381,12 +381,12 @@ class VerbsEngine:
         return self._next_id
 
     def _empty_sge(self) -> Any:
-        from pyverbs.wr import SGE
+        from pyverbs.wr import SGE  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         return SGE(self._staging_addr, 0, self._staging.lkey)
 
     def _stage(self, out: _Out, data: bytes) -> Any:
-        from pyverbs.mr import MR
+        from pyverbs.mr import MR  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.wr import SGE
 
         if len(data) <= STAGING_SLOT and self._free_slots:
@@ -397,7 +397,6 @@ class VerbsEngine:
             return SGE(self._staging_addr + off, len(data), self._staging.lkey)
         mem = mmap.mmap(-1, len(data))
         mem[:] = data
-        from kvconform.rdma.verbs.fabric import address_of
 
         addr = address_of(mem)
         mr = MR(self.pd, len(data), self._e.IBV_ACCESS_LOCAL_WRITE, address=addr)
@@ -428,7 +427,7 @@ class VerbsEngine:
             self._done.append(Completion(out.wr.wr_id, out.wr.op, Status.WR_FLUSH_ERR, self._name))
 
     def _to_error(self) -> None:
-        from pyverbs.pyverbs_error import PyverbsError
+        from pyverbs.pyverbs_error import PyverbsError  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.qp import QPAttr
 
 

@@ -23,7 +23,7 @@ at a device, and at least every ``IDLE_POLL_S`` while connections are up.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import ipaddress
 import mmap
 import sys
 import time
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvconform.rdma.emulated import EmuBuffer, EmuCQ, EmuNode
+from kvconform.rdma.emulated import EmuCQ, EmuNode
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
@@ -45,9 +45,11 @@ from kvconform.rdma.fabric import (
     Window,
 )
 from kvconform.rdma.profiles import Profile
+from kvconform.rdma.roce.qp import ROCE_UDP_PORT
 from kvconform.rdma.verbs import cm as rdma_cm
 from kvconform.rdma.verbs.device import DeviceInfo, PyverbsError, VerbsUnavailable, profile_for, query
 from kvconform.rdma.verbs.engine import VerbsEngine
+from kvconform.rdma.verbs.memory import VerbsBuffer
 from kvconform.rdma.wire.fabric import RUN_TIMEOUT_S, RemoteNode, WireConnection, WireFabric, WireSetupError
 
 ANY = "0.0.0.0"  # iWARP without an address of its own: it can dial (the kernel picks the source), not listen
@@ -60,28 +62,12 @@ QP_DEPTH = 64
 _PAGE = mmap.PAGESIZE
 
 
-def address_of(mem: mmap.mmap) -> int:
-    """The virtual address of an anonymous mapping (what a memory region registers)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(mem))
-
-
-class VerbsBuffer(EmuBuffer):
-    """Node memory the device can reach: anonymous pages at their real address."""
-
-    __slots__ = ("mem",)
-
-    def __init__(self, length: int, byteorder: ByteOrder) -> None:
-        self.mem = mmap.mmap(-1, max(length, 1))
-        super().__init__(address_of(self.mem), length, byteorder)
-        self.data = self.mem  # type: ignore[assignment]  # read/write go to the mapped pages
-
-
 class VerbsNode(EmuNode):
     """A host on the device: one protection domain, its memory regions and windows."""
 
     def __init__(self, fabric: VerbsFabric, name: str, index: int, byteorder: ByteOrder) -> None:
         super().__init__(fabric, name, index, byteorder)
-        from pyverbs.pd import PD
+        from pyverbs.pd import PD  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         self._vfabric = fabric
         self.pd = PD(fabric.ctx)
@@ -144,7 +130,7 @@ class VerbsNode(EmuNode):
         rights = int(access) | (int(Access.LOCAL_WRITE) if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC)
                                 else 0)
         if self._vfabric.info.windows:
-            import pyverbs.enums as e
+            import pyverbs.enums as e  # optional: pyverbs ships with rdma-core, on RDMA hosts only
             from pyverbs.mr import MW
 
             # rxe (Linux 6.1) checks an access through a window against the bounds of the region under it, not
@@ -251,7 +237,7 @@ class VerbsFabric(WireFabric):
             raise VerbsUnavailable(f"{self.info.describe()}: the port has no RoCEv2 GID of an IPv4 address")
         super().__init__(profile, binding="iwarp" if iwarp else "roce", trace=trace, capture_dir=capture_dir,
                          host=address, run_timeout=RUN_TIMEOUT_S if run_timeout is None else run_timeout)
-        from pyverbs.device import Context
+        from pyverbs.device import Context  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         self.device = device
         self.port = port
@@ -280,7 +266,7 @@ class VerbsFabric(WireFabric):
         return node
 
     def _mr(self, pd: Any, addr: int, length: int, access: int) -> Any:
-        from pyverbs.mr import MR
+        from pyverbs.mr import MR  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.pyverbs_error import PyverbsError
 
         try:
@@ -290,9 +276,14 @@ class VerbsFabric(WireFabric):
                                    f"{Access(access)!r}: {exc}") from exc
 
     def _new_qp(self, node: VerbsNode) -> tuple[Any, Any]:
-        import pyverbs.enums as e
+        import pyverbs.enums as e  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.cq import CQ
-        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+        from pyverbs.qp import (
+            QP,
+            QPAttr,
+            QPCap,
+            QPInitAttr,
+        )
 
         cq = CQ(self.ctx, 2 * QP_DEPTH + 8, None, None, 0)
         cap = QPCap(max_send_wr=QP_DEPTH, max_recv_wr=QP_DEPTH, max_send_sge=min(4, self.info.max_sge),
@@ -325,8 +316,6 @@ class VerbsFabric(WireFabric):
 
     @property
     def udp_port(self) -> int:
-        from kvconform.rdma.roce.qp import ROCE_UDP_PORT
-
         return ROCE_UDP_PORT
 
     def _register_qpn(self, conn: WireConnection) -> int:
@@ -337,9 +326,8 @@ class VerbsFabric(WireFabric):
         return int(qp.qp_num)
 
     def make_roce_engine(self, conn: WireConnection, local: Any, remote: Any) -> Any:
-        import ipaddress
 
-        from pyverbs.addr import GID, AHAttr, GlobalRoute
+        from pyverbs.addr import GID, AHAttr, GlobalRoute  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.qp import QPAttr
 
         qp, cq = self._qps.pop(local.qpn)

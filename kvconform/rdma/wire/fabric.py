@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import itertools
 import os
 import selectors
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvconform.rdma.emulated import EmuConnection, EmuCQ, EmuFabric, EmuNode, _Wr
+from kvconform.rdma.engine import Engine, Source, WorkRequest
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
@@ -54,12 +56,15 @@ from kvconform.rdma.fabric import (
     Status,
     Terminate,
 )
+from kvconform.rdma.iwarp.engine import IwarpEngine
 from kvconform.rdma.memory import atomic_misaligned, remote_invalidate_refusal, resolve
 from kvconform.rdma.profiles import Binding, Profile
+from kvconform.rdma.roce import oob
+from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
+from kvconform.rdma.roce.qp import QpInfo
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
-from kvconform.rdma.wire.engine import Engine, Source, WorkRequest
 
 WireBindingName = Literal["iwarp", "roce"]
 ROCE_PORT = 4791  # IANA RoCEv2 UDP port (rdma-bindings §4.1)
@@ -188,6 +193,73 @@ class _Listener:
     sock: socket.socket
     on_accept: Callable[[WireConnection], None]
     names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+# ---- RoCEv2 connection setup: the out-of-band QP exchange over the TCP side channel (rdma-bindings §5.1: QPN,
+# starting PSN, address and UDP port), then the RC engine over the fabric's UDP socket. The side channel stays open
+# for the connection's life; its end is the connection's end.
+
+
+class RoceSetup:
+    """One connection's QP exchange and datagram path."""
+
+    def __init__(self, fabric: WireFabric, conn: WireConnection, *, initiator: bool) -> None:
+        self.fabric = fabric
+        self.conn = conn
+        self.initiator = initiator
+        self.inbox = bytearray()
+        self.local: QpInfo | None = None
+        self.remote: QpInfo | None = None
+
+    def begin(self) -> None:
+        qpn = self.fabric._register_qpn(self.conn)
+        self.fabric._ensure_udp()
+        # a starting PSN that differs per connection but replays for the same names (readable captures)
+        psn = int.from_bytes(hashlib.sha256(self.conn.name.encode()).digest()[:3], "big")
+        self.local = QpInfo(qpn=qpn, psn=psn, ip=self.fabric.roce_address, port=self.fabric.udp_port)
+        if self.initiator:
+            self._send_side(oob.encode(self.local))
+
+    def _send_side(self, data: bytes) -> None:
+        if self.conn.tap is not None:
+            self.conn.tap.stream(True, data)
+        self.conn.out += data
+        self.fabric._write(self.conn)
+
+    def side_channel(self, data: bytes) -> None:
+        """Bytes on the side channel: the peer's QP information (anything after it is ignored)."""
+        if self.conn.tap is not None:
+            self.conn.tap.stream(False, data)
+        if self.remote is not None:
+            return
+        self.inbox += data
+        try:
+            got = oob.decode(bytes(self.inbox))
+        except oob.OobError as exc:
+            self.fabric._lost(self.conn, f"out-of-band QP exchange: {exc}")
+            return
+        if got is None:
+            return  # incomplete
+        self.remote, _used = got
+        assert self.local is not None
+        engine = self.fabric.make_roce_engine(self.conn, self.local, self.remote)
+        self.fabric._set_engine(self.conn, engine)
+        engine.start(self.fabric.now)
+        self.fabric._flush(self.conn)  # the endpoint attaches (posts its receives) here ...
+        if not self.initiator:  # ... before the initiator learns it may send: no RNR NAK for its first Send
+            self._send_side(oob.encode(self.local))
+
+    def send(self, payloads: list[bytes]) -> None:
+        udp = self.fabric._ensure_udp()
+        assert self.remote is not None
+        dst = (self.remote.ip, self.remote.port)
+        for p in payloads:
+            try:
+                udp.sendto(p, dst)
+            except BlockingIOError:
+                continue  # a full socket buffer drops the datagram: RC retransmits it
+            if self.conn.tap is not None:
+                self.conn.tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)
 
 
 class WireFabric(EmuFabric):
@@ -353,21 +425,18 @@ class WireFabric(EmuFabric):
             engine.start(self.now)
             self._flush(conn)
         else:
-            from kvconform.rdma.wire.roce_setup import RoceSetup
 
             conn.setup = RoceSetup(self, conn, initiator=initiator)
             conn.setup.begin()
 
     def make_iwarp_engine(self, conn: WireConnection, initiator: bool) -> Any:
         """The engine of one iWARP connection (a subclass may give a broken one: the harness's wire mutants)."""
-        from kvconform.rdma.iwarp.engine import IwarpEngine
 
         return IwarpEngine(conn.name, self._memory(conn), initiator=initiator, peer=conn.peer_name,
                            **self.engine_options)
 
     def make_roce_engine(self, conn: WireConnection, local: Any, remote: Any) -> Any:
         """The engine of one RoCEv2 connection, once the QP exchange gave both ends' QP information."""
-        from kvconform.rdma.roce.engine import RoceEngine
 
         return RoceEngine(conn.name, self._memory(conn), local=local, remote=remote, pmtu=self.profile.pmtu,
                           masked_atomics=self.profile.masked_atomics, **self.engine_options)

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from kvconform.moqt.cache import CachedObject
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
 from kvconform.moqt.filters import RangeFilter
+from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Decision, Grant, Policy, Right, is_prefix
 from kvconform.moqt.quic import granting_streams_uni
 from kvconform.moqt.relay import Downstream, Peer, Relay, Track
 from kvconform.moqt.session import Request, SessionUsageError
-from kvconform.moqt.structures import KeyValuePair, Location, Parameters, TrackNamespace
+from kvconform.moqt.structures import KeyValuePair, Location, TrackNamespace
 from tests.mutants import Mutant
 from tests.mutants.moqt import (
     FinAfterDoneRelay,
