@@ -487,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args_list and args_list[0] == "serve":
             return _serve(args_list[1:])
         if args_list and args_list[0] == "vectors":
-            return _dispatch("kvconform.testvectors", "main", args_list[1:], "vectors")
+            return _dispatch("kvconform.vectortool", "main", args_list[1:], "vectors")
         if args_list and args_list[0] == "fuzz":
             return _dispatch("kvconform.fuzz.tool", "main", args_list[1:], "fuzz")
         if args_list and args_list[0] == "matrix":  # issue 14, the plugfest matrix

@@ -107,7 +107,9 @@ def _function_imports() -> list[tuple[str, int, str, bool]]:
             tree = ast.parse("\n".join(lines))
             for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
                 for node in ast.walk(func):
-                    if not isinstance(node, ast.Import | ast.ImportFrom) or getattr(node, "level", 0):
+                    if not isinstance(node, ast.Import | ast.ImportFrom):
+                        continue
+                    if isinstance(node, ast.ImportFrom) and node.level:
                         continue
                     module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
                     # the reason sits on the statement or on another line of its block of imports

@@ -11,8 +11,9 @@ import pytest
 
 import kvconform.tlkv.vectors as tv
 from kvconform import testvectors
-from kvconform.testvectors import VectorError, check_files, load_vectors, main, vector_files, vectors_dir
+from kvconform.testvectors import VectorError, load_vectors, vector_files, vectors_dir
 from kvconform.tlkv import reader
+from kvconform.vectortool import check_files, main
 
 KINDS = ["tlkv-fnv1a64", "tlkv-crc32c", "tlkv-block-hash", "tlkv-envelope", "tlkv-envelope-read"]
 SPEC_ENVELOPE_HEX = ("544c4b56010001000100000002000000010000000100000002000000"

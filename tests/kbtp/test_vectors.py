@@ -16,7 +16,8 @@ from kvconform.catalog import load_catalogs
 from kvconform.kbtp.messages import Message, decode
 from kvconform.kbtp.ring import FreeOutcome, RingModel, RingSlot
 from kvconform.kbtp.vectors import SPEC_ALLOC_STORE, SPEC_COMPLETION
-from kvconform.testvectors import check_files, load_vectors, main, vector_files, vectors_dir
+from kvconform.testvectors import load_vectors, vector_files, vectors_dir
+from kvconform.vectortool import check_files, main
 from tests.kbtp.strategies import messages
 
 KINDS = {kv.KIND_MESSAGE, kv.KIND_FETCH_ADD, kv.KIND_RING_COUNTER, kv.KIND_RING_INIT, kv.KIND_RING_SCENARIO}

@@ -20,7 +20,8 @@ from kvconform.kvcs.layers import KVO1, dissect, to_header
 from kvconform.kvcs.payload import decode_object, verify_object
 from kvconform.kvcs.tracks import parse_track_name
 from kvconform.kvsp import PROVISIONAL, jcs_canonical
-from kvconform.testvectors import check_files, load_vectors, main, vector_files, vectors_dir
+from kvconform.testvectors import load_vectors, vector_files, vectors_dir
+from kvconform.vectortool import check_files, main
 
 KINDS = {kv.KIND_NAMESPACE, kv.KIND_PAYLOAD, kv.KIND_TRACK_NAME, kv.KIND_KVSP, kv.KIND_OBJECT, kv.KIND_MANIFEST,
          kv.KIND_MOQT_MESSAGE, kv.KIND_COSE}

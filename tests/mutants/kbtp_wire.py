@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvconform.kbtp.target import ReferenceTarget
+from kvconform.rdma.engine import Source
 from kvconform.rdma.fabric import Access, Terminate
 from kvconform.rdma.iwarp import ddp
 from kvconform.rdma.iwarp.engine import IwarpEngine
 from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.icrc import append_icrc
-from kvconform.rdma.engine import Source
 from kvconform.rdma.wire.fabric import WireConnection, WireFabric
 from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
 

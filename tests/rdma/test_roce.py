@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvconform.rdma.emulated import EmuBuffer
+from kvconform.rdma.engine import WorkRequest
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
@@ -41,7 +42,6 @@ from kvconform.rdma.roce.headers import (
 )
 from kvconform.rdma.roce.icrc import append_icrc, check_icrc, icrc, ipv4_header
 from kvconform.rdma.roce.qp import QpInfo
-from kvconform.rdma.engine import WorkRequest
 
 ALL = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC
 FETCH_ADD_VECTOR = bytes.fromhex(

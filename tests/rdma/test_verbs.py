@@ -116,8 +116,8 @@ def test_a_flush_the_device_never_delivers_ends_as_flushed_after_the_bound(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """siw once kept an ended connection's send unreturned for the rest of a run: the engine waits FLUSH_BOUND_S,
     then completes what is left as flushed, names it on stderr, and is drained (a run can end)."""
-    from kvconform.rdma.verbs import engine as verbs_engine
     from kvconform.rdma.engine import WorkRequest
+    from kvconform.rdma.verbs import engine as verbs_engine
 
     class SilentCQ:
         def poll(self, n: int) -> tuple[int, list[object]]:

@@ -197,10 +197,10 @@ class _NoMemory:
 def test_a_delayed_rtr_goes_first_at_its_time_and_holds_the_sends() -> None:
     """``rtr_delay_s`` (siw drops what arrives while it moves its QP to RTS: docs/interop-rdma.md #10): after the
     MPA Reply nothing leaves until the clock passes the delay; then the Read RTR, then what was posted meanwhile."""
+    from kvconform.rdma.engine import WorkRequest
     from kvconform.rdma.iwarp.ddp import parse
     from kvconform.rdma.iwarp.engine import IwarpEngine
     from kvconform.rdma.iwarp.mpa import Enhanced, StartFrame, encode_start
-    from kvconform.rdma.engine import WorkRequest
 
     ini = IwarpEngine("I", _NoMemory(), initiator=True, rtr_delay_s=0.5)  # type: ignore[arg-type]
     ini.start(0.0)
