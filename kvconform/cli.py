@@ -14,11 +14,13 @@ import os
 import shlex
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+from kvconform.targets.registry import ROLES, url_schemes
 
 __all__ = ["discover_suites", "main", "select_suites"]
 
@@ -314,7 +316,6 @@ def suite_table(root: Path | None = None) -> list[dict[str, Any]]:
     """Per installed suite: its protocol, the role it tests, the catalog's requirement counts for that role and
     the target forms it accepts (targets/registry.py)."""
     from kvconform.catalog import load_catalogs
-    from kvconform.targets.registry import ROLES
     from kvconform.verdicts import GATING_LEVELS, STRICT_LEVELS
 
     catalog = load_catalogs()
@@ -374,26 +375,29 @@ def _capture_arguments(run: argparse.ArgumentParser) -> None:
                           "datagrams); auto: tcpdump when it can capture here (default)")
 
 
-TARGET_FORMS = """\
-targets (--target):
-  reference                  the reference implementation, in-process (the default)
-  grpc://host:port, ...      a running endpoint: the URL schemes the suites below list
-  cmd:<template>             a command line the harness spawns, starts and stops; the {placeholders} it
-                             carries say which role it plays (quote it for your shell)
-  python:<module>:<factory>  an object implementing the role's driver Protocol, or a factory of one
-  <name>                     a target the testbed (--testbed) names, with its PICS, roles and parameters
-"""
+def target_forms() -> str:
+    """The ``--target`` forms (``kvconform run --help``), the URL schemes those of the role table."""
+    schemes = textwrap.wrap(f"a running endpoint; SCHEME is one of {', '.join(url_schemes())} (each suite's are "
+                            "listed below)", 76)
+    return "\n".join([
+        "targets (--target):",
+        "  reference                  the reference implementation, in-process (the default)",
+        "  SCHEME://host:port         " + f"\n{'':29}".join(schemes),
+        "  cmd:<template>             a command line the harness spawns, starts and stops; the {placeholders} it",
+        "                             carries say which role it plays (quote it for your shell)",
+        "  python:<module>:<factory>  an object implementing the role's driver Protocol, or a factory of one",
+        "  docker:IMAGE[:TAG]         an image following the container contract (docs/docker-contract.md)",
+        "  <name>                     a target the testbed (--testbed) names, with its PICS, roles and parameters",
+        ""])
 
 
 def run_epilog(root: Path | None = None) -> str:
     """``kvconform run --help``'s text after the options: the target forms and every suite with the forms it takes."""
-    from kvconform.targets.registry import ROLES
-
     try:
         suites = list(discover_suites(root))
     except OSError:
         suites = []
-    lines = [TARGET_FORMS, "suites (and the target forms each takes; `kvconform suites` adds requirement counts):"]
+    lines = [target_forms(), "suites (and the target forms each takes; `kvconform suites` adds requirement counts):"]
     for suite in suites:
         role = ROLES.get(suite)
         line = role.describe() if role else f"{suite}: reference"

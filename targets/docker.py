@@ -19,6 +19,7 @@ daemon, or when an image cannot be built, the driver raises :class:`DockerUnavai
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import errno
@@ -37,14 +38,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
 
 from kvconform.fixtures import evidence
+from kvconform.moqt.tls import test_certificate
 from kvconform.targets import contract
 from kvconform.targets.drivers import DriverError, TargetUnavailable
 from kvconform.targets.process import ProcessResult
-from kvconform.targets.spec import TargetSpec
-from kvconform.targets.testbed import Testbed
+from kvconform.targets.registry import ROLES, load_ref
+from kvconform.targets.spec import TargetSpec, parse_target
+from kvconform.targets.testbed import Testbed, load_testbed
+from kvconform.verdicts import inconclusive
 
 if TYPE_CHECKING:  # the SDK is optional at run time
     from docker import DockerClient
@@ -701,7 +707,7 @@ class ContainerRun:
     def start(self) -> None:
         declared = _UNSUPPORTED.get((self.spec.image, self.role))
         if declared is not None:
-            _inconclusive(declared)
+            inconclusive(declared)
         self._started = time.monotonic()
         self._container = DockerContainer(self.spec)
         try:
@@ -755,7 +761,7 @@ class ContainerRun:
                       f"nothing of {self.role} was tested; a testbed entry whose roles: leaves {self.role} out makes "
                       f"kvconform run refuse the suite instead")
             _UNSUPPORTED[(self.spec.image, self.role)] = reason
-            _inconclusive(reason)
+            inconclusive(reason)
         raise TargetUnavailable(
             f"{self.spec.image} exited {contract.UNSUPPORTED_EXIT} as {self.role} without printing "
             f"'kvconform-unsupported role={self.role}' ({contract.item('unsupported')}): a shell's 'command not found' "
@@ -805,12 +811,6 @@ def unsupported_declaration(image: str, role: str) -> str | None:
     """Why the checks of ``role`` are inconclusive when ``image`` declared (exit 127 + ``kvconform-unsupported``) in
     this process that it does not play it; None when it did not."""
     return _UNSUPPORTED.get((image, role))
-
-
-def _inconclusive(reason: str) -> NoReturn:
-    from kvconform.verdicts import inconclusive
-
-    inconclusive(reason)
 
 
 class ContainerLauncher:
@@ -878,10 +878,6 @@ class ContainerRelay:
         self.result: ProcessResult | None = None  # how the last container ended (after stop())
 
     def start(self, policy: dict[str, Any]) -> str:
-        import yaml
-
-        from kvconform.moqt.tls import test_certificate
-
         self._folder = tempfile.mkdtemp(prefix="kvconform-relay-")
         try:
             folder = Path(self._folder)
@@ -934,26 +930,20 @@ def play_role(image: str, role: str, values: Mapping[str, str], params: Mapping[
 def contract_driver(suite: str, target: TargetSpec) -> Any:
     """The driver of ``suite`` for a ``docker`` target (``targets/registry.py`` calls it): the role's ``cmd:`` driver
     over a ``ContainerLauncher``, or a ``ContainerRelay``. TargetUnavailable for a role no container can play."""
-    from kvconform.targets.registry import ROLES, _load
-
-    roles = contract.container_roles()
-    if suite not in roles:
-        why = contract.NOT_REACHABLE if suite.startswith("kbtp-") else "it is not in the container contract"
+    role = ROLES.get(suite)
+    if role is None or role.container is None or not role.is_suite:
+        why = role.no_container if role is not None and role.no_container else "it is not in the container contract"
         raise TargetUnavailable(f"docker target {target.value} cannot play {suite}: {why}")
     launcher = ContainerLauncher(target.value, suite, docker_params(target))
-    if roles[suite].probe == "udp-bound":
+    if role.cmd is None:  # the relays: the harness starts the image with its policy (no cmd: driver of their own)
         return ContainerRelay(launcher)
-    factory = ROLES[suite].cmd
-    assert factory is not None, f"{suite}: a contract role without a cmd: driver"
-    return _load(factory)(launcher)
+    return load_ref(role.cmd)(launcher)
 
 
 def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
     """Make every docker image the testbed names: its base first (by the base's script, e.g. a debootstrap), then
     the images of its ``defaults.params.docker.images`` recipes and of its ``docker`` targets. Returns the image
     names; bounded."""
-    from kvconform.targets.spec import parse_target
-
     defaults = testbed.defaults.get("params", {}).get("docker", {})
     client = docker_client()
     made: list[str] = []
@@ -989,10 +979,6 @@ def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m kvconform.targets.docker prepare TESTBED``: make the testbed's images (for CI)."""
-    import argparse
-
-    from kvconform.targets.testbed import load_testbed
-
     parser = argparse.ArgumentParser(prog="python -m kvconform.targets.docker")
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="make the docker images a testbed names (base, then Dockerfiles)")

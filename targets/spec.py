@@ -20,6 +20,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
+from kvconform.targets import registry
+from kvconform.targets.contract import container_roles
+from kvconform.targets.registry import RoleError
 from kvconform.verdicts import not_applicable
 
 from .testbed import Testbed, TestbedError, validate_pics
@@ -42,32 +45,24 @@ TargetKind = Literal["reference", "url", "cmd", "python", "docker", "verbs"]
 
 def cmd_roles(command: str) -> set[str]:
     """The suites a cmd: template plays, from its placeholders (targets/registry.py); TargetError otherwise."""
-    from kvconform.targets.registry import RoleError
-    from kvconform.targets.registry import cmd_roles as roles
-
     try:
-        return roles(command)
+        return registry.cmd_roles(command)
     except RoleError as exc:
         raise TargetError(f"--target cmd:{command}: {exc}") from None
 
 
 def url_roles(url: str) -> set[str]:
     """The suites a URL target plays, from its scheme; TargetError for an unknown scheme."""
-    from kvconform.targets.registry import url_roles as roles
-    from kvconform.targets.registry import url_schemes
-
     scheme = urlsplit(url).scheme
-    found = roles(scheme)
+    found = registry.url_roles(scheme)
     if not found:
         raise TargetError(f"--target {url!r}: URL scheme {scheme!r} is not handled by any lane "
-                          f"(known: {', '.join(url_schemes())})")
+                          f"(known: {', '.join(registry.url_schemes())})")
     return found
 
 
 def docker_roles() -> set[str]:
     """The suites a ``docker:`` image can be asked to play (targets/contract.py; KBTP's cannot yet)."""
-    from kvconform.targets.contract import container_roles
-
     return set(container_roles())
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 from kvconform.fixtures import evidence
 from kvconform.matrix.context import Broken, CellContext, Participant, Unavailable, Unobservable
+from kvconform.matrix.participants import declared_unsupported, remove_containers
+from kvconform.verdicts import INCONCLUSIVE_PREFIX, Inconclusive
 
 __all__ = ["main", "run_cell"]
 
@@ -53,9 +55,9 @@ def _exchange(kind: str) -> Callable[[CellContext], None]:
 
 
 def _process_logs(ctx: CellContext, transcript: evidence.Transcript) -> None:
-    """The drivers' process records (prefill, decode, writer, reader) into the participants' logs."""
+    """The drivers' process records (prefill, decode, writer, reader, initiator) into the participants' logs."""
     kinds = {"prefill side process": "tlkv-prefill", "decode side process": "tlkv-decode",
-             "writer process": "tlkv-writer", "reader process": "tlkv-reader"}
+             "writer process": "tlkv-writer", "reader process": "tlkv-reader", "initiator process": "kbtp-initiator"}
     for event in transcript.as_list():
         suite = kinds.get(event["kind"])
         if suite in ctx.participants:
@@ -66,8 +68,6 @@ def _inconclusive_reason(exc: BaseException) -> str | None:
     """The reason when ``exc`` is ``kvconform.verdicts.inconclusive``'s (pytest's skip where pytest is imported,
     else ``Inconclusive``): a driver ending what it does inconclusive, e.g. under the container contract an image
     that declares it does not play its role."""
-    from kvconform.verdicts import INCONCLUSIVE_PREFIX, Inconclusive
-
     if isinstance(exc, Inconclusive):
         return str(exc)
     skip = getattr(sys.modules.get("pytest"), "skip", None)
@@ -98,8 +98,6 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:
         reason = _inconclusive_reason(exc)
         if reason is not None:
-            from kvconform.matrix.participants import declared_unsupported
-
             # an image: participant that said it does not play its role (nothing of it was tested), or a
             # driver that could not observe what it needed
             declared = declared_unsupported(participants)
@@ -116,8 +114,6 @@ def run_cell(request: dict[str, Any]) -> dict[str, Any]:
         evidence.activate(None)
         with_docker = [p for p in participants.values() if p.run.in_docker]
         if with_docker:
-            from kvconform.matrix.participants import remove_containers
-
             try:
                 left = remove_containers(ctx.run, ctx.id)
             except Exception as exc:  # cleanup is best effort; docker_template labelled them for reaping
