@@ -14,12 +14,26 @@ import os
 import shlex
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import kvconform.conformance as pkg
 from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+from kvconform.capture import MODES, TOOLS
+from kvconform.catalog import CatalogError, load_catalogs
 from kvconform.components import COMPONENTS, SUMMARIES, component
+from kvconform.reports.certification import certify
+from kvconform.reports.coverage import build_coverage, load_coverage
+from kvconform.reports.html import write_html
+from kvconform.reports.manifest import ManifestError, generate_key, sign, verify
+from kvconform.results import TestResult
+from kvconform.targets.registry import ROLES, url_schemes
+from kvconform.targets.spec import TargetError, parse_target
+from kvconform.targets.testbed import TestbedError, load_testbed
+from kvconform.verdicts import GATING_LEVELS, STRICT_LEVELS
 
 __all__ = ["discover_suites", "main", "select_suites"]
 
@@ -35,7 +49,6 @@ class UsageError(Exception):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("kvconform")
@@ -45,7 +58,6 @@ def _version() -> str:
 
 def conformance_dir() -> Path:
     """The installed ``kvconform.conformance`` folder (the checkout's ``conformance/`` in editable mode)."""
-    import kvconform.conformance as pkg
 
     return Path(next(iter(pkg.__path__)))
 
@@ -96,8 +108,6 @@ def _plugin_args() -> list[str]:
 
 
 def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    from kvconform.targets.spec import TargetError, parse_target
-    from kvconform.targets.testbed import TestbedError, load_testbed
 
     try:
         testbed = load_testbed(args.testbed)
@@ -194,7 +204,6 @@ def _report(args: argparse.Namespace) -> int:
     if args.report_kind == "verify":
         return _report_verify(args)
     if args.report_kind == "keygen":
-        from kvconform.reports.manifest import generate_key
 
         try:
             key, pub = generate_key(args.key, args.algorithm)
@@ -206,7 +215,6 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _report_sign(args: argparse.Namespace) -> int:
-    from kvconform.reports.manifest import ManifestError, sign
 
     try:
         out = sign(args.report_dir, args.key)
@@ -218,7 +226,6 @@ def _report_sign(args: argparse.Namespace) -> int:
 
 
 def _report_verify(args: argparse.Namespace) -> int:
-    from kvconform.reports.manifest import ManifestError, verify
 
     try:
         result = verify(args.report_dir, args.pub)
@@ -233,18 +240,12 @@ def _report_verify(args: argparse.Namespace) -> int:
 
 
 def _report_html(args: argparse.Namespace) -> int:
-    from kvconform.reports.coverage import load_coverage
-    from kvconform.reports.html import write_html
 
     try:
         doc = load_coverage(args.source)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--from {args.source}: {exc}") from exc
     if args.all_protocols:
-        from kvconform.catalog import load_catalogs
-        from kvconform.reports.certification import certify
-        from kvconform.reports.coverage import build_coverage
-        from kvconform.results import TestResult
 
         results = [TestResult.from_dict(t) for t in doc.get("tests", [])]
         meta = doc.get("meta", {})
@@ -306,9 +307,6 @@ def _serve(argv: list[str]) -> int:
 def suite_table(root: Path | None = None) -> list[dict[str, Any]]:
     """Per installed suite: its protocol, the role it tests, the catalog's requirement counts for that role and
     the target forms it accepts (targets/registry.py)."""
-    from kvconform.catalog import load_catalogs
-    from kvconform.targets.registry import ROLES
-    from kvconform.verdicts import GATING_LEVELS, STRICT_LEVELS
 
     catalog = load_catalogs()
     rows = []
@@ -334,7 +332,6 @@ def suite_table(root: Path | None = None) -> list[dict[str, Any]]:
 
 
 def _suites(args: argparse.Namespace) -> int:
-    from kvconform.catalog import CatalogError
 
     try:
         rows = suite_table()
@@ -356,7 +353,6 @@ DEFAULT_SUITE_BUDGET = 900.0  # the plugin's own default (fixtures/plugin.py), w
 
 
 def _capture_arguments(run: argparse.ArgumentParser) -> None:
-    from kvconform.capture import MODES, TOOLS
 
     run.add_argument("--capture", choices=MODES, default="failed",
                      help="per-check capture beside the evidence: a pcap of the harness's sockets (tl.kv.v1 TCP, "
@@ -367,26 +363,29 @@ def _capture_arguments(run: argparse.ArgumentParser) -> None:
                           "datagrams); auto: tcpdump when it can capture here (default)")
 
 
-TARGET_FORMS = """\
-targets (--target):
-  reference                  the reference implementation, in-process (the default)
-  grpc://host:port, ...      a running endpoint: the URL schemes the suites below list
-  cmd:<template>             a command line the harness spawns, starts and stops; the {placeholders} it
-                             carries say which role it plays (quote it for your shell)
-  python:<module>:<factory>  an object implementing the role's driver Protocol, or a factory of one
-  <name>                     a target the testbed (--testbed) names, with its PICS, roles and parameters
-"""
+def target_forms() -> str:
+    """The ``--target`` forms (``kvconform run --help``), the URL schemes those of the role table."""
+    schemes = textwrap.wrap(f"a running endpoint; SCHEME is one of {', '.join(url_schemes())} (each suite's are "
+                            "listed below)", 76)
+    return "\n".join([
+        "targets (--target):",
+        "  reference                  the reference implementation, in-process (the default)",
+        "  SCHEME://host:port         " + f"\n{'':29}".join(schemes),
+        "  cmd:<template>             a command line the harness spawns, starts and stops; the {placeholders} it",
+        "                             carries say which role it plays (quote it for your shell)",
+        "  python:<module>:<factory>  an object implementing the role's driver Protocol, or a factory of one",
+        "  docker:IMAGE[:TAG]         an image following the container contract (docs/docker-contract.md)",
+        "  <name>                     a target the testbed (--testbed) names, with its PICS, roles and parameters",
+        ""])
 
 
 def run_epilog(root: Path | None = None) -> str:
     """``kvconform run --help``'s text after the options: the target forms and every suite with the forms it takes."""
-    from kvconform.targets.registry import ROLES
-
     try:
         suites = list(discover_suites(root))
     except OSError:
         suites = []
-    lines = [TARGET_FORMS, "suites (and the target forms each takes; `kvconform suites` adds requirement counts):"]
+    lines = [target_forms(), "suites (and the target forms each takes; `kvconform suites` adds requirement counts):"]
     for suite in suites:
         role = ROLES.get(suite)
         line = role.describe() if role else f"{suite}: reference"

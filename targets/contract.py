@@ -1,7 +1,8 @@
 """The container contract (docs/docker-contract.md): how the harness asks an image to play a role.
 
-Pure functions and data only, no docker: the role names an image may be asked to play, how the values of a role's
-placeholders become environment variables, arguments and bind mounts, what the lines ``kvconform-ready`` and
+Pure functions and data only, no docker: the roles an image may be asked to play (those of the role table,
+``targets/registry.py`` ``ROLES``, that say how a container plays them), how the values of a role's placeholders
+become environment variables, arguments and bind mounts, what the lines ``kvconform-ready`` and
 ``kvconform-unsupported`` mean and how an exit status is read (127 = the image declares it does not play the role).
 ``targets/docker.py`` runs containers by it; the harness's own unit tests check it without a daemon.
 
@@ -25,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
+from kvconform.targets.registry import ROLES, ContainerKind, Probe, Role
+
 __all__ = [
     "CONTRACT_LABEL",
     "CONTRACT_VERSION",
     "ITEMS",
     "LANE_ROLES",
     "MOUNT_ROOT",
-    "NOT_REACHABLE",
     "OPTIONAL_LABEL",
     "UNSUPPORTED_EXIT",
     "ContainerRole",
@@ -78,8 +80,6 @@ def item(name: str) -> str:
         raise KeyError(f"contract item {name!r}: expected one of {', '.join(ITEMS)}")
     return f"contract item '{name}' ({DOC}#{name})"
 
-Kind = Literal["one-shot", "server", "client"]
-Probe = Literal["tcp", "udp-bound"]
 
 # Placeholders that name files: "in" a file the harness wrote, "out" a file the image writes, "dir" a folder
 # the harness filled, "list" comma-separated "kid=PATH" entries of input files.
@@ -88,18 +88,13 @@ FILES: dict[str, Literal["in", "out", "dir", "list"]] = {
     "out": "out", "certs": "dir", "producer_key": "list",
 }
 
-# Why the KBTP roles cannot be asked of a container yet: their drivers place an endpoint on the harness's
-# emulated RDMA fabric, in-process (targets/kbtp.py); no wire binding a container could speak is wired up.
-NOT_REACHABLE = ("the KBTP drivers place the target or initiator on the harness's in-process emulated RDMA fabric "
-                 "(targets/kbtp.py); a container cannot join it yet")
-
 
 @dataclass(frozen=True)
 class ContainerRole:
     """One role as a container plays it: its placeholders and how the harness knows it is serving."""
 
     name: str
-    kind: Kind
+    kind: ContainerKind
     placeholders: tuple[str, ...]
     optional: tuple[str, ...] = ()
     probe: Probe | None = None  # how a server role's port shows it is ready (besides the kvconform-ready line)
@@ -109,30 +104,23 @@ class ContainerRole:
         return frozenset(self.placeholders) | frozenset(self.optional)
 
 
+def _contract_role(role: Role) -> ContainerRole:
+    assert role.container is not None
+    required, optional = role.contract_placeholders
+    return ContainerRole(role.name, role.container.kind, required, optional, role.container.probe)
+
+
+# The contract's roles, from the role table (targets/registry.py ROLES): the suites an image can be asked to play
+# (``container_roles()``), and the interop lane's third-party peers, which no suite tests (tests/interop).
+_SUITES: dict[str, ContainerRole] = {name: _contract_role(r) for name, r in ROLES.items()
+                                     if r.container is not None and r.is_suite}
+LANE_ROLES: dict[str, ContainerRole] = {name: _contract_role(r) for name, r in ROLES.items()
+                                        if r.container is not None and not r.is_suite}
+
+
 def container_roles() -> dict[str, ContainerRole]:
-    """Every suite a container can be asked to play (the registry's roles with a cmd: contract, and the relays),
-    with the placeholders of the registry's table (targets/registry.py ROLES)."""
-    from kvconform.targets.registry import ROLES
-
-    kinds: dict[str, tuple[Kind, Probe | None]] = {
-        "tlkv-writer": ("one-shot", None), "tlkv-reader": ("one-shot", None), "tlkv-prefill": ("one-shot", None),
-        "kvcs-consumer": ("one-shot", None), "tlkv-decode": ("server", "tcp"), "kvcs-publisher": ("client", None)}
-    roles: dict[str, ContainerRole] = {}
-    for suite, role in ROLES.items():
-        if suite in kinds:
-            kind, probe = kinds[suite]
-            roles[suite] = ContainerRole(suite, kind, role.placeholders, role.optional, probe)
-        elif role.url_schemes == ("moqt",):  # the relay suites: the harness starts the relay with its policy
-            roles[suite] = ContainerRole(suite, "server", ("port", "policy", "certs"), (), "udp-bound")
-    return roles
-
-
-# Roles of the interop lane's third-party peers (not suites): what tests/interop asks of the aiomoqt image.
-LANE_ROLES: dict[str, ContainerRole] = {r.name: r for r in (
-    ContainerRole("moqt-interop-client", "one-shot", ("relay", "testcase")),
-    ContainerRole("moqt-publisher", "client", ("relay", "namespace", "track"),
-                  ("object_size", "group_size", "prefill_groups")),
-)}
+    """Every suite a container can be asked to play, with its placeholders (targets/registry.py ROLES)."""
+    return dict(_SUITES)
 
 
 def container_role(name: str) -> ContainerRole:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -46,7 +46,7 @@ from kvconform import evidence
 from kvconform.moqt.tls import test_certificate
 from kvconform.targets import contract
 from kvconform.targets.process import ProcessResult
-from kvconform.targets.registry import ROLES, _load
+from kvconform.targets.registry import ROLES, load_ref
 from kvconform.targets.spec import TargetSpec, parse_target
 from kvconform.targets.testbed import Testbed, load_testbed
 from kvconform.verdicts import DriverError, TargetUnavailable, inconclusive
@@ -706,7 +706,7 @@ class ContainerRun:
     def start(self) -> None:
         declared = _UNSUPPORTED.get((self.spec.image, self.role))
         if declared is not None:
-            _inconclusive(declared)
+            inconclusive(declared)
         self._started = time.monotonic()
         self._container = DockerContainer(self.spec)
         try:
@@ -760,7 +760,7 @@ class ContainerRun:
                       f"nothing of {self.role} was tested; a testbed entry whose roles: leaves {self.role} out makes "
                       f"kvconform run refuse the suite instead")
             _UNSUPPORTED[(self.spec.image, self.role)] = reason
-            _inconclusive(reason)
+            inconclusive(reason)
         raise TargetUnavailable(
             f"{self.spec.image} exited {contract.UNSUPPORTED_EXIT} as {self.role} without printing "
             f"'kvconform-unsupported role={self.role}' ({contract.item('unsupported')}): a shell's 'command not found' "
@@ -810,10 +810,6 @@ def unsupported_declaration(image: str, role: str) -> str | None:
     """Why the checks of ``role`` are inconclusive when ``image`` declared (exit 127 + ``kvconform-unsupported``) in
     this process that it does not play it; None when it did not."""
     return _UNSUPPORTED.get((image, role))
-
-
-def _inconclusive(reason: str) -> NoReturn:
-    inconclusive(reason)
 
 
 class ContainerLauncher:
@@ -881,8 +877,6 @@ class ContainerRelay:
         self.result: ProcessResult | None = None  # how the last container ended (after stop())
 
     def start(self, policy: dict[str, Any]) -> str:
-
-
         self._folder = tempfile.mkdtemp(prefix="kvconform-relay-")
         try:
             folder = Path(self._folder)
@@ -935,24 +929,20 @@ def play_role(image: str, role: str, values: Mapping[str, str], params: Mapping[
 def contract_driver(suite: str, target: TargetSpec) -> Any:
     """The driver of ``suite`` for a ``docker`` target (``targets/registry.py`` calls it): the role's ``cmd:`` driver
     over a ``ContainerLauncher``, or a ``ContainerRelay``. TargetUnavailable for a role no container can play."""
-
-    roles = contract.container_roles()
-    if suite not in roles:
-        why = contract.NOT_REACHABLE if suite.startswith("kbtp-") else "it is not in the container contract"
+    role = ROLES.get(suite)
+    if role is None or role.container is None or not role.is_suite:
+        why = role.no_container if role is not None and role.no_container else "it is not in the container contract"
         raise TargetUnavailable(f"docker target {target.value} cannot play {suite}: {why}")
     launcher = ContainerLauncher(target.value, suite, docker_params(target))
-    if roles[suite].probe == "udp-bound":
+    if role.cmd is None:  # the relays: the harness starts the image with its policy (no cmd: driver of their own)
         return ContainerRelay(launcher)
-    factory = ROLES[suite].cmd
-    assert factory is not None, f"{suite}: a contract role without a cmd: driver"
-    return _load(factory)(launcher)
+    return load_ref(role.cmd)(launcher)
 
 
 def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
     """Make every docker image the testbed names: its base first (by the base's script, e.g. a debootstrap), then
     the images of its ``defaults.params.docker.images`` recipes and of its ``docker`` targets. Returns the image
     names; bounded."""
-
     defaults = testbed.defaults.get("params", {}).get("docker", {})
     client = docker_client()
     made: list[str] = []
@@ -988,8 +978,6 @@ def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m kvconform.targets.docker prepare TESTBED``: make the testbed's images (for CI)."""
-
-
     parser = argparse.ArgumentParser(prog="python -m kvconform.targets.docker")
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="make the docker images a testbed names (base, then Dockerfiles)")

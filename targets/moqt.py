@@ -21,13 +21,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from kvconform.moqt.policy import PolicyError, policy_from_mapping
+from kvconform.moqt.quic import LoopThread
+from kvconform.moqt.relay import Relay
 from kvconform.moqt.structures import AuthToken, TrackNamespace
 from kvconform.targets.spec import Pics
 from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = [
     "DEFAULT_PREFIX",
-    "RELAY_SUITES",
     "DriverError",
     "InProcessRelay",
     "RelayAccess",
@@ -45,8 +47,6 @@ STOP_TIMEOUT = 5.0
 # Prefix under which the suite publishes when a relay declares no authorization (and so no prefix).
 DEFAULT_PREFIX: tuple[str, ...] = ("kvconform", "moqt-relay")
 TOKEN_ROLES = ("publisher", "subscriber", "outsider", "expired")
-# Suites that drive a MOQT relay: KVCS needs nothing beyond MOQT from a relay (KVCS "Relay Considerations").
-RELAY_SUITES = ("moqt-relay", "kvcs-relay")
 
 
 # ---- what the PICS declare ----------------------------------------------------------------------
@@ -162,9 +162,6 @@ class InProcessRelay:
         self._thread: Any = None
 
     def start(self, policy: dict[str, Any]) -> str:
-        from kvconform.moqt.policy import PolicyError, policy_from_mapping
-        from kvconform.moqt.quic import LoopThread
-
         try:
             parsed = policy_from_mapping(policy, "harness policy from the PICS")
         except PolicyError as exc:
@@ -210,13 +207,9 @@ class RemoteRelay:
 
 def reference_relay() -> InProcessRelay:
     """The reference caching relay, in-process."""
-    from kvconform.moqt.relay import Relay
-
     return InProcessRelay(Relay)
 
 
 def adapt_relay(obj: object) -> InProcessRelay | None:
     """A ``python:`` target that is a ``Relay`` subclass (a mutant, a vendor's variant) runs like the reference."""
-    from kvconform.moqt.relay import Relay
-
     return InProcessRelay(obj) if isinstance(obj, type) and issubclass(obj, Relay) else None

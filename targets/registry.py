@@ -1,20 +1,25 @@
-"""The driver registry: every role a target can play, and how each kind of target reaches it (DESIGN.md,
+"""The role table: every role the harness plays or drives, and everything it knows about each (DESIGN.md,
 "Drivers and targets").
 
-One table for every lane. A role names its suite, the runtime-checkable Protocol a driver implements, its
-reference factory, the URL schemes that reach it, the placeholders a ``cmd:`` template of it must (and may)
-carry, and how a ``python:`` object that is a reference subclass is adapted. ``driver_for`` builds the driver
-of a suite for a resolved target; ``url_roles`` and ``cmd_roles`` tell which suites a URL or a template
-plays. A lane adds a role here and nowhere else; drivers are imported lazily ("module:attr"), so resolving a
-target never imports aioquic or grpc.
+``ROLES`` is the one table. A role is named ``<protocol>-<role>``; a *suite* role is tested by the suite of
+that name and carries the runtime-checkable Protocol its drivers implement, its reference factory, the URL
+schemes that reach it, its ``cmd:`` driver with the placeholders a template of it must (and may) carry, how a
+``python:`` reference subclass is adapted, its ``driver: verbs`` factory, whether the harness dials it (a
+server), how an image plays it under the container contract and whether it makes cells of the plugfest
+matrix. A *peer* role (the interop lane's third-party tools) has no suite: only its container contract.
+Everything else derives from this table: the drivers (``driver_for``), which suites a URL or a template plays
+(``url_roles``, ``cmd_roles``), the container contract (``targets/contract.py``) and its docker driver, the
+CLI's help and ``kvconform suites``, the matrix's roles, forms and registry schema (``kvconform.matrix``).
+A lane adds a role here and nowhere else; drivers are named ``"module:attr"`` and imported when used, so
+reading the table never imports aioquic or grpc.
 
-``python:<module>:<attr>`` means, for every role, an object implementing the role's Protocol: ``attr`` names
-the object, or a factory (a class or function called with no arguments) that returns one; a subclass of the
-role's reference class (a mutant, a vendor's in-process variant) is run the way the reference is.
+``python:<module>:<attr>`` means, for every suite role, an object implementing the role's Protocol: ``attr``
+names the object, or a factory (a class or function called with no arguments) that returns one; a subclass of
+the role's reference class (a mutant, a vendor's in-process variant) is run the way the reference is.
 
 ``docker:IMAGE[:TAG]`` means an image following the container contract (docs/docker-contract.md,
 ``targets/contract.py``): the role's ``cmd:`` driver runs it through a container launcher, and the relay roles
-through a container relay (``targets/docker.py``); the KBTP roles cannot be played by a container yet.
+through a container relay (``targets/docker.py``); a role without ``container`` cannot be played by one.
 """
 
 from __future__ import annotations
@@ -22,17 +27,14 @@ from __future__ import annotations
 import importlib
 import shlex
 import string
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-from kvconform.loading import import_python_target
-from kvconform.verdicts import TargetUnavailable
+__all__ = ["ROLES", "Container", "Role", "RoleError", "cmd_placeholders", "cmd_roles", "load_ref",
+           "suite_roles", "url_roles", "url_schemes"]
 
-if TYPE_CHECKING:
-    from kvconform.targets.spec import TargetSpec
-
-__all__ = ["ROLES", "Role", "RoleError", "cmd_placeholders", "cmd_roles", "driver_for", "url_roles"]
+ContainerKind = Literal["one-shot", "server", "client"]
+Probe = Literal["tcp", "udp-bound"]
 
 
 class RoleError(ValueError):
@@ -40,69 +42,157 @@ class RoleError(ValueError):
 
 
 @dataclass(frozen=True)
+class Container:
+    """How an image plays a role under the container contract (docs/docker-contract.md#roles)."""
+
+    kind: ContainerKind  # one-shot (runs to its end), server (the harness dials it), client (runs until stopped)
+    probe: Probe | None = None  # a server's port shows it is ready: it accepts (tcp) or is bound (udp-bound)
+    # The placeholders an image of the role is given, when they are not those of the role's template (the relays:
+    # the harness starts a relay image with its policy file, which a relay's template never carries).
+    placeholders: tuple[str, ...] | None = None
+    optional: tuple[str, ...] = ()  # with ``placeholders``: those an image reads when its label says so
+
+
+@dataclass(frozen=True)
 class Role:
     """One role of one protocol and every way the harness can reach an implementation of it."""
 
-    suite: str
-    protocol: str  # "module:Protocol" the driver implements
-    reference: str  # "module:factory" of the reference driver (called with the fixture's options)
+    name: str  # <protocol>-<role>: the suite that tests it, or a peer role of the interop lane (no suite)
+    interface: str | None = None  # "module:Protocol" its drivers implement; None for a peer role
+    reference: str | None = None  # "module:factory" of the reference driver (called with the fixture's options)
     url_schemes: tuple[str, ...] = ()
     url: str | None = None  # "module:factory" called with the URL
-    cmd: str | None = None  # "module:factory" called with the template
-    placeholders: tuple[str, ...] = ()  # a cmd: template of this role carries every one of these ...
-    optional: tuple[str, ...] = ()  # ... and may carry these
+    cmd: str | None = None  # "module:factory" called with the template (or a container's launcher)
+    # A template the harness starts for the role carries every one of these and may carry the optional ones: the
+    # cmd: driver's (kvconform run); for a server role without a cmd: driver (the relays), the matrix's, which
+    # starts it on {port} (kvconform.matrix.participants.start_relay).
+    placeholders: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
     adapt: str | None = None  # "module:factory" turning a python: reference subclass into a driver, or None
     verbs: str | None = None  # "module:factory" called with a testbed's ``driver: verbs`` TargetSpec
+    server: bool = False  # the harness dials it (a URL, or a copy started on {port}); the others connect to it
+    container: Container | None = None  # None: no image can play it ...
+    no_container: str = ""  # ... and why
+    matrix: bool = False  # it makes cells of the plugfest matrix (kvconform.matrix)
+
+    def __post_init__(self) -> None:
+        container = self.container
+        expected = [why for broken, why in (
+            ("-" not in self.name, "a name <protocol>-<role>"),
+            ((self.interface is None) != (self.reference is None),
+             "an interface and a reference factory (a suite role), or neither (a peer role)"),
+            (not self.is_suite and (container is None or bool(self.url or self.cmd or self.matrix)),
+             "a peer role: a container contract and no driver"),
+            (bool(self.url) != bool(self.url_schemes), "url and url_schemes together"),
+            (bool(self.cmd) and not self.placeholders, "a cmd: driver with its required placeholders"),
+            (bool(self.placeholders) and not (self.cmd or self.server), "placeholders only with a template form"),
+            (self.server and bool(self.placeholders) and "port" not in self.placeholders,
+             "{port} among a server's placeholders"),
+            (container is not None and (container.kind == "server") != self.server,
+             "a container of kind server exactly for a server role"),
+            (container is not None and container.placeholders is None and not self.placeholders,
+             "the placeholders of the container"),
+            (self.is_suite and container is None and not self.no_container, "no_container: why no image plays it"),
+        ) if broken]
+        if expected:
+            raise ValueError(f"ROLES[{self.name!r}]: expected " + "; ".join(expected))
+
+    @property
+    def protocol(self) -> str:
+        """The protocol: the name's part before its first ``-`` (``tlkv`` of ``tlkv-decode``)."""
+        return self.name.split("-", 1)[0]
+
+    @property
+    def role(self) -> str:
+        """The role within its protocol (``decode`` of ``tlkv-decode``)."""
+        return self.name.split("-", 1)[1]
+
+    @property
+    def is_suite(self) -> bool:
+        """Whether a suite of this name tests the role (a peer role of the interop lane is not tested)."""
+        return self.interface is not None
 
     @property
     def allowed(self) -> frozenset[str]:
         return frozenset(self.placeholders) | frozenset(self.optional)
 
+    @property
+    def contract_placeholders(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(required, optional) placeholders of an image playing the role (docs/docker-contract.md#invocation)."""
+        if self.container is None:
+            return (), ()
+        if self.container.placeholders is not None:
+            return self.container.placeholders, self.container.optional
+        return self.placeholders, self.optional
+
     def describe(self) -> str:
-        forms = ["reference", "python:<module>:<factory>"]
+        """``<name>: <the --target forms that reach it>`` (``kvconform run --help``, ``kvconform suites``)."""
+        forms = ["reference", "python:<module>:<factory>"] if self.is_suite else []
         forms += [f"{s}://host:port" for s in self.url_schemes]
         if self.cmd:
             forms.append("cmd:<template with " + " ".join("{" + p + "}" for p in self.placeholders) + ">")
-        from kvconform.targets.contract import container_roles
-
-        if self.suite in container_roles():
+        if self.container is not None:
             forms.append("docker:IMAGE[:TAG]")
-        return f"{self.suite}: " + ", ".join(forms)
+        return f"{self.name}: " + ", ".join(forms)
 
 
 _T, _K, _M, _P, _C = ("kvconform.targets.tlkv", "kvconform.targets.kbtp", "kvconform.targets.moqt",
                       "kvconform.targets.kvcs.publisher", "kvconform.targets.kvcs.consumer")
+_W, _V = "kvconform.targets.kbtp_wire", "kvconform.targets.kbtp_verbs"
+_ONE_SHOT = Container("one-shot")
 
-ROLES: dict[str, Role] = {r.suite: r for r in (
+
+def _relay(name: str, *, matrix: bool = False) -> Role:
+    """Both relay suites drive the same relay: by URL, in-process, or a copy the harness starts on {port} (with
+    {certs}: the folder of its test certificate); an image of it gets its policy file too."""
+    return Role(name, f"{_M}:RelayDriver", f"{_M}:reference_relay", url_schemes=("moqt",), url=f"{_M}:RemoteRelay",
+                adapt=f"{_M}:adapt_relay", placeholders=("port",), optional=("certs",), server=True,
+                container=Container("server", "udp-bound", ("port", "policy", "certs")), matrix=matrix)
+
+
+ROLES: dict[str, Role] = {r.name: r for r in (
     Role("tlkv-writer", f"{_T}:Writer", f"{_T}:ReferenceWriter", cmd=f"{_T}:CmdWriter",
-         placeholders=("sequence", "out")),
+         placeholders=("sequence", "out"), container=_ONE_SHOT, matrix=True),
     Role("tlkv-reader", f"{_T}:Reader", f"{_T}:ReferenceReader", cmd=f"{_T}:CmdReader",
-         placeholders=("envelope", "out"), optional=("pool", "versions")),
+         placeholders=("envelope", "out"), optional=("pool", "versions"), container=_ONE_SHOT, matrix=True),
     Role("tlkv-decode", f"{_T}:DecodeService", f"{_T}:ReferenceDecode", url_schemes=("grpc",),
          url=f"{_T}:RemoteDecode.from_url", cmd=f"{_T}:CmdDecode", placeholders=("port",),
-         optional=("pool", "versions")),
+         optional=("pool", "versions"), server=True, container=Container("server", "tcp"), matrix=True),
     Role("tlkv-prefill", f"{_T}:Prefill", f"{_T}:ReferencePrefill", cmd=f"{_T}:CmdPrefill",
-         placeholders=("decode_addr", "sequence"), optional=("tokens_file",)),
+         placeholders=("decode_addr", "sequence"), optional=("tokens_file",), container=_ONE_SHOT, matrix=True),
     Role("kbtp-target", f"{_K}:KbtpTarget", f"{_K}:ReferenceTargetDriver",
-         url_schemes=("kbtp+iwarp", "kbtp+roce", "kbtp+verbs"), url="kvconform.targets.kbtp_wire:target_from_url",
-         verbs="kvconform.targets.kbtp_verbs:VerbsTargetDriver.from_spec"),
-    Role("kbtp-initiator", f"{_K}:KbtpInitiator", f"{_K}:ReferenceInitiatorDriver",
-         cmd="kvconform.targets.kbtp_wire:CmdInitiatorDriver", placeholders=("target",),
-         optional=("initiator_id", "features"), verbs="kvconform.targets.kbtp_verbs:VerbsInitiatorDriver.from_spec"),
-    Role("moqt-relay", f"{_M}:RelayDriver", f"{_M}:reference_relay", url_schemes=("moqt",),
-         url=f"{_M}:RemoteRelay", adapt=f"{_M}:adapt_relay"),
-    Role("kvcs-relay", f"{_M}:RelayDriver", f"{_M}:reference_relay", url_schemes=("moqt",),
-         url=f"{_M}:RemoteRelay", adapt=f"{_M}:adapt_relay"),
+         url_schemes=("kbtp+iwarp", "kbtp+roce", "kbtp+verbs"), url=f"{_W}:target_from_url",
+         verbs=f"{_V}:VerbsTargetDriver.from_spec", server=True, matrix=True,
+         no_container="the harness dials a running KBTP target (kbtp+iwarp://, kbtp+roce://); it starts none, so "
+                      "there is no server contract for a target image yet"),
+    Role("kbtp-initiator", f"{_K}:KbtpInitiator", f"{_K}:ReferenceInitiatorDriver", cmd=f"{_W}:CmdInitiatorDriver",
+         placeholders=("target",), optional=("initiator_id", "features"), verbs=f"{_V}:VerbsInitiatorDriver.from_spec",
+         matrix=True,
+         no_container="the cmd: initiator is driven over its stdin and stdout (kvconform.kbtp.control), which the "
+                      "container launcher does not carry yet"),
+    _relay("moqt-relay"),
+    _relay("kvcs-relay", matrix=True),
     Role("kvcs-publisher", f"{_P}:PublisherDriver", f"{_P}:reference_publisher", cmd=f"{_P}:CmdPublisher",
-         placeholders=("relay", "cache"), optional=("token",), adapt=f"{_P}:adapt_publisher"),
+         placeholders=("relay", "cache"), optional=("token",), adapt=f"{_P}:adapt_publisher",
+         container=Container("client"), matrix=True),
     Role("kvcs-consumer", f"{_C}:ConsumerDriver", f"{_C}:reference_consumer", cmd=f"{_C}:CmdConsumer",
          placeholders=("relay", "cache", "out"),
          optional=("relay2", "token", "budget", "producer_key", "layers", "blocks"),
-         adapt=f"{_C}:adapt_consumer"),
+         adapt=f"{_C}:adapt_consumer", container=_ONE_SHOT, matrix=True),
+    # The interop lane's third-party peers (tests/interop): what it asks of the aiomoqt image; no suite.
+    Role("moqt-interop-client", container=Container("one-shot", placeholders=("relay", "testcase"))),
+    Role("moqt-publisher", container=Container("client", placeholders=("relay", "namespace", "track"),
+                                               optional=("object_size", "group_size", "prefill_groups"))),
 )}
 
 
-def _load(ref: str) -> Any:
+def suite_roles() -> dict[str, Role]:
+    """The roles a suite tests (every role but the interop lane's peers), by suite name."""
+    return {name: role for name, role in ROLES.items() if role.is_suite}
+
+
+def load_ref(ref: str) -> Any:
+    """The object a ``"module:attr[.attr]"`` reference of the table names (its module imported now)."""
     module, _, attr = ref.partition(":")
     obj: Any = importlib.import_module(module)
     for part in attr.split("."):
@@ -112,10 +202,11 @@ def _load(ref: str) -> Any:
 
 def url_roles(scheme: str) -> set[str]:
     """The suites a ``scheme://`` target plays (empty for an unknown scheme)."""
-    return {r.suite for r in ROLES.values() if scheme in r.url_schemes}
+    return {r.name for r in ROLES.values() if scheme in r.url_schemes}
 
 
 def url_schemes() -> list[str]:
+    """Every URL scheme a target can be given in, sorted."""
     return sorted({s for r in ROLES.values() for s in r.url_schemes})
 
 
@@ -146,60 +237,12 @@ def cmd_roles(template: str) -> set[str]:
     """The suites a cmd: template plays: those whose required placeholders it carries and whose allowed set
     holds all of its placeholders. RoleError naming what each role needs when it plays none."""
     names = cmd_placeholders(template)
-    played = {r.suite for r in ROLES.values()
+    played = {r.name for r in ROLES.values()
               if r.cmd and set(r.placeholders) <= names and names <= r.allowed}
     if not played:
-        needs = "; ".join(f"{r.suite} needs " + " ".join("{" + p + "}" for p in r.placeholders)
+        needs = "; ".join(f"{r.name} needs " + " ".join("{" + p + "}" for p in r.placeholders)
                           + (" (may add " + " ".join("{" + p + "}" for p in r.optional) + ")" if r.optional else "")
                           for r in ROLES.values() if r.cmd)
         shown = " ".join("{" + n + "}" for n in sorted(names)) or "none"
         raise RoleError(f"cmd: template {template!r} plays no role: its placeholders are {shown}; {needs}")
     return played
-
-
-def _python(role: Role, value: str, options: Mapping[str, Any]) -> Any:
-    obj = import_python_target(value)
-    protocol = _load(role.protocol)
-    if role.adapt is not None:
-        adapted = _load(role.adapt)(obj, **options)
-        if adapted is not None:
-            return adapted
-    # A class always names a factory (a Protocol check would pass on the class itself, by its attributes).
-    if isinstance(obj, type) or (not isinstance(obj, protocol) and callable(obj)):
-        try:
-            obj = obj()
-        except Exception as exc:  # a vendor's factory that cannot build its object: nothing was exchanged
-            raise TargetUnavailable(f"python target {value}: its factory raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(obj, protocol):
-        raise TargetUnavailable(f"python target {value}: {type(obj).__name__} does not implement "
-                                f"{role.protocol.rpartition(':')[2]} (the {role.suite} driver protocol, "
-                                f"{role.protocol.partition(':')[0]})")
-    return obj
-
-
-def driver_for(suite: str, target: TargetSpec, **options: Any) -> Any:
-    """The driver of ``suite`` for ``target``; ``options`` go to in-process drivers (reference, python:
-    subclasses). TargetUnavailable when the target cannot play the suite as given (nothing was exchanged)."""
-    role = ROLES.get(suite)
-    if role is None:
-        raise TargetUnavailable(f"no driver for suite {suite!r} (known: {', '.join(sorted(ROLES))})")
-    if target.kind == "reference":
-        return _load(role.reference)(**options)
-    if target.kind == "python":
-        return _python(role, target.value, options)
-    if target.kind == "cmd":
-        if role.cmd is None or suite not in cmd_roles(target.value):
-            raise TargetUnavailable(f"cmd target {target.value!r} cannot play {suite}: {role.describe()}")
-        return _load(role.cmd)(target.value)
-    if target.kind == "url":
-        scheme = str(target.params.get("scheme", ""))
-        if role.url is None or scheme not in role.url_schemes:
-            raise TargetUnavailable(f"target {target.value} cannot play {suite}: {role.describe()}")
-        return _load(role.url)(target.value)
-    if target.kind == "docker":
-        return _load("kvconform.targets.docker:contract_driver")(suite, target)
-    if target.kind == "verbs":
-        if role.verbs is None:
-            raise TargetUnavailable(f"verbs target {target.name} cannot play {suite}: {role.describe()}")
-        return _load(role.verbs)(target)
-    raise TargetUnavailable(f"target {target.name} ({target.kind}) cannot play {suite}: {role.describe()}")

@@ -22,7 +22,7 @@ import yaml
 
 from kvconform.targets import registry
 from kvconform.targets.contract import container_roles
-from kvconform.targets.registry import RoleError, url_schemes
+from kvconform.targets.registry import RoleError
 from kvconform.verdicts import not_applicable
 
 from .testbed import Testbed, TestbedError, validate_pics
@@ -57,13 +57,12 @@ def url_roles(url: str) -> set[str]:
     found = registry.url_roles(scheme)
     if not found:
         raise TargetError(f"--target {url!r}: URL scheme {scheme!r} is not handled by any lane "
-                          f"(known: {', '.join(url_schemes())})")
+                          f"(known: {', '.join(registry.url_schemes())})")
     return found
 
 
 def docker_roles() -> set[str]:
     """The suites a ``docker:`` image can be asked to play (targets/contract.py; KBTP's cannot yet)."""
-
     return set(container_roles())
 
 

@@ -7,21 +7,23 @@ from typing import Any
 import pytest
 
 from kvconform.targets import registry
-from kvconform.targets.registry import ROLES, RoleError, cmd_roles, driver_for
+from kvconform.targets.drivers import driver_for
+from kvconform.targets.registry import ROLES, RoleError, cmd_roles
 from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import load_testbed
 from kvconform.verdicts import TargetUnavailable
 
 
-@pytest.mark.parametrize("suite", sorted(ROLES))
+@pytest.mark.parametrize("suite", sorted(registry.suite_roles()))
 def test_every_role_resolves_its_reference_and_names_real_objects(suite: str) -> None:
     role = ROLES[suite]
-    protocol = registry._load(role.protocol)
-    for ref in (role.reference, role.url, role.cmd, role.adapt):
+    assert role.interface is not None
+    protocol = registry.load_ref(role.interface)
+    for ref in (role.reference, role.url, role.cmd, role.adapt, role.verbs):
         if ref is not None:
-            assert callable(registry._load(ref)), ref
+            assert callable(registry.load_ref(ref)), ref
     driver = driver_for(suite, parse_target("reference", load_testbed()))
-    assert isinstance(driver, protocol), f"{suite}: the reference driver does not implement {role.protocol}"
+    assert isinstance(driver, protocol), f"{suite}: the reference driver does not implement {role.interface}"
 
 
 class _Writer:

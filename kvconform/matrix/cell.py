@@ -55,9 +55,9 @@ def _exchange(kind: str) -> Callable[[CellContext], None]:
 
 
 def _process_logs(ctx: CellContext, transcript: evidence.Transcript) -> None:
-    """The drivers' process records (prefill, decode, writer, reader) into the participants' logs."""
+    """The drivers' process records (prefill, decode, writer, reader, initiator) into the participants' logs."""
     kinds = {"prefill side process": "tlkv-prefill", "decode side process": "tlkv-decode",
-             "writer process": "tlkv-writer", "reader process": "tlkv-reader"}
+             "writer process": "tlkv-writer", "reader process": "tlkv-reader", "initiator process": "kbtp-initiator"}
     for event in transcript.as_list():
         suite = kinds.get(event["kind"])
         if suite in ctx.participants:
@@ -68,7 +68,6 @@ def _inconclusive_reason(exc: BaseException) -> str | None:
     """The reason when ``exc`` is ``kvconform.verdicts.inconclusive``'s (pytest's skip where pytest is imported,
     else ``Inconclusive``): a driver ending what it does inconclusive, e.g. under the container contract an image
     that declares it does not play its role."""
-
     if isinstance(exc, Inconclusive):
         return str(exc)
     skip = getattr(sys.modules.get("pytest"), "skip", None)

@@ -29,8 +29,8 @@ from kvconform.matrix.context import Broken, CellContext, Unavailable
 from kvconform.matrix.participants import start_relay, write_certificates
 from kvconform.moqt.client import RequestRejected, SessionEnded, connect
 from kvconform.moqt.structures import AuthToken
+from kvconform.targets.drivers import driver_for
 from kvconform.targets.kvcs.consumer import FetchRequest
-from kvconform.targets.registry import driver_for
 from kvconform.verdicts import DriverError, TargetUnavailable
 
 __all__ = ["ANNOUNCE_TIMEOUT_S", "GEOMETRY", "run"]

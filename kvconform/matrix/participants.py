@@ -37,8 +37,8 @@ from kvconform.matrix.registry import RunForm
 from kvconform.moqt.tls import test_certificate
 from kvconform.targets import docker as dk
 from kvconform.targets.docker import unsupported_declaration
+from kvconform.targets.drivers import driver_for
 from kvconform.targets.process import Process, ProcessResult, fill_template
-from kvconform.targets.registry import driver_for
 from kvconform.targets.spec import TargetSpec, _url_params
 from kvconform.verdicts import TargetUnavailable
 

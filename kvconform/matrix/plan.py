@@ -45,7 +45,6 @@ def _drivable(protocol: str) -> set[Any]:
         return {22}  # kvconform's MOQT stack speaks draft 22
     if protocol == "tlkv":
         return {1, 2}
-
     return set(PROFILES)
 
 
@@ -54,7 +53,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("tlkv-transfer", "tlkv", "TLKV tl.kv.v1 transfer: prefill side -> decode side", "tlkv-prefill",
          "tlkv-decode"),
     Kind("tlkv-envelope", "tlkv", "TLKV export envelope: writer -> reader", "tlkv-writer", "tlkv-reader"),
-    Kind("kbtp", "kbtp", "KBTP on the emulated RDMA fabric: initiator -> target", "kbtp-initiator", "kbtp-target"),
+    Kind("kbtp", "kbtp", "KBTP: initiator -> target", "kbtp-initiator", "kbtp-target"),
 )
 
 

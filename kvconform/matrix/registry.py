@@ -1,8 +1,10 @@
 """The implementations registry: who plays which role, in which versions, how to run it, what it declares.
 
 A YAML file validated against ``testbeds/schema/implementations.schema.json`` (its PICS against the testbed's
-PICS schemas). ``load_registry(path)`` returns a ``Registry``; every problem is a ``RegistryError`` naming
-the file, the JSON path, the value seen and what was expected, before anything runs.
+PICS schemas), whose roles and run forms are those of the role table (``targets/registry.py`` ``ROLES``: the
+roles that make cells, the URL schemes, the placeholders of a template, which roles an image can play).
+``load_registry(path)`` returns a ``Registry``; every problem is a ``RegistryError`` naming the file, the JSON
+path, the value seen and what was expected, before anything runs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from kvconform.targets.registry import ROLES, Role, RoleError, cmd_placeholders
 from kvconform.targets.testbed import schema_dir
 
 __all__ = [
@@ -30,22 +33,18 @@ __all__ = [
     "RunForm",
     "default_registry_path",
     "load_registry",
+    "registry_schema",
 ]
 
 SCHEMA_FILE = "implementations.schema.json"
-# The roles that make cells, per protocol; each is the conformance suite <protocol>-<role>.
+# The roles that make cells, per protocol (each is the conformance suite <protocol>-<role>), in ROLES' order.
 MATRIX_ROLES: dict[str, tuple[str, ...]] = {
-    "kvcs": ("publisher", "relay", "consumer"),
-    "tlkv": ("prefill", "decode", "writer", "reader"),
-    "kbtp": ("initiator", "target"),
-}
-INFO_PROTOCOLS = ("moqt",)  # listed, never a cell
-# Roles the harness starts and the others connect to: a cmd: of these is launched with {port} and a readiness.
-SERVER_ROLES = frozenset({"kvcs-relay", "tlkv-decode"})
-# Roles whose run forms the harness has no driver for, per form.
-_NO_CMD = frozenset({"kbtp-initiator", "kbtp-target"})
-_URL_SCHEMES = {"kvcs-relay": "moqt", "tlkv-decode": "grpc"}
-_SUITES = frozenset(f"{protocol}-{role}" for protocol, roles in MATRIX_ROLES.items() for role in roles)
+    protocol: tuple(r.role for r in ROLES.values() if r.matrix and r.protocol == protocol)
+    for protocol in dict.fromkeys(r.protocol for r in ROLES.values() if r.matrix)}
+# Protocols of the table none of whose roles makes cells: an implementation lists what it plays of them (no cell).
+INFO_PROTOCOLS = tuple(dict.fromkeys(r.protocol for r in ROLES.values() if r.protocol not in MATRIX_ROLES))
+# Roles the harness starts and the others connect to: a template of these is launched with {port} and a readiness.
+SERVER_ROLES = frozenset(name for name, r in ROLES.items() if r.matrix and r.server)
 
 
 class RegistryError(ValueError):
@@ -187,6 +186,35 @@ def default_registry_path() -> Path:
     return schema_dir().parent / "implementations.yaml"
 
 
+def _role_schema(role: Role) -> dict[str, Any]:
+    forms = ", ".join(_forms(role))
+    placeholders = ""
+    if role.placeholders:
+        placeholders = " cmd placeholders: " + " ".join("{" + p + "}" for p in role.placeholders) + (
+            " and optionally " + " ".join("{" + p + "}" for p in role.optional) if role.optional else "") + "."
+    return {"$ref": "#/$defs/server_role" if role.server else "#/$defs/role",
+            "description": f"Suite {role.name}: {forms}.{placeholders}"}
+
+
+def registry_schema() -> dict[str, Any]:
+    """The registry's JSON schema: ``testbeds/schema/implementations.schema.json`` with the roles of each protocol
+    filled in from the role table (``targets/registry.py`` ``ROLES``)."""
+    schema: dict[str, Any] = json.loads((schema_dir() / SCHEMA_FILE).read_text("utf-8"))
+    per_protocol: dict[str, Any] = {}
+    for protocol, roles in MATRIX_ROLES.items():
+        per_protocol[protocol] = {"type": "object", "minProperties": 1, "additionalProperties": False,
+                                  "properties": {r: _role_schema(ROLES[f"{protocol}-{r}"]) for r in roles}}
+    for protocol in INFO_PROTOCOLS:
+        per_protocol[protocol] = {
+            "type": "object", "minProperties": 1, "propertyNames": {"pattern": "^[a-z][a-z0-9-]*$"},
+            "additionalProperties": {"$ref": "#/$defs/info_role"},
+            "description": f"Informational: {protocol} roles an implementation plays (listed on the matrix page, no "
+                           "cells), e.g. relay, publisher, subscriber, client."}
+    roles = schema["$defs"]["implementation"]["properties"]["roles"]
+    roles["properties"], roles["additionalProperties"] = per_protocol, False
+    return schema
+
+
 def _validator() -> Any:
     import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
     from referencing import Registry as RefRegistry  # lazy: with jsonschema
@@ -194,7 +222,7 @@ def _validator() -> Any:
     from referencing.jsonschema import DRAFT202012
 
     folder = schema_dir()
-    schema = json.loads((folder / SCHEMA_FILE).read_text("utf-8"))
+    schema = registry_schema()
 
     def retrieve(uri: str) -> Resource[Any]:
         local = folder / uri.rsplit("/", 1)[-1]  # sibling schema files only, never the network
@@ -212,47 +240,51 @@ def _where(error: Any) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "(top)"
 
 
+def _forms(role: Role) -> list[str]:
+    """The run forms of a registry entry that reach ``role``, as the registry writes them."""
+    forms = []
+    if role.placeholders:
+        forms.append("cmd:")
+    if role.container is not None:
+        forms.append("image:")
+    forms += [f"url: {s}://host:port" for s in role.url_schemes]
+    return [*forms, "python: <module>:<factory>", "reference: true"]
+
+
 def _check_form(path: Path, where: str, suite: str, form: RunForm) -> None:
+    role = ROLES[suite]
+    expected = f"expected {', '.join(_forms(role))}"
     if form.kind == "image":
-        from kvconform.targets.contract import NOT_REACHABLE, container_roles
-
-        if suite not in container_roles():
-            why = NOT_REACHABLE if suite in _NO_CMD else "it is not a role of the container contract"
-            raise RegistryError(f"{path}: {where}.image: {form.value!r} cannot play {suite}: {why}; expected "
-                                f"one of {', '.join(sorted(set(container_roles()) & _SUITES))}")
+        if role.container is None:
+            raise RegistryError(f"{path}: {where}.image: {form.value!r} cannot play {suite}: {role.no_container}; "
+                                f"{expected}")
         return
-    if form.kind == "cmd" and suite in _NO_CMD:
-        raise RegistryError(f"{path}: {where}.cmd: {suite} runs on the harness's emulated fabric; "
-                            f"expected python: <module>:<factory> or reference: true")
     if form.kind == "url":
-        scheme = _URL_SCHEMES.get(suite)
-        if scheme is None:
+        scheme = form.value.partition("://")[0]
+        if not role.url_schemes:
             raise RegistryError(f"{path}: {where}.url: {suite} is started by the harness for each cell; "
-                                f"expected cmd:, image:, python: or reference: true, got url {form.value!r}")
-        if not form.value.startswith(f"{scheme}://"):
-            raise RegistryError(f"{path}: {where}.url: got {form.value!r}, expected {scheme}://host:port")
-    if form.kind == "cmd":
-        from kvconform.targets.registry import RoleError, cmd_placeholders
-
-        try:
-            names = cmd_placeholders(form.value)
-        except RoleError as exc:
-            raise RegistryError(f"{path}: {where}.cmd: {exc}") from None
-        if suite in SERVER_ROLES:
-            if "port" not in names:
-                raise RegistryError(f"{path}: {where}.cmd: {form.value!r} has no {{port}}; expected the port the "
-                                    f"harness picks for each {suite} it starts")
-        else:
-            from kvconform.targets.registry import ROLES
-
-            role = ROLES[suite]
-            missing = set(role.placeholders) - names
-            extra = names - role.allowed
-            if missing or extra:
-                raise RegistryError(
-                    f"{path}: {where}.cmd: placeholders {sorted(names)}; {suite} needs "
-                    f"{sorted(role.placeholders)} and may add {sorted(role.optional)} (missing {sorted(missing)}, "
-                    f"unknown {sorted(extra)})")
+                                f"{expected}, got url {form.value!r}")
+        if scheme not in role.url_schemes:
+            raise RegistryError(f"{path}: {where}.url: got {form.value!r}, expected "
+                                + " or ".join(f"{s}://host:port" for s in role.url_schemes))
+        return
+    if form.kind != "cmd":
+        return
+    if not role.placeholders:
+        raise RegistryError(f"{path}: {where}.cmd: {suite} has no command-line form; {expected}")
+    try:
+        names = cmd_placeholders(form.value)
+    except RoleError as exc:
+        raise RegistryError(f"{path}: {where}.cmd: {exc}") from None
+    missing = set(role.placeholders) - names
+    extra = names - role.allowed
+    if "port" in missing:
+        raise RegistryError(f"{path}: {where}.cmd: {form.value!r} has no {{port}}; expected the port the harness "
+                            f"picks for each {suite} it starts")
+    if missing or extra:
+        raise RegistryError(
+            f"{path}: {where}.cmd: placeholders {sorted(names)}; {suite} needs {sorted(role.placeholders)} and may "
+            f"add {sorted(role.optional)} (missing {sorted(missing)}, unknown {sorted(extra)})")
 
 
 def load_registry(path: str | os.PathLike[str]) -> Registry:

@@ -31,6 +31,7 @@ import yaml
 from kvconform.matrix.participants import remove_containers, start_relay, target_spec, write_certificates
 from kvconform.matrix.registry import Registry, RoleEntry
 from kvconform.targets.process import run_process
+from kvconform.targets.registry import ROLES
 from kvconform.verdicts import TargetUnavailable, Verdict, gates
 
 __all__ = ["SuiteRun", "run_suite"]
@@ -100,7 +101,6 @@ def _judge(run: SuiteRun, coverage: Path) -> None:
 def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, budget_s: float,
               check_timeout_s: float, env: dict[str, str], run_id: str) -> SuiteRun:
     """Run ``entry``'s role suite (bounded by ``budget_s`` + a grace period); never raises for the outcome."""
-
     folder.mkdir(parents=True, exist_ok=True)
     report = folder / "report"
     rel = os.path.relpath
@@ -115,8 +115,9 @@ def run_suite(entry: RoleEntry, registry: Registry, out: Path, folder: Path, *, 
         try:
             spec = target_spec(entry.implementation, entry.suite, form, entry.pics, mounts=[tmp], cell=label,
                                registry_dir=registry.path.parent, run=run_id)
-            if entry.suite == "kvcs-relay" and spec.kind == "cmd":
-                # {certs} under tmp: the folder a container of the suite mounts
+            if spec.kind == "cmd" and ROLES[entry.suite].cmd is None:
+                # a relay: kvconform run has no cmd: driver for it, so it is started here and its suite given its
+                # URL; {certs} under tmp: the folder a container of the suite mounts
                 relay = start_relay(spec, form.ready, write_certificates(tmp / "certs"), env=env)
                 kind, value = "url", relay.url
             else:

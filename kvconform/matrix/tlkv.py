@@ -22,7 +22,7 @@ import numpy as np
 
 from kvconform import evidence
 from kvconform.matrix.context import Broken, CellContext, Unavailable, Unobservable
-from kvconform.targets.registry import driver_for
+from kvconform.targets.drivers import driver_for
 from kvconform.tlkv.blockhash import block_fills, block_hashes, chain_hashes
 from kvconform.tlkv.content import make_kv, write_sequence
 from kvconform.tlkv.envelope import encode_sequence

@@ -28,7 +28,7 @@ from typing import Any
 
 from kvconform import evidence
 from kvconform.targets import docker as dk
-from kvconform.targets.registry import driver_for
+from kvconform.targets.drivers import driver_for
 from kvconform.targets.spec import TargetSpec, parse_target
 from kvconform.targets.testbed import Testbed, default_testbed_path, load_testbed
 from kvconform.verdicts import DriverError, TargetUnavailable

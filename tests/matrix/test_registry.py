@@ -64,6 +64,47 @@ def test_a_registry_that_is_off_is_refused_naming_what(tmp_path: Path, change: A
     assert expected in str(err.value), str(err.value)
 
 
+def test_kbtp_roles_take_the_forms_their_suites_take(tmp_path: Path) -> None:
+    """A target at a wire URL and a cmd: initiator (targets/registry.py ROLES; once refused as "emulated only")."""
+    kbtp: dict[str, Any] = {
+        "target": {"versions": ["ib-rc"], "url": "kbtp+roce://127.0.0.1:4791"},
+        "initiator": {"versions": ["ib-rc"], "cmd": "ini --target {target} --initiator-id {initiator_id}"}}
+    doc = {"name": "t", "implementations": {"vendor": {"roles": {"kbtp": kbtp}}}}
+    vendor = load_registry(write_registry(tmp_path, doc)).implementations["vendor"]
+    assert (vendor.roles["kbtp-target"].run.kind, vendor.roles["kbtp-target"].run.value) == (
+        "url", "kbtp+roce://127.0.0.1:4791")
+    assert vendor.roles["kbtp-initiator"].run.kind == "cmd"
+    for url in ("kbtp+iwarp://127.0.0.1:1", "kbtp+verbs://127.0.0.1:1?device=rxe0"):
+        kbtp["target"]["url"] = url
+        vendor = load_registry(write_registry(tmp_path, doc)).implementations["vendor"]
+        assert vendor.roles["kbtp-target"].run.value == url
+
+
+@pytest.mark.parametrize(("role", "entry", "expected"), [
+    (("kbtp", "target"), {"cmd": "tgt --port {port}"},
+     "kbtp-target has no command-line form; expected url: kbtp+iwarp://host:port"),
+    (("kbtp", "target"), {"url": "grpc://127.0.0.1:1"},
+     "expected kbtp+iwarp://host:port or kbtp+roce://host:port or kbtp+verbs://host:port"),
+    (("kbtp", "initiator"), {"cmd": "ini --id {initiator_id}"}, "missing ['target']"),
+    # a decode side's or relay's template is checked against the role's placeholders when the registry is loaded,
+    # not when its first cell fills it in
+    (("tlkv", "decode"), {"cmd": "dec --port {port} --geometry {geometry}"}, "unknown ['geometry']"),
+    (("kvcs", "relay"), {"cmd": "relay --port {port} --key {key}"}, "unknown ['key']"),
+])
+def test_a_form_the_role_table_does_not_give_a_role_is_refused(tmp_path: Path, role: tuple[str, str],
+                                                               entry: dict[str, Any], expected: str) -> None:
+    doc = {"name": "t", "implementations": {"v": {"roles": {role[0]: {role[1]: {"versions": [1], **entry}}}}}}
+    with pytest.raises(RegistryError) as err:
+        load_registry(write_registry(tmp_path, doc))
+    assert expected in str(err.value), str(err.value)
+
+
+def test_informational_roles_are_any_role_of_a_protocol_without_cells(tmp_path: Path) -> None:
+    doc = _minimal()
+    doc["implementations"]["a"]["roles"]["moqt"] = {"bench": {"versions": [22], "notes": "a load generator"}}
+    assert set(load_registry(write_registry(tmp_path, doc)).implementations["a"].info_roles) == {"moqt-bench"}
+
+
 def test_a_combination_without_a_common_version_is_not_a_cell(tmp_path: Path) -> None:
     doc = _minimal()
     doc["implementations"]["old"] = {"roles": {"kvcs": {"consumer": {"versions": [20], "reference": True}}}}

@@ -31,9 +31,9 @@ from kvconform.rdma import (
 from kvconform.rdma.verbs import cm
 from kvconform.rdma.verbs.device import DeviceInfo, VerbsUnavailable, discover, profile_for, skip_reason
 from kvconform.rdma.verbs.engine import WC_WITH_IMM, WC_WITH_INV, imm_from_wire, imm_to_wire, terminate_for
+from kvconform.targets.drivers import driver_for
 from kvconform.targets.kbtp_verbs import VerbsInitiatorDriver, VerbsRemoteTargetDriver, VerbsTargetDriver
 from kvconform.targets.kbtp_wire import target_from_url
-from kvconform.targets.registry import driver_for
 from kvconform.targets.spec import parse_target
 from kvconform.targets.testbed import load_testbed
 from kvconform.verdicts import TargetUnavailable

@@ -24,7 +24,7 @@ OUTPUTS = ("tl_kv_v1_pb2.py", "tl_kv_v1_pb2.pyi")
 
 def generate(out_dir: Path) -> list[Path]:
     """Run protoc on the committed .proto, writing the pb2 module and stub into ``out_dir``."""
-    from grpc_tools import protoc  # type: ignore[import-untyped]  # optional (extra "test"), no stubs
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # optional: the test extra (no stubs)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     args = [
