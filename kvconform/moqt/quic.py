@@ -607,6 +607,10 @@ async def _run_handler(
         server.connections.remove(connection)
 
 
+# How long a LoopThread caller waits past its own bound for the loop to report (the loop thread starved, not hung).
+LOOP_STALL_S = 10.0
+
+
 class LoopThread:
     """An asyncio loop in a daemon thread, so synchronous code (pytest fixtures, drivers) can start,
     drive and stop MOQT endpoints with bounded waits: `run(coro, timeout)` returns its result."""
@@ -620,7 +624,9 @@ class LoopThread:
         """Run `coro` on the loop and wait at most `timeout` seconds (then cancel it, TimeoutError)."""
         future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop)
         try:
-            return future.result(timeout + 1.0)  # wait_for inside already bounds it; this is a backstop
+            # wait_for inside already bounds it; this backstop only catches a loop that never runs again, so it
+            # leaves room for a loaded machine keeping the loop's thread from running (a 1 s margin was seen short)
+            return future.result(timeout + LOOP_STALL_S)
         except TimeoutError:
             future.cancel()
             raise
