@@ -303,7 +303,8 @@ def _copy_checkout(dest: Path) -> None:
 
 def _env(copy: Path, bytecode: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(copy)  # the copy's kvconform, not the editable install's
+    # the copy's kvconform, not the editable install's: its checkout-site maps the copy's folders into the package
+    env["PYTHONPATH"] = os.pathsep.join([str(copy / "tools" / "checkout-site"), str(copy)])
     if not bytecode:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env

@@ -380,8 +380,8 @@ sysctl -qw net.ipv4.tcp_tw_reuse=1
 rdma link add rxe0 type rxe netdev lo
 rdma link add siw0 type siw netdev kvc0
 echo "KVCONFORM-VM-READY"
-# site/: the project is not installed in the guest; its sitecustomize maps the package's folders (pyproject package-dir)
-export PYTHONPATH=/mnt/project/testbeds/rdma-vm/site:/mnt/project:/mnt/pydeps
+# the project is not installed in the guest: tools/checkout-site maps the package's folders (pyproject package-dir)
+export PYTHONPATH=/mnt/project/tools/checkout-site:/mnt/project:/mnt/pydeps
 export KVCONFORM_VM_RUN=/mnt/run KVCONFORM_VM_SIW_ADDR=10.77.0.1
 cd /mnt/project
 if [ -f /mnt/run/cmd.sh ]; then sh /mnt/run/cmd.sh < /dev/null 2>&1; rc=$?; else rc=127; fi

@@ -1,7 +1,8 @@
-"""The guest's editable install of kvconform: the VM shares the checkout read-only at /mnt/project and installs
-nothing, so this finder maps the folders pyproject.toml's package-dir maps into ``kvconform`` (conformance/ is
-``kvconform.conformance``, ...), as the host's editable install does. The VM's init puts this folder first on
-PYTHONPATH, where Python imports ``sitecustomize`` at start-up."""
+"""An editable install of a checkout that is not installed: a finder mapping the folders pyproject.toml's
+package-dir maps into ``kvconform`` (conformance/ is ``kvconform.conformance``, ...) from this checkout, as the
+editable install's finder does. Put this folder first on PYTHONPATH, where Python imports ``sitecustomize`` at
+start-up: the RDMA VM does (it shares the checkout read-only at /mnt/project), and so does tools/mutation.py for
+its mutated copies of the checkout."""
 
 import importlib.util
 import sys
@@ -10,7 +11,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
-_PROJECT = Path(__file__).resolve().parents[3]
+_PROJECT = Path(__file__).resolve().parents[2]
 _CONFIG = tomllib.loads((_PROJECT / "pyproject.toml").read_text("utf-8"))
 _FOLDERS = {name: _PROJECT / folder for name, folder in _CONFIG["tool"]["setuptools"]["package-dir"].items()}
 
