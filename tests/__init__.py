@@ -1,0 +1,1 @@
+"""The harness's own tests (not packaged): importable as ``tests``, so each file has one module name."""
