@@ -7,6 +7,7 @@ kvconform plugin; its exit status is the plugin's (0 iff every gating check pass
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import importlib.util
 import json
@@ -40,6 +41,19 @@ def _version() -> str:
         return version("kvconform")
     except PackageNotFoundError:
         return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (the lookup reads package metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"kvconform {_version()}")
+        parser.exit()
 
 
 def conformance_dir() -> Path:
@@ -116,6 +130,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         *_plugin_args(),
         "--import-mode=importlib",
         "-p", "no:cacheprovider",
+        # No suite uses hypothesis; its plugin would import it (0.2-0.3 s) at every run's end.
+        "-p", "no:hypothesispytest",
         # The cli imported kvconform before pytest could mark the plugin's package for rewriting.
         "-W", "ignore::pytest.PytestAssertRewriteWarning",
         "--rootdir", str(root),
@@ -149,15 +165,43 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     # A hung target must not hang the run: each check gets a bound (pytest-timeout), and ends as a failure.
     pytest_args += ["--timeout", str(args.timeout)]
     pytest_args += ["-q"] * args.quiet + ["-v"] * args.verbose
-
-    import pytest
-
-    code = int(pytest.main(pytest_args))
+    code = _run_pytest(pytest_args)
     for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "manifest.sha256"):
         path = report_dir / name
         if path.exists():
             print(f"kvconform: {name}: {path}")
     return code
+
+
+def _run_pytest(pytest_args: list[str]) -> int:
+    """pytest.main, with the garbage collector kept off the start-up's objects.
+
+    A run's start-up builds a few hundred thousand long-lived objects (modules, suites, items) and nothing to
+    collect; the collector would walk them all several times over (about 0.3 s: full collections while
+    importing, and pytest's own after the checks). So it is off until the checks start, and what exists then is
+    frozen out of every later collection (gc.freeze); the checks' garbage is collected as usual.
+    """
+    import pytest  # lazy: `kvconform serve` and the other commands need no pytest
+
+    enabled = gc.isenabled()
+
+    class StartupFrozen:
+        @pytest.hookimpl(tryfirst=True)  # before xdist's controller loop, which ends the hook's call
+        def pytest_runtestloop(self) -> None:
+            gc.freeze()
+            if enabled:
+                gc.enable()
+
+    gc.disable()
+    try:
+        return int(pytest.main(pytest_args, plugins=[StartupFrozen()]))
+    finally:
+        # An in-process run (the harness's tests) leaves its caller's collector and heap as they were.
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+        else:
+            gc.disable()
 
 
 def _fresh_report_dir(report_dir: Path) -> Path:
@@ -419,7 +463,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                "kvconform matrix --registry FILE (the plugfest matrix), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
-    p.add_argument("--version", action="version", version=f"kvconform {_version()}")
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", metavar="command", parser_class=OneLineParser)
     run = sub.add_parser("run", help="run a conformance suite against a target",
                          description="Run conformance suites against an implementation and report, per requirement,\n"

@@ -21,8 +21,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 __all__ = [
     "PROVIDERS",
     "VECTORS_DIR_ENV",
@@ -138,6 +136,12 @@ def _checkers() -> dict[str, Checker]:
     return registry
 
 
+def _validator(schema: dict[str, Any]) -> Any:
+    import jsonschema  # lazy: jsonschema costs 0.05-0.1 s of start-up; suites that read vectors never validate them
+
+    return jsonschema.Draft202012Validator(schema)
+
+
 def _schema_for(path: Path, name: str) -> Path:
     """The schema named by a file: beside it (<dir>/../schema/NAME) first, else the packaged one."""
     local = path.parent.parent / SCHEMA_DIR / name
@@ -192,7 +196,7 @@ def check_files(files: Sequence[Path]) -> CheckReport:
             report.failures.append(f"{path}: schema: got {doc.get('schema')!r}, no such file ({schema_path})")
             continue
         schema = json.loads(schema_path.read_text(encoding="utf-8"))
-        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+        errors = sorted(_validator(schema).iter_errors(doc), key=lambda e: list(e.path))
         if errors:
             report.failures.extend(f"{path}: schema {schema_path.name}: at /{'/'.join(map(str, e.path))}: "
                                    f"{e.message}" for e in errors)

@@ -12,11 +12,11 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kvconform import yamlload
 from kvconform.targets.testbed import schema_dir
 
 __all__ = [
@@ -187,6 +187,7 @@ def default_registry_path() -> Path:
     return schema_dir().parent / "implementations.yaml"
 
 
+@cache  # compiled once per process
 def _validator() -> Any:
     import jsonschema  # type: ignore[import-untyped]
     from referencing import Registry as RefRegistry
@@ -263,8 +264,8 @@ def load_registry(path: str | os.PathLike[str]) -> Registry:
     except OSError as exc:
         raise RegistryError(f"{file}: cannot read the registry: {exc.strerror or exc}") from None
     try:
-        doc = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+        doc = yamlload.safe_load(raw)
+    except yamlload.YAMLError as exc:
         raise RegistryError(f"{file}: not valid YAML: {exc}") from None
     errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
