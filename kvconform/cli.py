@@ -235,7 +235,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.report_kind == "verify":
         return _report_verify(args)
     if args.report_kind == "keygen":
-        from kvconform.reports.manifest import generate_key
+        from kvconform.reports.signature import generate_key
 
         try:
             key, pub = generate_key(args.key, args.algorithm)
@@ -247,7 +247,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _report_sign(args: argparse.Namespace) -> int:
-    from kvconform.reports.manifest import ManifestError, sign
+    from kvconform.reports.manifest import ManifestError
+    from kvconform.reports.signature import sign
 
     try:
         out = sign(args.report_dir, args.key)
@@ -259,7 +260,8 @@ def _report_sign(args: argparse.Namespace) -> int:
 
 
 def _report_verify(args: argparse.Namespace) -> int:
-    from kvconform.reports.manifest import ManifestError, verify
+    from kvconform.reports.manifest import ManifestError
+    from kvconform.reports.signature import verify
 
     try:
         result = verify(args.report_dir, args.pub)

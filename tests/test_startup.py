@@ -32,11 +32,12 @@ def pytest_unconfigure(config):
 # that passed its schema once is not validated again (kvconform.doccache), so jsonschema stays unloaded.
 NEVER = ("ml_dtypes", "hypothesis", "_hypothesis_pytestplugin", "jsonschema", "referencing")
 # Per suite, what its start-up does not need: scapy (crafting) outside the suites that import the layers, aioquic
-# outside the QUIC suites (the capture imports it only with a QUIC connection), numpy for the KBTP suites (a
-# session loads only the lanes of the protocols it runs).
+# and cryptography outside the QUIC suites (the capture imports aioquic only with a QUIC connection, a run writes
+# its manifest without the signature's cryptography), numpy for the KBTP suites (a session loads only the lanes of
+# the protocols it runs).
 ALSO_NOT = {
-    "tlkv-writer": ("scapy", "aioquic"),
-    "kbtp-initiator": ("scapy", "aioquic", "numpy"),
+    "tlkv-writer": ("scapy", "aioquic", "cryptography"),
+    "kbtp-initiator": ("scapy", "aioquic", "cryptography", "numpy"),
     "moqt-relay": (),
 }
 
