@@ -2,7 +2,9 @@
 
 Every check cites requirement ids from here; the coverage report lists every requirement per role with
 its tests. Catalogs are validated against ``conformance/requirements/schema.json``; ids are unique across
-all catalogs and start with the protocol name in upper case.
+all catalogs and start with the protocol name in upper case. A process parses a folder's catalogs once: a
+second ``load_catalogs`` of unchanged files returns the same (read-only) Catalog, and a catalog file that passed the
+schema before is neither parsed nor validated again (kvconform.doccache).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from kvconform import doccache, yamlload
 
 __all__ = ["CATALOG_DIR_ENV", "Catalog", "CatalogError", "ProtocolCatalog", "Requirement", "load_catalogs"]
 
@@ -61,9 +64,9 @@ class ProtocolCatalog:
     provisional: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Catalog:
-    """All loaded requirement catalogs, indexed by requirement id."""
+    """All loaded requirement catalogs, indexed by requirement id (shared by every caller: never changed)."""
 
     directory: str
     protocols: dict[str, ProtocolCatalog] = field(default_factory=dict)
@@ -113,28 +116,36 @@ def default_catalog_dir() -> Path:
     return Path(str(resources.files("kvconform.conformance.requirements")))
 
 
-def _schema() -> dict[str, Any]:
-    text = resources.files("kvconform.conformance.requirements").joinpath(_SCHEMA_NAME).read_text("utf-8")
-    schema: dict[str, Any] = json.loads(text)
-    return schema
+def _schema() -> bytes:
+    return resources.files("kvconform.conformance.requirements").joinpath(_SCHEMA_NAME).read_bytes()
 
 
-def _validate(doc: object, path: Path) -> None:
+@lru_cache(maxsize=4)  # compiled once per process and schema
+def _validator(schema: bytes) -> Any:
     import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
 
-    validator = jsonschema.Draft202012Validator(_schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    return jsonschema.Draft202012Validator(json.loads(schema))
+
+
+def _validate(doc: object, path: Path, schema: bytes) -> None:
+    errors = sorted(_validator(schema).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         lines = [f"{path}: {e.json_path}: {e.message}" for e in errors[:20]]
         raise CatalogError("invalid requirement catalog:\n  " + "\n  ".join(lines))
 
 
-def _load_file(path: Path, catalog: Catalog) -> None:
+def _parse(raw: bytes, path: Path) -> Any:
     try:
-        doc = yaml.safe_load(path.read_text("utf-8"))
-    except yaml.YAMLError as exc:
+        return yamlload.safe_load(raw.decode("utf-8"))
+    except yamlload.YAMLError as exc:
         raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
-    _validate(doc, path)
+
+
+def _load_file(path: Path, catalog: Catalog) -> None:
+    raw = path.read_bytes()
+    schema = _schema()
+    doc = doccache.load("requirement catalog", [schema], raw, lambda: _parse(raw, path),
+                        lambda doc: _validate(doc, path, schema))
     assert isinstance(doc, dict)
     proto: str = doc["protocol"]
     if proto in catalog.protocols:
@@ -190,7 +201,17 @@ def load_catalogs(dir: str | os.PathLike[str] | None = None) -> Catalog:
     directory = Path(dir) if dir is not None else default_catalog_dir()
     if not directory.is_dir():
         raise CatalogError(f"catalog folder {directory} does not exist")
-    catalog = Catalog(directory=str(directory))
+    files = []
     for path in sorted(directory.glob("*.yaml")):
+        st = path.stat()
+        files.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+    return _load_catalogs(directory, tuple(files))
+
+
+# Keyed by the files' identities and stamps: an edited, added or removed catalog file is parsed again.
+@lru_cache(maxsize=16)
+def _load_catalogs(directory: Path, files: tuple[tuple[Path, int, int, int], ...]) -> Catalog:
+    catalog = Catalog(directory=str(directory))
+    for path, *_stamp in files:
         _load_file(path, catalog)
     return catalog

@@ -7,6 +7,7 @@ kvconform plugin; its exit status is the plugin's (0 iff every gating check pass
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import importlib.util
 import json
@@ -25,11 +26,6 @@ from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
 from kvconform.capture import MODES, TOOLS
 from kvconform.catalog import CatalogError, load_catalogs
 from kvconform.components import COMPONENTS, SUMMARIES, component
-from kvconform.reports.certification import certify
-from kvconform.reports.coverage import build_coverage, load_coverage
-from kvconform.reports.html import write_html
-from kvconform.reports.manifest import ManifestError, generate_key, sign, verify
-from kvconform.results import TestResult
 from kvconform.targets.registry import ROLES, url_schemes
 from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import TestbedError, load_testbed
@@ -46,6 +42,19 @@ REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results",
 
 class UsageError(Exception):
     """A command line that cannot be carried out; printed and turned into exit status 2."""
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (the lookup reads package metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"kvconform {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
@@ -129,6 +138,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         *_plugin_args(),
         "--import-mode=importlib",
         "-p", "no:cacheprovider",
+        # No suite uses hypothesis; its plugin would import it (0.2-0.3 s) at every run's end.
+        "-p", "no:hypothesispytest",
         # The cli imported kvconform before pytest could mark the plugin's package for rewriting.
         "-W", "ignore::pytest.PytestAssertRewriteWarning",
         "--rootdir", str(root),
@@ -163,14 +174,43 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     pytest_args += ["--timeout", str(args.timeout)]
     pytest_args += ["-q"] * args.quiet + ["-v"] * args.verbose
 
-    import pytest  # optional: the library imports without pytest
-
-    code = int(pytest.main(pytest_args))
+    code = _run_pytest(pytest_args)
     for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "manifest.sha256"):
         path = report_dir / name
         if path.exists():
             print(f"kvconform: {name}: {path}")
     return code
+
+
+def _run_pytest(pytest_args: list[str]) -> int:
+    """pytest.main, with the garbage collector kept off the start-up's objects.
+
+    A run's start-up builds a few hundred thousand long-lived objects (modules, suites, items) and nothing to
+    collect; the collector would walk them all several times over (about 0.3 s: full collections while
+    importing, and pytest's own after the checks). So it is off until the checks start, and what exists then is
+    frozen out of every later collection (gc.freeze); the checks' garbage is collected as usual.
+    """
+    import pytest  # lazy: `kvconform serve` and the other commands need no pytest
+
+    enabled = gc.isenabled()
+
+    class StartupFrozen:
+        @pytest.hookimpl(tryfirst=True)  # before xdist's controller loop, which ends the hook's call
+        def pytest_runtestloop(self) -> None:
+            gc.freeze()
+            if enabled:
+                gc.enable()
+
+    gc.disable()
+    try:
+        return int(pytest.main(pytest_args, plugins=[StartupFrozen()]))
+    finally:
+        # An in-process run (the harness's tests) leaves its caller's collector and heap as they were.
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+        else:
+            gc.disable()
 
 
 def _fresh_report_dir(report_dir: Path) -> Path:
@@ -193,69 +233,6 @@ def _fresh_report_dir(report_dir: Path) -> Path:
             raise UsageError(f"--report-dir {report_dir}: cannot remove the earlier {name}: "
                              f"{exc.strerror or exc}") from None
     return report_dir
-
-
-# --------------------------------------------------------------------------------------------- report
-
-
-def _report(args: argparse.Namespace) -> int:
-    if args.report_kind == "sign":
-        return _report_sign(args)
-    if args.report_kind == "verify":
-        return _report_verify(args)
-    if args.report_kind == "keygen":
-
-        try:
-            key, pub = generate_key(args.key, args.algorithm)
-        except OSError as exc:
-            raise UsageError(f"--key {args.key}: cannot write: {exc.strerror or exc}") from None
-        print(f"kvconform: private key: {key}\nkvconform: public key: {pub}")
-        return 0
-    return _report_html(args)
-
-
-def _report_sign(args: argparse.Namespace) -> int:
-
-    try:
-        out = sign(args.report_dir, args.key)
-    except ManifestError as exc:
-        print(f"kvconform: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"kvconform: signature: {out}")
-    return 0
-
-
-def _report_verify(args: argparse.Namespace) -> int:
-
-    try:
-        result = verify(args.report_dir, args.pub)
-    except ManifestError as exc:
-        print(f"kvconform: error: {exc}", file=sys.stderr)
-        return 1
-    for line in result.lines():
-        print(f"kvconform: {line}")
-    verdict = "matches its manifest" if result.ok else "does NOT match its manifest or signature"
-    print(f"kvconform: {args.report_dir} {verdict}")
-    return 0 if result.ok else 1
-
-
-def _report_html(args: argparse.Namespace) -> int:
-
-    try:
-        doc = load_coverage(args.source)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--from {args.source}: {exc}") from exc
-    if args.all_protocols:
-
-        results = [TestResult.from_dict(t) for t in doc.get("tests", [])]
-        meta = doc.get("meta", {})
-        rebuilt = build_coverage(load_catalogs(), results, meta, all_protocols=True,
-                                 report_dir=meta.get("report_dir"))
-        doc = certify(rebuilt, doc.get("identity"), strict=bool(meta.get("strict")),
-                      exit_code=meta.get("exit_code"), report_dir=str(Path(args.source).parent))
-    out = write_html(doc, args.out, Path(args.source).parent)
-    print(f"kvconform: coverage.html: {out}")
-    return 0
 
 
 # ------------------------------------------------------------------------------------------- dispatch
@@ -411,7 +388,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                "kvconform matrix --registry FILE (the plugfest matrix), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
-    p.add_argument("--version", action="version", version=f"kvconform {_version()}")
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", metavar="command", parser_class=OneLineParser)
     run = sub.add_parser("run", help="run a conformance suite against a target",
                          description="Run conformance suites against an implementation and report, per requirement,\n"
@@ -503,8 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else USAGE_ERROR
         if args.command == "run":
             return _run(args, args_list)
-        if args.command == "report":
-            return _report(args)
+        if args.command == "report":  # its writers (and signing's cryptography) load only when asked for
+            report: Callable[[argparse.Namespace], int] = importlib.import_module("kvconform.reports.tool").main
+            return report(args)
         if args.command == "suites":
             return _suites(args)
         parser.print_help()

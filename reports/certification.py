@@ -19,6 +19,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,12 +45,16 @@ def report_schema() -> dict[str, Any]:
     return schema
 
 
-def validate_report(doc: object) -> list[str]:
-    """Every way ``doc`` breaks the report schema, as ``<JSON path>: <message>`` (empty: valid)."""
+@cache
+def _report_validator() -> Any:
     import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
 
-    validator = jsonschema.Draft202012Validator(report_schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    return jsonschema.Draft202012Validator(report_schema())
+
+
+def validate_report(doc: object) -> list[str]:
+    """Every way ``doc`` breaks the report schema, as ``<JSON path>: <message>`` (empty: valid)."""
+    errors = sorted(_report_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{e.json_path}: {e.message}" for e in errors]
 
 

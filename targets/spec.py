@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
-import yaml
-
+from kvconform import yamlload
 from kvconform.targets import registry
 from kvconform.targets.contract import container_roles
 from kvconform.targets.registry import RoleError
@@ -176,8 +175,8 @@ def parse_pics_override(text: str) -> tuple[str, Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise TargetError(f"--pics-set: expected KEY=VALUE with a dotted KEY, got {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
+        value = yamlload.safe_load(raw) if raw.strip() else None
+    except yamlload.YAMLError as exc:
         raise TargetError(f"--pics-set {key}: value {raw!r} is not valid YAML: {exc}") from exc
     return key, value
 

@@ -7,14 +7,16 @@ protocol lane adds its PICS schema without touching the testbed schema's code.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from kvconform import doccache, yamlload
 
 __all__ = ["Testbed", "TestbedError", "default_testbed_path", "load_testbed", "schema_dir", "validate_pics"]
 
@@ -58,39 +60,38 @@ def default_testbed_path() -> Path:
     return Path(str(resources.files("kvconform.testbeds"))) / "loopback.yaml"
 
 
-def _validator() -> Any:
+def _schemas() -> tuple[Path, tuple[tuple[str, bytes], ...]]:
+    """The schema folder and its files' names and bytes: what the validator reads, and what it is known by."""
+    folder = schema_dir()
+    return folder, tuple((f.name, f.read_bytes()) for f in sorted(folder.glob("*.json")))
+
+
+@lru_cache(maxsize=4)  # compiled once per process and schema folder content: every testbed and --pics-set reuses it
+def _validator(folder: Path, schemas: tuple[tuple[str, bytes], ...]) -> Any:
     import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
     from referencing import Registry, Resource  # lazy: with jsonschema
     from referencing.jsonschema import DRAFT202012
 
-    folder = schema_dir()
-    schema = json.loads((folder / _SCHEMA_FILE).read_text("utf-8"))
+    files = dict(schemas)
+    schema = json.loads(files[_SCHEMA_FILE])
 
     def retrieve(uri: str) -> Resource[Any]:
         # Only sibling files are resolved, never the network.
-        local = folder / uri.rsplit("/", 1)[-1]
-        if local.name.startswith("pics-") and not local.is_file():
+        name = uri.rsplit("/", 1)[-1]
+        if name.startswith("pics-") and name not in files:
             return Resource.from_contents(_ANY_OBJECT, default_specification=DRAFT202012)
-        if not local.is_file():
-            raise LookupError(f"schema {uri} not found as {local}")
-        return Resource.from_contents(json.loads(local.read_text("utf-8")), default_specification=DRAFT202012)
+        if name not in files:
+            raise LookupError(f"schema {uri} not found as {folder / name}")
+        return Resource.from_contents(json.loads(files[name]), default_specification=DRAFT202012)
 
     registry: Registry[Any] = Registry(retrieve=retrieve)  # type: ignore[call-arg]
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
-def validate_testbed(doc: object, path: str | os.PathLike[str]) -> None:
-    """Raise TestbedError listing every schema violation of ``doc`` (loaded from ``path``)."""
-    errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
-    if errors:
-        lines = [f"{path}: {e.json_path}: {e.message}" for e in errors[:20]]
-        raise TestbedError("invalid testbed:\n  " + "\n  ".join(lines))
-
-
 def validate_pics(pics: object, where: str) -> None:
     """Raise TestbedError naming the PICS path of every schema violation of ``pics`` (e.g. after --pics-set)."""
     doc = {"name": "pics", "targets": {"t": {"driver": "reference", "pics": pics}}}
-    errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    errors = sorted(_validator(*_schemas()).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         def at(e: Any) -> str:
             path = ".".join(str(p) for p in list(e.absolute_path)[3:])
@@ -99,18 +100,14 @@ def validate_pics(pics: object, where: str) -> None:
 
 
 def load_testbed(path: str | os.PathLike[str] | None = None) -> Testbed:
-    """Load and validate a testbed YAML file (default: the packaged loopback testbed)."""
+    """Load and validate a testbed YAML file (default: the packaged loopback testbed); a process parses and
+    validates a file once (until it changes), each call gets its own copy."""
     file = Path(path) if path is not None else default_testbed_path()
     try:
-        text = file.read_text("utf-8")
+        raw = file.read_bytes()
     except OSError as exc:
         raise TestbedError(f"{file}: cannot read testbed: {exc.strerror}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TestbedError(f"{file}: not valid YAML: {exc}") from exc
-    validate_testbed(doc, file)
-    assert isinstance(doc, dict)
+    doc = copy.deepcopy(_validated(file, raw, *_schemas()))
     return Testbed(
         name=doc["name"],
         path=str(file),
@@ -118,3 +115,26 @@ def load_testbed(path: str | os.PathLike[str] | None = None) -> Testbed:
         defaults=doc.get("defaults", {}),
         targets=doc.get("targets", {}),
     )
+
+
+@lru_cache(maxsize=16)
+def _validated(file: Path, raw: bytes, folder: Path, schemas: tuple[tuple[str, bytes], ...]) -> dict[str, Any]:
+    """The document of a testbed file's bytes, parsed and validated (once per content: kvconform.doccache)."""
+    doc = doccache.load("testbed", (b for _, b in schemas), raw, lambda: _parse(raw, file),
+                        lambda doc: _validate(doc, file, folder, schemas))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _parse(raw: bytes, file: Path) -> Any:
+    try:
+        return yamlload.safe_load(raw.decode("utf-8"))
+    except yamlload.YAMLError as exc:
+        raise TestbedError(f"{file}: not valid YAML: {exc}") from exc
+
+
+def _validate(doc: object, path: Path, folder: Path, schemas: tuple[tuple[str, bytes], ...]) -> None:
+    errors = sorted(_validator(folder, schemas).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        lines = [f"{path}: {e.json_path}: {e.message}" for e in errors[:20]]
+        raise TestbedError("invalid testbed:\n  " + "\n  ".join(lines))

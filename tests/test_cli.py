@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import textwrap
@@ -86,6 +87,19 @@ def test_run_protocol_leaves_out_unplayed_suites(tree: Path, capsys: pytest.Capt
     code = cli.main(["run", "demo-reader", "--testbed", "tb.yaml", "--target", "readeronly",
                      "--report-dir", "rep2", "--strict", "-q"])
     assert code == 1
+
+
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(tree: Path) -> None:
+    # A run keeps the collector off while it starts and freezes what it built once the checks start
+    # (cli._run_pytest): its caller's collector is as it was afterwards, with nothing left frozen.
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            assert cli.main(["run", "demo-writer", "--report-dir", f"rep-{enabled}", "-q",
+                             "--target", "python:json:dumps"]) == 0
+            assert gc.isenabled() is enabled and gc.get_freeze_count() == 0
+        finally:
+            gc.enable()
 
 
 def test_run_usage_errors(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ from kvconform import __version__
 from kvconform.evidence import raw_of
 from kvconform.reports.certification import validate_report
 from kvconform.reports.identity import file_sha256
-from kvconform.reports.manifest import verify
+from kvconform.reports.signature import verify
 from kvconform.targets.testbed import default_testbed_path
 from tests.mutants.runner import ROOT, SEED, spawn_env
 from tests.report_runs import (

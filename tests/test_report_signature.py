@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvconform import cli
-from kvconform.reports.manifest import MANIFEST, SIGNATURE, ManifestError, sign, verify, write_manifest
+from kvconform.reports.manifest import MANIFEST, SIGNATURE, ManifestError, write_manifest
+from kvconform.reports.signature import sign, verify
 
 
 @pytest.fixture

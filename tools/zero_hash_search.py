@@ -8,7 +8,7 @@ step's L + d_k stays within 0..255, which a short one usually does.
 
     python tools/zero_hash_search.py      # about two minutes in pure Python (exact rational LLL)
 
-It found the last four tokens of conformance/tlkv/scenarios.py ZERO_HASH_TOKENS (prefix: parent 0 and
+It found the last four tokens of kvconform/tlkv/blockhash.py ZERO_HASH_TOKENS (prefix: parent 0 and
 tokens 1..12, B = 16).  Run once; the suites use the constant.
 """
 

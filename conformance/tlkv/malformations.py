@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from kvconform import yamlload
 from kvconform.checksum import crc32c
 from kvconform.tlkv.content import make_kv
 from kvconform.tlkv.envelope import DTYPE_OF_VERSION, HEADER, Block, encode_envelope, encode_raw, with_crc
@@ -348,7 +348,7 @@ MALFORMATIONS += GENERATED
 
 @cache
 def _outcomes() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((Path(__file__).parent / "outcomes.yaml").read_text())
+    data: dict[str, Any] = yamlload.safe_load((Path(__file__).parent / "outcomes.yaml").read_text())
     return data
 
 

@@ -4,7 +4,7 @@
 
 - ``tcp_endpoint(address)`` around a tl.kv.v1 endpoint the harness dials or hands to an implementation to dial:
   it yields the address to use instead (a capture relay's when the harness records TCP itself);
-- ``quic_logging()`` when building a QuicConfiguration: the qlog logger and key log to set;
+- ``quic_logging(TraceLogger)`` when building a QuicConfiguration: the qlog logger and key log to set;
 - ``udp_transport(transport)`` / ``udp_received(transport, data, addr)`` / ``udp_bound(transport)`` from the
   aioquic adapter, for the datagrams and ports of its sockets.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from kvconform.capture.pcap import Datagram
@@ -24,6 +24,7 @@ from kvconform.capture.relay import TcpRelay
 if TYPE_CHECKING:  # the capture's modules load only when one is installed (a lane imports this one always)
     from aioquic.quic.logger import QuicLogger
 
+    from kvconform.capture.qlog import TraceLogger
     from kvconform.capture.session import CaptureSession
 
 __all__ = ["active", "install", "quic_logging", "split_address", "tcp_endpoint", "udp_bound", "udp_received",
@@ -78,12 +79,13 @@ def tcp_endpoint(address: str) -> Iterator[str]:
         relay.stop()
 
 
-def quic_logging() -> tuple[QuicLogger | None, TextIO | None]:
-    """The ``quic_logger`` and ``secrets_log_file`` for a harness QuicConfiguration (None, None: no capture)."""
+def quic_logging(logger: Callable[[], TraceLogger]) -> tuple[QuicLogger | None, TextIO | None]:
+    """The ``quic_logger`` and ``secrets_log_file`` for a harness QuicConfiguration (None, None: no capture);
+    ``logger`` (capture.qlog.TraceLogger) makes the process's qlog logger the first time one is asked for."""
     session = _session
     if session is None:
         return None, None
-    return session.logger, cast(TextIO, session.keylog)
+    return session.quic_logger(logger), cast(TextIO, session.keylog)
 
 
 def _sockname(transport: asyncio.BaseTransport) -> tuple[str, int] | None:

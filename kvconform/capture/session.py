@@ -13,8 +13,9 @@ into the window's pcap comes from one of two sources, chosen once per process (`
   synthesised Ethernet/IP/TCP/UDP headers.
 
 The qlog (every trace with events in the window) and the key log (every secret of the process) come from aioquic
-in both cases. ``end(keep=False)`` drops the window: ``--capture failed`` records every check and keeps the capture
-of the ones that did not pass.
+in both cases; the qlog's logger (``capture.qlog``) is the QUIC adapter's to hand over, so a process that opens no
+QUIC connection never imports aioquic for its capture. ``end(keep=False)`` drops the window: ``--capture failed``
+records every check and keeps the capture of the ones that did not pass.
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ import ipaddress
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvconform.capture import MODES, TOOLS
 from kvconform.capture.pcap import Datagram, Frame, Segment, datagram_frame, frame_ports, segment_frame, write_pcap
-from kvconform.capture.quic import KeyLog, TraceLogger
+from kvconform.capture.quic import KeyLog
 from kvconform.capture.tcpdump import CaptureUnavailable, Tcpdump
+
+if TYPE_CHECKING:  # handed over by the QUIC adapter (quic_logger): aioquic only where QUIC runs
+    from kvconform.capture.qlog import TraceLogger
 
 __all__ = ["MODES", "TOOLS", "WINDOW_LIMIT", "CaptureSession", "is_loopback"]
 
@@ -79,7 +84,7 @@ class CaptureSession:
         self.tcpdump_path = tcpdump
         self.tool: str | None = None  # decided by start(): "tcpdump" or "harness"
         self.why: str | None = None  # why the harness writes the capture although tcpdump was wanted
-        self.logger = TraceLogger()
+        self.logger: TraceLogger | None = None  # the qlog logger, from the first QUIC configuration on
         self.keylog = KeyLog()
         self._lock = threading.Lock()
         self._window: _Window | None = None
@@ -110,10 +115,18 @@ class CaptureSession:
             self._tcpdump.stop()
             self._tcpdump = None
 
+    def quic_logger(self, new: Callable[[], TraceLogger]) -> TraceLogger:
+        """The process's qlog logger, made by ``new`` the first time a QUIC configuration asks for it."""
+        with self._lock:
+            if self.logger is None:
+                self.logger = new()
+            return self.logger
+
     def begin(self, name: str) -> None:
         """Open the window of check ``name`` (a window left open is dropped)."""
         self.start()
-        self.logger.take()  # events between checks belong to none
+        if self.logger is not None:
+            self.logger.take()  # events between checks belong to none
         with self._lock:
             self._window = _Window(name, time.time())
 
@@ -130,7 +143,7 @@ class CaptureSession:
         with self._lock:
             window, self._window = self._window, None
             ports = {"tcp": sorted(self._ports[_TCP]), "udp": sorted(self._ports[_UDP])}
-        traces = self.logger.take()
+        traces = self.logger.take() if self.logger is not None else []
         entry: dict[str, Any] = {"with": self.tool, "how": self.how()}
         if self.why:
             entry["why"] = f"the harness wrote the capture: {self.why}"

@@ -14,11 +14,11 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kvconform import yamlload
 from kvconform.targets.registry import ROLES, Role, RoleError, cmd_placeholders
 from kvconform.targets.testbed import schema_dir
 
@@ -215,6 +215,7 @@ def registry_schema() -> dict[str, Any]:
     return schema
 
 
+@cache  # compiled once per process
 def _validator() -> Any:
     import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
     from referencing import Registry as RefRegistry  # lazy: with jsonschema
@@ -295,8 +296,8 @@ def load_registry(path: str | os.PathLike[str]) -> Registry:
     except OSError as exc:
         raise RegistryError(f"{file}: cannot read the registry: {exc.strerror or exc}") from None
     try:
-        doc = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+        doc = yamlload.safe_load(raw)
+    except yamlload.YAMLError as exc:
         raise RegistryError(f"{file}: not valid YAML: {exc}") from None
     errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:

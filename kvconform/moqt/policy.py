@@ -27,12 +27,12 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kvconform import yamlload
 from kvconform.moqt.errors import RequestErrorCode
 
 __all__ = [
@@ -175,13 +175,17 @@ def _grant(name: str, doc: dict[str, Any]) -> Grant:
                  expires=float(expires) if expires is not None else None)
 
 
-def _validate(doc: object, origin: str) -> None:
-    import jsonschema  # lazy: jsonschema costs ~0.1 s of start-up; only validating a file needs it
+@cache
+def _validator() -> Any:
+    import jsonschema  # lazy: ~0.1 s of start-up that only validating a file needs
 
     # the schema ships with the testbeds' data (the policy is a relay's testbed file), located, not imported
     schema = json.loads((resources.files("kvconform.testbeds") / "schema" / _SCHEMA_FILE).read_text("utf-8"))
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc),
-                    key=lambda e: [str(p) for p in e.absolute_path])
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _validate(doc: object, origin: str) -> None:
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         lines = [f"{origin}: {e.json_path}: {e.message}" for e in errors[:20]]
         raise PolicyError("invalid relay policy:\n  " + "\n  ".join(lines))
@@ -209,7 +213,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     except OSError as exc:
         raise PolicyError(f"{file}: cannot read relay policy: {exc.strerror}") from exc
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        doc = yamlload.safe_load(text)
+    except yamlload.YAMLError as exc:
         raise PolicyError(f"{file}: not valid YAML: {exc}") from exc
     return policy_from_mapping(doc, str(file))

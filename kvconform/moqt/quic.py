@@ -29,6 +29,7 @@ from aioquic.quic.packet import QuicTransportParameters, pull_quic_transport_par
 
 from kvconform import evidence
 from kvconform.capture import hooks as capture
+from kvconform.capture.qlog import TraceLogger
 from kvconform.moqt import tls
 from kvconform.moqt.errors import SessionError
 from kvconform.moqt.session import (
@@ -85,7 +86,7 @@ def quic_configuration(
     (SSLKEYLOGFILE format) so a pcap of the test decrypts in Wireshark; without them, the running capture's
     (``kvconform.capture``: per check, beside the evidence), if any.
     """
-    quic_logger, keylog = capture.quic_logging()
+    quic_logger, keylog = capture.quic_logging(TraceLogger)
     configuration = QuicConfiguration(
         is_client=is_client,
         alpn_protocols=list(alpn),

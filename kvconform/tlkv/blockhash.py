@@ -14,6 +14,9 @@ FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 NO_HASH = 0
 _MASK = (1 << 64) - 1
+# Block 0 of these 16 tokens has fnv1a64(le_u64(0) || tokens) == 0, so its hash is the replacement 1
+# (TLKV-HASH-ZERO-IS-ONE). Found by lattice reduction: tools/zero_hash_search.py.
+ZERO_HASH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 17629698, 318840583, 327949, 83949826)
 
 
 def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:

@@ -13,14 +13,12 @@ produces the same bytes as the reference path (f32 quotient, ml_dtypes cast), wh
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from kvconform.tlkv.e4m3 import E4M3_TO_F32, POW2_M112, decode_slabs, encode_f16_slabs
+from kvconform.tlkv.e4m3 import E4M3_TO_F32, POW2_M112, decode_slabs, e4m3_dtype, encode_f16_slabs
 from kvconform.tlkv.geometry import Geometry
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 E4M3_MAX = 448.0  # largest finite e4m3 (fn variant: no infinities)
 F16 = np.dtype("<f2")
 F32 = np.dtype("<f4")
@@ -106,7 +104,7 @@ def _encode_v2_reference(out: U8Array, geometry: Geometry, kv: npt.NDArray[np.fl
     """The reference v2 encoder (any float dtype, any values): f32 quotient, ml_dtypes' e4m3 cast."""
     n_elem = geometry.elements
     scales = v2_scales(kv, n_tokens)
-    q = out[:n_elem].view(E4M3).reshape(geometry.kv_shape)
+    q = out[:n_elem].view(e4m3_dtype()).reshape(geometry.kv_shape)
     # x / scale in f32, rounded to nearest-even by the cast: no value exceeds 448 by construction.
     np.copyto(q, (kv.astype(np.float32, copy=False) / scales[:, :, :, None, None]), casting="unsafe")
     if n_tokens < geometry.block_tokens:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from kvconform.checksum import crc32c
 from kvconform.testvectors import Checker, VectorCase, make_document
-from kvconform.tlkv.blockhash import block_hash, block_hashes, fnv1a64
+from kvconform.tlkv.blockhash import ZERO_HASH_TOKENS, block_hash, block_hashes, fnv1a64
 from kvconform.tlkv.envelope import (
     DTYPE_OF_VERSION,
     HEADER,
@@ -31,6 +31,7 @@ from kvconform.tlkv.envelope import (
     sequence_blocks,
 )
 from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE, Geometry
+from kvconform.tlkv.kvhex import kv_from_hex, kv_to_hex
 from kvconform.tlkv.layers import craft
 from kvconform.tlkv.payload import F16, encode_payload
 from kvconform.tlkv.reader import EnvelopeError, read_envelope
@@ -45,8 +46,6 @@ __all__ = [
     "KIND_FNV1A64",
     "field_at",
     "generate",
-    "kv_from_hex",
-    "kv_to_hex",
 ]
 
 KIND_FNV1A64 = "tlkv-fnv1a64"
@@ -77,9 +76,6 @@ SPEC_V1_ENVELOPE = bytes.fromhex(
 SPEC_V1_GEOMETRY = Geometry(block_tokens=2, n_layers=1, n_kv_heads=1, head_dim=2)
 # K = [[1, 2], [3, 4]], V = [[0.5, -1], [0, 0.25]] as f16 [L][2][Hkv][B][D], little-endian.
 SPEC_V1_KV = bytes.fromhex("003c004000420044" "003800bc00000034")
-# Block 0 of these 16 tokens has fnv1a64(le_u64(0) || tokens) == 0, so its hash is the replacement 1
-# (TLKV-HASH-ZERO-IS-ONE). Found by lattice reduction: tools/zero_hash_search.py.
-ZERO_HASH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 17629698, 318840583, 327949, 83949826)
 SPEC_BLOCK_HASHES = (0xA91AB0C1027B9366, 0x03DF829571605C60, 0)  # B = 2, tokens [1, 2, 3, 4, 5]
 
 
@@ -101,20 +97,6 @@ def _case(comment: str, flags: Sequence[str], result: str = "valid", **fields: A
 
 def _document(kind: str, notes: dict[str, str], groups: list[dict[str, Any]]) -> dict[str, Any]:
     return make_document(kind, notes, groups, schema=SCHEMA, generator=GENERATOR, source=SOURCE)
-
-
-def kv_to_hex(kv: npt.NDArray[np.floating]) -> str:
-    """Little-endian f16 bytes of an [n][L][2][Hkv][B][D] array, as hex."""
-    return np.ascontiguousarray(kv, dtype=F16).tobytes().hex()
-
-
-def kv_from_hex(text: str, geometry: Geometry, n_blocks: int) -> npt.NDArray[np.float16]:
-    """The [n][L][2][Hkv][B][D] f16 array of a vector's `kv`; ValueError naming the size when it does not fit."""
-    raw = bytes.fromhex(text)
-    expected = n_blocks * geometry.elements * 2
-    if len(raw) != expected:
-        raise ValueError(f"kv: got {len(raw)} bytes, expected {expected} ({n_blocks} blocks of {geometry})")
-    return np.frombuffer(raw, F16).reshape((n_blocks, *geometry.kv_shape)).copy()
 
 
 def field_at(data: bytes, offset: int) -> str:

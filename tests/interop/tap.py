@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from kvconform import yamlload
 
 __all__ = ["TapError", "TapPoint", "parse_tap"]
 
@@ -73,8 +73,8 @@ def parse_tap(text: str) -> list[TapPoint]:
                 i += 1
             i += 1
         try:
-            diagnostics = yaml.safe_load(textwrap.dedent("\n".join(block))) if block else {}
-        except yaml.YAMLError as exc:
+            diagnostics = yamlload.safe_load(textwrap.dedent("\n".join(block))) if block else {}
+        except yamlload.YAMLError as exc:
             raise TapError(f"test point {match['name']!r}: YAML block does not parse: {exc}") from exc
         points.append(TapPoint(match["name"].strip(), match["status"] == "ok", (match["directive"] or "").strip(),
                                diagnostics if isinstance(diagnostics, dict) else {}))

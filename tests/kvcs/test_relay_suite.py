@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from kvconform import yamlload
 from kvconform.fixtures.kvcs.relay import UNDECLARED_SCOPES, describe, scope_accesses
 from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.policy import Policy, Right, TokenKey, load_policy, policy_from_mapping
@@ -121,7 +121,7 @@ def test_one_access_gives_the_moqt_relay_policy_unchanged() -> None:
 
 def test_the_packaged_policy_matches_the_loopback_pics() -> None:
     """`kvconform serve moqt-relay` (default policy) is what the loopback PICS describe, for both scopes."""
-    bed = yaml.safe_load((ROOT / "testbeds" / "loopback.yaml").read_text())
+    bed = yamlload.safe_load((ROOT / "testbeds" / "loopback.yaml").read_text())
     packaged: Policy = load_policy(ROOT / "testbeds" / "moqt-relay-policy.yaml")
     for pics in (bed["defaults"]["pics"], bed["targets"]["reference"]["pics"]):
         a, b = scope_accesses(Pics(pics))

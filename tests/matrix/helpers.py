@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from kvconform import yamlload
 from kvconform.matrix.registry import default_registry_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ SHIPPED = default_registry_path()
 
 def shipped(*drop: str) -> dict[str, Any]:
     """The shipped registry's document, without the implementations named in ``drop``."""
-    doc: dict[str, Any] = yaml.safe_load(SHIPPED.read_text("utf-8"))
+    doc: dict[str, Any] = yamlload.safe_load(SHIPPED.read_text("utf-8"))
     for name in drop:
         del doc["implementations"][name]
     return doc

@@ -17,11 +17,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from kvconform.tlkv.e4m3 import E4M3_TO_F32, POW2_M112, decode_slabs, encode_f16_slabs, f32_to_e4m3
+from kvconform.tlkv.e4m3 import E4M3_TO_F32, POW2_M112, decode_slabs, e4m3_dtype, encode_f16_slabs, f32_to_e4m3
 from kvconform.tlkv.envelope import Block, encode_envelope, encode_envelope_into
 from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.payload import (
-    E4M3,
     _encode_v2_reference,
     decode_v1_into,
     decode_v2,
@@ -33,6 +32,7 @@ from kvconform.tlkv.payload import (
 SMALL = Geometry(4, 2, 3, 8)
 WIDE = Geometry(16, 2, 4, 32)
 REAL = Geometry(16, 32, 8, 128)
+E4M3 = e4m3_dtype()
 
 # ---- golden digests of the previous implementation ------------------------------------------
 

@@ -31,7 +31,7 @@ from kvconform.conformance.tlkv.scenarios import case_seed, make_contents, make_
 from kvconform.fixtures.tlkv import CALL_TIMEOUT
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Prefill
-from kvconform.tlkv.blockhash import block_fills, chain_hashes
+from kvconform.tlkv.blockhash import ZERO_HASH_TOKENS, block_fills, chain_hashes
 from kvconform.tlkv.chunk import MAX_CHUNK_PAYLOAD, Chunk
 from kvconform.tlkv.content import write_sequence
 from kvconform.tlkv.decode import DecodeSide
@@ -40,7 +40,6 @@ from kvconform.tlkv.geometry import Geometry
 from kvconform.tlkv.grpc_client import KvTransferClient
 from kvconform.tlkv.grpc_decode import DecodeServer
 from kvconform.tlkv.reader import EnvelopeError, read_envelope
-from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
 from kvconform.verdicts import (
     DriverError,
     Findings,

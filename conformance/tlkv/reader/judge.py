@@ -23,8 +23,8 @@ import numpy.typing as npt
 from kvconform import evidence
 from kvconform.conformance.tlkv.judging import cites, held
 from kvconform.targets.tlkv import ImportOutcome, ReaderSession
+from kvconform.tlkv.e4m3 import e4m3_dtype
 from kvconform.tlkv.geometry import Geometry
-from kvconform.tlkv.payload import E4M3
 from kvconform.tlkv.reader import Envelope
 from kvconform.verdicts import check, check_one_of, inconclusive, violation
 
@@ -127,7 +127,7 @@ def judge_values(got: npt.NDArray[np.floating], env: Envelope, i: int, fill: int
         violation(f"{what}: block {i}'s values are those of an [L][Hkv][2][B][D] layout", req=layout,
                   expected="[L][2][Hkv][B][D] (axis 1: 0 = K, 1 = V)")
     if env.version == 2 and cites("TLKV-V2-DECODE"):
-        raw = np.frombuffer(bytes(env.records[i].payload), np.uint8, g.elements).view(E4M3).astype(np.float32)
+        raw = np.frombuffer(bytes(env.records[i].payload), np.uint8, g.elements).view(e4m3_dtype()).astype(np.float32)
         if same(got32, raw.reshape(g.kv_shape)):
             violation(f"{what}: block {i}'s values are the e4m3 bytes without their slab's scale",
                       req="TLKV-V2-DECODE", expected="e4m3_to_f32(byte) * scale")

@@ -20,9 +20,10 @@ from kvconform.checksum import crc32c
 from kvconform.conformance.tlkv.hashes import judge_hashes
 from kvconform.conformance.tlkv.judging import cites, held
 from kvconform.tlkv.blockhash import block_hashes
+from kvconform.tlkv.e4m3 import e4m3_dtype
 from kvconform.tlkv.envelope import RECORD_HEADER
 from kvconform.tlkv.geometry import CRC_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE, Geometry
-from kvconform.tlkv.payload import E4M3, E4M3_MAX
+from kvconform.tlkv.payload import E4M3_MAX
 from kvconform.verdicts import Findings, check, check_equal, fmt, inconclusive, violation
 
 LE = "TLKV-ENV-LE"
@@ -212,7 +213,7 @@ def _elements_bad(q_bytes: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32
                   fill: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Filled elements that are not the nearest e4m3 of x / scale (either neighbour within float rounding of a
     tie): (positions, decoded values, x / scale)."""
-    q = q_bytes[:, :, :, :fill, :].view(E4M3).astype(np.float64)
+    q = q_bytes[:, :, :, :fill, :].view(e4m3_dtype()).astype(np.float64)
     x = kv[:, :, :, :fill, :].astype(np.float64) / scales.astype(np.float64)[:, :, :, None, None]
     # Half an e4m3 step at |x| (3 mantissa bits; subnormal step 2^-9), plus float rounding slack.
     exp = np.floor(np.log2(np.maximum(np.abs(x), 2.0**-6)))

@@ -31,8 +31,8 @@ from kvconform.conformance.tlkv.writer.envelope import (
 )
 from kvconform.targets.spec import Pics
 from kvconform.targets.tlkv import Writer
+from kvconform.tlkv.blockhash import ZERO_HASH_TOKENS
 from kvconform.tlkv.geometry import Geometry
-from kvconform.tlkv.vectors import ZERO_HASH_TOKENS
 from kvconform.verdicts import check
 
 VERSIONS = [1, 2]

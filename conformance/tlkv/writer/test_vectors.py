@@ -36,7 +36,7 @@ from kvconform.targets.tlkv import Writer
 from kvconform.testvectors import VectorCase, load_vectors
 from kvconform.tlkv.blockhash import block_fills
 from kvconform.tlkv.geometry import Geometry
-from kvconform.tlkv.vectors import kv_from_hex
+from kvconform.tlkv.kvhex import kv_from_hex
 
 CASES = [c for c in load_vectors("tlkv-envelope") if c.result == "valid"]
 
