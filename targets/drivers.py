@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvconform.loading import import_python_target
-from kvconform.targets.docker import contract_driver
 from kvconform.targets.registry import ROLES, Role, cmd_roles, load_ref, suite_roles
 from kvconform.targets.spec import TargetSpec
 from kvconform.verdicts import TargetUnavailable
 
-__all__ = ["driver_for"]
+__all__ = ["DOCKER_DRIVER", "driver_for"]
+
+DOCKER_DRIVER = "kvconform.targets.docker:contract_driver"  # the driver of every role under the container contract
 
 
 def _python(role: Role, value: str, options: Mapping[str, Any]) -> Any:
@@ -56,8 +57,8 @@ def driver_for(suite: str, target: TargetSpec, **options: Any) -> Any:
         if role.url is None or scheme not in role.url_schemes:
             raise TargetUnavailable(f"target {target.value} cannot play {suite}: {role.describe()}")
         return load_ref(role.url)(target.value)
-    if target.kind == "docker":
-        return contract_driver(suite, target)
+    if target.kind == "docker":  # named, like every driver of the table: it brings the TLS stack (aioquic)
+        return load_ref(DOCKER_DRIVER)(suite, target)
     if target.kind == "verbs":
         if role.verbs is None:
             raise TargetUnavailable(f"verbs target {target.name} cannot play {suite}: {role.describe()}")
