@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutants.runner import run_suite
+from tests.mutants.runner import RUN_BOUND, run_suite
+from tests.spawn import covering
 
+pytestmark = covering(RUN_BOUND)  # one kvconform run per test
 CHECK = "test_the_declared_fetch_limit_holds"
 SERIAL = "python:tests.kvcs.serial_fetch_publisher:SerialFetchPublisher"
 

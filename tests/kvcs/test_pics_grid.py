@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from kvconform.catalog import load_catalogs
-from tests.mutants.runner import Run, run_suite
+from tests.mutants.runner import RUN_BOUND, Run, run_suite
+from tests.report_runs import ReportRun
+from tests.spawn import covering
 
+pytestmark = covering(RUN_BOUND)  # one kvconform run per test (but the main job's readers)
 # (signing, segments, kv_track): a covering array of strength 2 for three booleans
 PUBLISHER_GRID = [(False, True, False), (True, True, True), (False, False, True), (True, False, False)]
 CONSUMER_CAPS = ("fallback_relay", "producer_keys", "layer_range", "first_blocks", "distrusts_relays")
@@ -92,13 +95,13 @@ def _roles_not_reached(run: Run, proto: str, roles: tuple[str, ...]) -> dict[str
 
 
 @pytest.mark.slow
-def test_the_reference_runs_reach_every_requirement_they_cite(tmp_path: Path) -> None:
-    """`kvconform run kvcs-publisher` and `kvcs-consumer` against the reference (its testbed PICS: every option
+def test_the_reference_runs_reach_every_requirement_they_cite(main_job: ReportRun) -> None:
+    """kvcs-publisher and kvcs-consumer against the reference in the main job (its testbed PICS: every option
     declared) are green, and no KVCS publisher or consumer requirement is "not-reached": every id a check cites
     is evaluated by an assertion of a passing check."""
     catalog = load_catalogs()
     for suite in ("kvcs-publisher", "kvcs-consumer"):
-        run = run_suite(suite, "reference", tmp_path / suite, testbed=None)
+        run = main_job.part(suite)
         _green(run)
         role = str(catalog.role_of_suite(suite))
         assert not _roles_not_reached(run, "kvcs", (role,)), (suite, _roles_not_reached(run, "kvcs", (role,)))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.spawn import covering
 from tests.tlkv.harness import PY, SCRIPTS, SMALL, kvconform_run
 
 LEAK_ENV = "KVCONFORM_TLKV_TEST_TAG"
@@ -45,7 +46,7 @@ def _tagged(tag: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@covering(180)
 @pytest.mark.parametrize("habit", CORRECT_HABITS)
 def test_correct_writer_passes_whatever_its_process_habits(habit: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
@@ -57,7 +58,7 @@ def test_correct_writer_passes_whatever_its_process_habits(habit: str, tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@covering(120)
 @pytest.mark.parametrize("habit", ["hangs", "hangs-ignoring-sigterm"])
 def test_hanging_writer_fails_and_leaves_nothing(habit: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
@@ -80,7 +81,7 @@ V1_ONLY_READER = ("tlkv.reader.versions=[1]", f"tlkv.reader.geometry={SMALL}", "
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@covering(240)
 def test_v1_only_reader_reporting_allocations_passes(tmp_path: Path) -> None:
     run = kvconform_run("tlkv-reader", _reader(), tmp_path, "-k", READER_CHECKS, pics=V1_ONLY_READER)
     assert run.code == 0, run.describe()
@@ -95,7 +96,7 @@ def test_v1_only_reader_reporting_allocations_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@covering(240)
 def test_reader_silent_about_allocations_is_inconclusive_there(tmp_path: Path) -> None:
     run = kvconform_run("tlkv-reader", _reader("--silent-allocations"), tmp_path, "-k", "test_rule",
                         pics=V1_ONLY_READER)
