@@ -8,6 +8,7 @@ inner run would import them and the next one import them again, which C extensio
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -15,15 +16,24 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvconform.fixtures.plugin import PROTOCOL_FIXTURE_MODULES
-from tests import forkserver, spawn
+from tests import cpu_slots, forkserver, spawn
 from tests.mutants.runner import RUN_BOUND
-from tests.report_runs import MAIN_JOB_BOUND, MAIN_REPORT_ENV, ReportRun, broken_run, main_job_run, reference_run
+from tests.report_runs import (
+    MAIN_JOB_BOUND,
+    MAIN_REPORT_ENV,
+    ReportRun,
+    broken_run,
+    main_job_run,
+    reference_run,
+    shared_run,
+)
 
 for _name in PROTOCOL_FIXTURE_MODULES:
     importlib.import_module(_name)
@@ -38,20 +48,20 @@ for _name in ("bench", "tools"):
         sys.modules[_name] = importlib.util.module_from_spec(_spec)
 
 
-# The report runs the tests read, never written to: the two the report tests read (schema, browser), made once per
-# worker, and the main job, once per session (tests/report_runs.py). Whichever test sets one up makes its run, so
-# every test using them is given the time for it (pytest_collection_modifyitems).
+# The report runs the tests read, never written to, each made once per session (tests/report_runs.py): the two the
+# report tests read (schema, browser) and the main job. Whichever test sets one up makes its run (or waits for
+# another worker's), so every test using them is given the time for it (pytest_collection_modifyitems).
 SPAWNING_FIXTURES = {"reference": RUN_BOUND, "broken": RUN_BOUND, "main_job": MAIN_JOB_BOUND}
 
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
-    return reference_run(tmp_path_factory.mktemp("reference"))
+    return shared_run(tmp_path_factory, "reference", reference_run)
 
 
 @pytest.fixture(scope="session")
 def broken(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
-    return broken_run(tmp_path_factory.mktemp("broken"))
+    return shared_run(tmp_path_factory, "broken", broken_run)
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +69,7 @@ def main_job(tmp_path_factory: pytest.TempPathFactory) -> ReportRun:
     return main_job_run(tmp_path_factory)
 
 
+WORKERS_PER_CORE_ENV = "KVCONFORM_TEST_WORKERS_PER_CORE"
 # Each module's longest test (tools/test_durations.py writes the file from a run's JUnit file).
 DURATIONS = Path(__file__).with_name("durations.json")
 MAIN_JOB_SECONDS = 180.0  # what setting up `main_job` costs when the session runs it (no $KVCONFORM_MAIN_REPORT_DIR)
@@ -100,15 +111,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                  order[id(item)]))
 
 
-@pytest.hookimpl(hookwrapper=True)
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    # Two workers per core: the idle-bound tests fill the time the others leave idle; CPU slots keep the busy ones
+    # to one per core (tests/cpu_slots.py). KVCONFORM_TEST_WORKERS_PER_CORE=1 runs one worker per core, no slots.
+    return _cores() * int(os.environ.get(WORKERS_PER_CORE_ENV, "2"))
+
+
+_slots: cpu_slots.Slots | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _slots
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > _cores():
+        folder = Path(tempfile.gettempdir()) / f"kvconform-cpu-slots-{os.environ['PYTEST_XDIST_TESTRUNUID']}"
+        folder.mkdir(exist_ok=True)
+        _slots = cpu_slots.Slots(folder, _cores())
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: the slot is taken before the test's timeout starts
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    # Each `kvconform` run a test makes (tests/spawn.py) is checked against the test's pytest-timeout.
-    spawn.BUDGET.begin(item.nodeid, spawn.timeout_of(item))
-    try:
-        yield
-    finally:
-        spawn.BUDGET.end()
+    busy = _slots is not None and item.get_closest_marker("idle_bound") is None
+    with _slots.held() if busy and _slots is not None else contextlib.nullcontext():
+        # Each `kvconform` run a test makes (tests/spawn.py) is checked against the test's pytest-timeout.
+        spawn.BUDGET.begin(item.nodeid, spawn.timeout_of(item))
+        try:
+            yield
+        finally:
+            spawn.BUDGET.end()
 
 
 def pytest_sessionfinish() -> None:
     forkserver.stop()  # this process's fork server, if a test started it
+
+
+def pytest_unconfigure() -> None:
+    if _slots is not None:
+        _slots.close()

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,18 +65,14 @@ class ReportRun:
         return bundle
 
 
-def reference_run(report_dir: Path) -> ReportRun:
+def reference_run(report_dir: Path) -> Run:
     """`kvconform run tlkv-reader` against the reference of the loopback testbed."""
-    run = run_suite("tlkv-reader", "reference", report_dir, testbed=None)
-    assert run.coverage, f"the reference run wrote no coverage.json:\n{run.output}"
-    return ReportRun(report_dir, run.code, run.coverage, run.output)
+    return run_suite("tlkv-reader", "reference", report_dir, testbed=None)
 
 
-def broken_run(report_dir: Path) -> ReportRun:
+def broken_run(report_dir: Path) -> Run:
     """`kvconform run tlkv-reader` against the mutant that skips the CRC check."""
-    run = run_suite("tlkv-reader", BROKEN_TARGET, report_dir)
-    assert run.coverage, f"the broken-target run wrote no coverage.json:\n{run.output}"
-    return ReportRun(report_dir, run.code, run.coverage, run.output)
+    return run_suite("tlkv-reader", BROKEN_TARGET, report_dir)
 
 
 def given_report_dirs() -> list[Path]:
@@ -90,22 +87,34 @@ def load_given(report_dir: Path) -> ReportRun:
     return ReportRun(report_dir, int(doc["meta"]["exit_code"]), doc, "")
 
 
+def session_root(factory: pytest.TempPathFactory) -> Path:
+    """The test session's temporary folder, shared by its xdist workers."""
+    root = factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+def shared_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Run]) -> ReportRun:
+    """The report of ``make(report_dir)``, made once per test session: by the first xdist worker that needs it,
+    while the others wait for it here (bounded by their test's timeout, which covers the run: tests/conftest.py)."""
+    root = session_root(factory)
+    report_dir, done = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            run = make(report_dir)
+            done.write_text(json.dumps({"code": run.code, "output": run.output}))
+        ended = json.loads(done.read_text())
+    cov = report_dir / "coverage.json"
+    assert cov.exists(), f"the run of {name} wrote no coverage.json (exit {ended['code']}):\n{ended['output']}"
+    return ReportRun(report_dir, int(ended["code"]), json.loads(cov.read_text()), str(ended["output"]))
+
+
+def _main_job(report_dir: Path) -> Run:
+    proc = kvconform([*MAIN_JOB, "--report-dir", str(report_dir), "--seed", SEED, "-q"], timeout=MAIN_JOB_BOUND)
+    return Run(proc.returncode, {}, proc.stdout[-4000:] + proc.stderr[-4000:])
+
+
 def main_job_run(factory: pytest.TempPathFactory) -> ReportRun:
     """The main job's report: $KVCONFORM_MAIN_REPORT_DIR's, or this session's one run of it."""
     given = os.environ.get(MAIN_REPORT_ENV)
-    if given:
-        return load_given(Path(given))
-    root = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's, shared by its workers
-    report_dir, done = root / "main-job", root / "main-job.json"
-    with open(root / "main-job.lock", "w") as lock:
-        # The first worker runs it; another waits here (bounded by its test's timeout, which covers the run).
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            proc = kvconform([*MAIN_JOB, "--report-dir", str(report_dir), "--seed", SEED, "-q"], timeout=MAIN_JOB_BOUND)
-            done.write_text(json.dumps({"code": proc.returncode, "output": proc.stdout[-4000:] + proc.stderr[-4000:]}))
-        ended = json.loads(done.read_text())
-    cov = report_dir / "coverage.json"
-    assert cov.exists(), f"the main job wrote no coverage.json (exit {ended['code']}):\n{ended['output']}"
-    return ReportRun(report_dir, int(ended["code"]), json.loads(cov.read_text()), ended["output"])
+    return load_given(Path(given)) if given else shared_run(factory, "main-job", _main_job)

@@ -18,7 +18,7 @@ from tests.mutants.runner import ROOT, Lane, Run
 from tests.report_runs import ReportRun
 from tests.spawn import covering, spawn_env
 
-LANE = Lane(kvcs, select_checks=True, testbed=None)
+LANE = Lane(kvcs, select_checks=True, testbed=None, idle_bound=True)
 
 (test_mutant_is_caught, test_every_mutant_is_listed_with_a_real_requirement,
  test_every_check_has_a_mutant_it_catches) = LANE.tests()
@@ -41,6 +41,7 @@ def test_every_reference_passes_in_process(main_job: ReportRun) -> None:
 
 @pytest.mark.slow
 @covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_the_reference_publisher_passes_as_a_command(tmp_path: Path) -> None:
     """`kvconform serve kvcs-publisher` driven as a vendor's publisher would be (cmd: with placeholders)."""
     cmd = (f"cmd:{sys.executable} -m kvconform serve kvcs-publisher --relay {{relay}} --cache {{cache}} "
@@ -50,6 +51,7 @@ def test_the_reference_publisher_passes_as_a_command(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_the_reference_consumer_passes_as_a_command(tmp_path: Path) -> None:
     """`kvconform kvcs fetch` driven as a vendor's consumer would be (cmd: with placeholders)."""
     cmd = f"cmd:{sys.executable} -m kvconform kvcs fetch --relay {{relay}} --cache {{cache}} --out {{out}}"
@@ -58,6 +60,7 @@ def test_the_reference_consumer_passes_as_a_command(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_the_reference_relay_passes_over_a_url(tmp_path: Path) -> None:
     """`kvconform serve moqt-relay` with its packaged default policy passes kvcs-relay as moqt://127.0.0.1:PORT."""
     proc = subprocess.Popen([sys.executable, "-m", "kvconform", "serve", "moqt-relay", "--port", "0"],

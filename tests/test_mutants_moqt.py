@@ -19,7 +19,7 @@ from tests.mutants.runner import ROOT, Lane
 from tests.report_runs import ReportRun
 from tests.spawn import covering, spawn_env
 
-LANE = Lane(moqt, select_checks=True, testbed=None)
+LANE = Lane(moqt, select_checks=True, testbed=None, idle_bound=True)
 
 (test_mutant_is_caught, test_every_mutant_is_listed_with_a_real_requirement,
  test_every_check_has_a_mutant_it_catches) = LANE.tests()
@@ -35,6 +35,7 @@ def test_reference_passes_in_process(main_job: ReportRun) -> None:
 
 @pytest.mark.slow
 @covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_reference_passes_over_a_url(tmp_path: Path) -> None:
     """`kvconform serve moqt-relay --policy testbeds/moqt-relay-policy.yaml` (the policy the loopback PICS
     describe) passes the suite as `--target moqt://127.0.0.1:PORT`."""

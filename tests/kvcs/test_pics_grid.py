@@ -46,6 +46,7 @@ def _bool(value: bool) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.idle_bound
 @pytest.mark.parametrize(("signing", "segments", "kv_track"), PUBLISHER_GRID,
                          ids=[f"signing-{s}-segments-{g}-kv-{k}" for s, g, k in PUBLISHER_GRID])
 def test_the_reference_publisher_passes_across_legal_pics(signing: bool, segments: bool, kv_track: bool,
@@ -60,6 +61,7 @@ def test_the_reference_publisher_passes_across_legal_pics(signing: bool, segment
 
 
 @pytest.mark.slow
+@pytest.mark.idle_bound
 @pytest.mark.parametrize("declared", [True, False], ids=["capabilities-on", "capabilities-off"])
 def test_the_reference_consumer_passes_with_each_capability_on_and_off(declared: bool, tmp_path: Path) -> None:
     pics = tuple(f"kvcs.consumer.{cap}={_bool(declared)}" for cap in CONSUMER_CAPS)
@@ -69,6 +71,7 @@ def test_the_reference_consumer_passes_with_each_capability_on_and_off(declared:
 
 
 @pytest.mark.slow
+@pytest.mark.idle_bound
 @pytest.mark.parametrize("given", [("relay2", "producer_key"), ("layers", "blocks")],
                          ids=["relay2-producer_key", "layers-blocks"])
 def test_the_reference_consumer_command_passes_with_each_placeholder_on_and_off(given: tuple[str, ...],

@@ -21,7 +21,8 @@ from tests.mutants.runner import run_suite
 from tests.spawn import covering
 
 RUN_TIMEOUT = 600.0
-pytestmark = [pytest.mark.slow, covering(RUN_TIMEOUT)]  # one kvconform run per test
+# one kvconform run per test, of a relay suite: mostly waiting (tests/cpu_slots.py)
+pytestmark = [pytest.mark.slow, pytest.mark.idle_bound, covering(RUN_TIMEOUT)]
 
 _RELAY_OPTIONS = ("subscribe", "publish", "fetch", "fill", "subscribe_namespace", "track_status", "rendezvous_timeout")
 

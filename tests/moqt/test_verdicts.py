@@ -22,7 +22,8 @@ from tests.mutants.runner import Run, run_suite
 from tests.spawn import covering
 
 RUN_TIMEOUT = 600.0
-pytestmark = [pytest.mark.slow, covering(RUN_TIMEOUT)]  # one kvconform run per test
+# one kvconform run per test, of a relay suite: mostly waiting (tests/cpu_slots.py)
+pytestmark = [pytest.mark.slow, pytest.mark.idle_bound, covering(RUN_TIMEOUT)]
 
 RELAYS = "python:tests.moqt.relays:"
 

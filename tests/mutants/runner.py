@@ -75,7 +75,8 @@ class Lane:
     module: ModuleType
     select_checks: bool  # run only the checks a mutant names (-k): its suites are too slow to run whole
     testbed: Path | None = TESTBED  # None: the loopback testbed's defaults
-    timeout: float = 300
+    timeout: float = RUN_BOUND
+    idle_bound: bool = False  # its runs mostly wait (aioquic timers): they need no CPU slot (tests/cpu_slots.py)
 
     @property
     def proto(self) -> str:
@@ -167,6 +168,9 @@ class Lane:
         @pytest.mark.parametrize("name", sorted(self.mutants))
         def test_mutant_is_caught(name: str, tmp_path: Path) -> None:
             self.assert_caught(name, tmp_path)
+
+        if self.idle_bound:
+            test_mutant_is_caught = pytest.mark.idle_bound(test_mutant_is_caught)
 
         def test_every_mutant_is_listed_with_a_real_requirement() -> None:
             self.assert_mutants_listed()
