@@ -21,8 +21,9 @@ def _hang(pid_file: str) -> None:
     sleeper = [sys.executable, "-c", "import threading; threading.Event().wait()"]
     group = subprocess.Popen(sleeper)
     session = subprocess.Popen(sleeper, start_new_session=True)
-    with open(pid_file, "w") as out:
+    with open(pid_file + ".part", "w") as out:
         out.write(f"{group.pid} {session.pid}\n")
+    os.rename(pid_file + ".part", pid_file)  # whole or absent, whenever the probe is killed
     print("started", flush=True)
     threading.Event().wait()  # until the fork server's client kills it past its bound
 
