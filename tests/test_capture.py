@@ -13,7 +13,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +42,7 @@ from kvconform.capture.tcpdump import Tcpdump
 from kvconform.fixtures.capture import PluginCapture
 from kvconform.moqt.messages import MessageType
 from kvconform.moqt.vi64 import encode_vi64
-from tests.mutants.runner import ROOT, spawn_env
+from tests.spawn import covering, kvconform
 
 WAIT = 10.0  # bound on every wait for a relay thread or tcpdump
 RUN_TIMEOUT = 240.0
@@ -261,9 +260,8 @@ def test_tcpdump_delivers_watched_frames_up_to_each_mark() -> None:
 
 
 def _run(report_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "kvconform", "run", *args, "--report-dir", str(report_dir), "-q"],
-                          cwd=ROOT, env=spawn_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                          stdin=subprocess.DEVNULL)
+    proc: subprocess.CompletedProcess[str] = kvconform(["run", *args, "--report-dir", str(report_dir), "-q"],
+                                                       timeout=RUN_TIMEOUT)
     return proc
 
 
@@ -302,6 +300,7 @@ def captured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return out
 
 
+@covering(RUN_TIMEOUT)  # the `captured` run it reads
 def test_the_grpc_capture_decodes_as_http2_and_grpc(captured: Path) -> None:
     bundle = _bundle(captured, TLKV_CHECK)
     pcap = captured / "evidence" / _files(bundle)["pcap"]["path"]
@@ -317,6 +316,7 @@ def test_the_grpc_capture_decodes_as_http2_and_grpc(captured: Path) -> None:
     assert "Malformed" not in tshark("-r", str(pcap), *decode, "-q", "-z", "expert")
 
 
+@covering(RUN_TIMEOUT)  # the `captured` run it reads
 def test_the_quic_capture_decrypts_with_the_key_log_and_carries_moqt(captured: Path) -> None:
     bundle = _bundle(captured, MOQT_CHECK)
     files = _files(bundle)
@@ -362,6 +362,7 @@ def qlog_problems(doc: Any) -> list[str]:
     return problems
 
 
+@covering(RUN_TIMEOUT)  # the `captured` run it reads
 def test_the_qlog_is_what_qlog_readers_take(captured: Path) -> None:
     bundle = _bundle(captured, MOQT_CHECK)
     qlog = _files(bundle)["qlog"]
@@ -384,6 +385,7 @@ def test_qlog_check_finds_what_is_wrong() -> None:
 CAPTURE_SUFFIXES = frozenset({".pcap", ".qlog", ".keys"})  # the evidence folder also holds its pages and bytes
 
 
+@covering(RUN_TIMEOUT)
 def test_capture_none_takes_nothing(tmp_path: Path) -> None:
     proc = _run(tmp_path, "tlkv-decode", "-k", TLKV_CHECK, "--capture", "none")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -391,6 +393,7 @@ def test_capture_none_takes_nothing(tmp_path: Path) -> None:
     assert sorted(p.suffix for p in (tmp_path / "evidence").iterdir() if p.suffix in CAPTURE_SUFFIXES) == []
 
 
+@covering(RUN_TIMEOUT)
 def test_capture_failed_keeps_only_what_did_not_pass(tmp_path: Path) -> None:
     need("tshark")
     proc = _run(tmp_path, "tlkv-decode", "--target", "python:tests.mutants.tlkv:SkipsChunkCrcDecode",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +11,10 @@ from typing import Any
 import pytest
 
 from tests.served import served
+from tests.spawn import covering, kvconform
 
 TIMEOUT = 300
+pytestmark = covering(TIMEOUT)  # each test makes one run
 
 
 @pytest.fixture
@@ -24,8 +25,7 @@ def served_decode() -> Iterator[str]:
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    proc = subprocess.run([sys.executable, "-m", "kvconform", "run", *args, "--report-dir", str(tmp_path), "-q"],
-                          capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    proc = kvconform(["run", *args, "--report-dir", str(tmp_path), "-q"], timeout=TIMEOUT)
     doc = json.loads((tmp_path / "coverage.json").read_text())
     return proc.returncode, doc
 

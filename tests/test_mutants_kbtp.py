@@ -14,6 +14,7 @@ import pytest
 from kvconform.catalog import load_catalogs
 from tests.mutants import kbtp
 from tests.mutants.runner import ROOT, Lane
+from tests.spawn import covering
 
 LANE = Lane(kbtp, select_checks=True, timeout=600)
 UNTRUSTED = kbtp.UNTRUSTED_PICS
@@ -40,6 +41,7 @@ REFERENCE_RUNS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(REFERENCE_RUNS))
+@covering(LANE.timeout)
 def test_reference_passes(variant: str, tmp_path: Path) -> None:
     suite, pics = REFERENCE_RUNS[variant]
     # Declared untrusted Initiator IDs (the declaration KBTP-DIRECT-TRUST is checked against) in every target run.

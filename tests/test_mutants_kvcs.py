@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.mutants import kvcs
-from tests.mutants.runner import ROOT, Lane, Run, spawn_env
+from tests.mutants.runner import ROOT, Lane, Run
+from tests.report_runs import ReportRun
+from tests.spawn import covering, spawn_env
 
-LANE = Lane(kvcs, select_checks=True, testbed=None)
+LANE = Lane(kvcs, select_checks=True, testbed=None, idle_bound=True)
 
 (test_mutant_is_caught, test_every_mutant_is_listed_with_a_real_requirement,
  test_every_check_has_a_mutant_it_catches) = LANE.tests()
@@ -28,16 +30,18 @@ def _green(run: Run) -> None:
 
 
 @pytest.mark.slow
-def test_every_reference_passes_in_process(tmp_path: Path) -> None:
-    """`kvconform run kvcs` (all three roles against the references) is green, so the mutants fail for what
-    they break."""
-    run = LANE.run("kvcs", "reference", tmp_path)
+def test_every_reference_passes_in_process(main_job: ReportRun) -> None:
+    """The KVCS suites of the main job (all three roles against the references) are green, so the mutants fail
+    for what they break."""
+    run = main_job.part("kvcs-publisher", "kvcs-relay", "kvcs-consumer")
     _green(run)
     suites = {t["suite"] for t in run.coverage["tests"]}
     assert suites == {"kvcs-publisher", "kvcs-relay", "kvcs-consumer"}, suites
 
 
 @pytest.mark.slow
+@covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_the_reference_publisher_passes_as_a_command(tmp_path: Path) -> None:
     """`kvconform serve kvcs-publisher` driven as a vendor's publisher would be (cmd: with placeholders)."""
     cmd = (f"cmd:{sys.executable} -m kvconform serve kvcs-publisher --relay {{relay}} --cache {{cache}} "
@@ -46,6 +50,8 @@ def test_the_reference_publisher_passes_as_a_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_the_reference_consumer_passes_as_a_command(tmp_path: Path) -> None:
     """`kvconform kvcs fetch` driven as a vendor's consumer would be (cmd: with placeholders)."""
     cmd = f"cmd:{sys.executable} -m kvconform kvcs fetch --relay {{relay}} --cache {{cache}} --out {{out}}"
@@ -53,6 +59,8 @@ def test_the_reference_consumer_passes_as_a_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_the_reference_relay_passes_over_a_url(tmp_path: Path) -> None:
     """`kvconform serve moqt-relay` with its packaged default policy passes kvcs-relay as moqt://127.0.0.1:PORT."""
     proc = subprocess.Popen([sys.executable, "-m", "kvconform", "serve", "moqt-relay", "--port", "0"],

@@ -15,23 +15,27 @@ import pytest
 
 from tests.moqt.suites import assert_green
 from tests.mutants import moqt
-from tests.mutants.runner import ROOT, Lane, spawn_env
+from tests.mutants.runner import ROOT, Lane
+from tests.report_runs import ReportRun
+from tests.spawn import covering, spawn_env
 
-LANE = Lane(moqt, select_checks=True, testbed=None)
+LANE = Lane(moqt, select_checks=True, testbed=None, idle_bound=True)
 
 (test_mutant_is_caught, test_every_mutant_is_listed_with_a_real_requirement,
  test_every_check_has_a_mutant_it_catches) = LANE.tests()
 
 
 @pytest.mark.slow
-def test_reference_passes_in_process(tmp_path: Path) -> None:
-    """`kvconform run moqt-relay` (target reference: the relay in-process with the PICS' policy) is green:
+def test_reference_passes_in_process(main_job: ReportRun) -> None:
+    """moqt-relay in the main job (target reference: the relay in-process with the PICS' policy) is green:
     no check fails against the correct relay, so the mutants fail for what they break, and no passing check
     leaves a requirement it cites unasserted."""
-    assert_green(LANE.run("moqt-relay", "reference", tmp_path))
+    assert_green(main_job.part("moqt-relay"))
 
 
 @pytest.mark.slow
+@covering(LANE.timeout)
+@pytest.mark.idle_bound
 def test_reference_passes_over_a_url(tmp_path: Path) -> None:
     """`kvconform serve moqt-relay --policy testbeds/moqt-relay-policy.yaml` (the policy the loopback PICS
     describe) passes the suite as `--target moqt://127.0.0.1:PORT`."""

@@ -21,7 +21,7 @@ from kvconform.reports.certification import validate_report
 from kvconform.reports.identity import file_sha256
 from kvconform.reports.signature import verify
 from kvconform.targets.testbed import default_testbed_path
-from tests.mutants.runner import ROOT, SEED, spawn_env
+from tests.mutants.runner import ROOT, RUN_BOUND, SEED
 from tests.report_runs import (
     BROKEN_REQUIREMENT,
     BROKEN_TARGET,
@@ -29,6 +29,7 @@ from tests.report_runs import (
     given_report_dirs,
     load_given,
 )
+from tests.spawn import covering, kvconform
 
 
 def _head_commit() -> str | None:
@@ -74,8 +75,9 @@ def test_identity_of_the_reference_run(reference: ReportRun) -> None:
     assert spec["catalog"]["name"] == "tlkv.yaml" and spec["catalog"]["sha256"] == file_sha256(spec["catalog"]["path"])
     text = spec["text"]
     assert text["name"] == "spec/seeds/002_886df638f1c32f75.txt"
-    shared = ROOT.parent / "shared" / text["name"]
-    if shared.is_file():  # a checkout with shared/ beside it, as here and in CI
+    # a checkout with shared/ beside it (or beside a folder above it, as a git worktree's), as here and in CI
+    shared = next((s for s in (a / "shared" / text["name"] for a in ROOT.parents) if s.is_file()), None)
+    if shared is not None:
         assert text["available"] and text["sha256"] == file_sha256(shared)
     else:
         assert not text["available"] and text["sha256"] is None and "not available" in text["note"]
@@ -166,20 +168,20 @@ def test_the_run_writes_a_manifest_that_verifies(reference: ReportRun, broken: R
         assert result.ok, result.lines()
 
 
+@covering(RUN_BOUND, RUN_BOUND)
 def test_the_recorded_command_replays_the_run(tmp_path: Path) -> None:
     """`kvconform run` records the command as typed; run again, it gives the same checks, seeds and verdicts."""
     first = tmp_path / "first"
     argv = [sys.executable, "-m", "kvconform", "run", "tlkv-reader", "--target", BROKEN_TARGET, "--testbed",
             "tests/mutants/testbed.yaml", "--report-dir", str(first), "--seed", "7", "-k", "test_rule and crc", "-q"]
-    subprocess.run(argv, cwd=ROOT, env=spawn_env(), capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    kvconform(argv[3:], timeout=RUN_BOUND)
     doc = json.loads((first / "coverage.json").read_text())
     command = doc["identity"]["run"]["command"]
     assert command == shlex.join(["kvconform", *argv[3:]])
     replay = shlex.split(command)
     assert replay[0] == "kvconform"
     moved = [str(tmp_path / "again") if a == str(first) else a for a in replay[1:]]
-    subprocess.run([sys.executable, "-m", "kvconform", *moved], cwd=doc["identity"]["run"]["cwd"], env=spawn_env(),
-                   capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    kvconform(moved, cwd=doc["identity"]["run"]["cwd"], timeout=RUN_BOUND)
     again = json.loads((tmp_path / "again" / "coverage.json").read_text())
 
     def outcome(d: dict[str, Any]) -> list[tuple[str, str, int]]:

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.mutants.runner import Run, run_suite
+from tests.spawn import covering
 
+RUN_TIMEOUT = 600.0
+pytestmark = covering(RUN_TIMEOUT)  # one kvconform run per test
 ALL_RDMAP = "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, ADDR_LE]"
 ALL_IB = "kbtp.target.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]"
 IB = "kbtp.target.binding=ib-rc"
@@ -68,7 +71,7 @@ INITIATOR_GRID: dict[str, tuple[str, ...]] = {
 
 def _run(suite: str, tmp_path: Path, pics: tuple[str, ...]) -> Run:
     # The loopback testbed: the reference's PICS are declared there, the grid changes one corner at a time.
-    return run_suite(suite, "reference", tmp_path, pics=pics, testbed=None, timeout=600)
+    return run_suite(suite, "reference", tmp_path, pics=pics, testbed=None, timeout=RUN_TIMEOUT)
 
 
 def _bad(run: Run) -> list[tuple[str, str, str]]:

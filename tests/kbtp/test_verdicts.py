@@ -21,15 +21,19 @@ from typing import Any
 import pytest
 
 from tests.mutants.runner import Run, run_suite
+from tests.spawn import covering
 
 TARGET = "python:tests.kbtp.independent_target:"
+RUN_TIMEOUT = 600.0
+pytestmark = covering(RUN_TIMEOUT)  # one kvconform run per test unless it says otherwise
 NO_FEATURES = "kbtp.target.features=[]"  # it offers none; the mutants testbed's defaults would claim some
 WRAP_ONCE = ("not test_generation_wrap",)
 SHARED_RING_OF_2 = "kbtp.target.pool={block_size: 4096, blocks: 22, shared_blocks: 2, ring_slots: 2}"
 
 
 def _run(name: str, tmp_path: Path, *pics: str, checks: tuple[str, ...] = ()) -> Run:
-    return run_suite("kbtp-target", TARGET + name, tmp_path, pics=(NO_FEATURES, *pics), checks=checks, timeout=600)
+    return run_suite("kbtp-target", TARGET + name, tmp_path, pics=(NO_FEATURES, *pics), checks=checks,
+                     timeout=RUN_TIMEOUT)
 
 
 def _bad(run: Run) -> list[tuple[str, str, str]]:
@@ -109,18 +113,19 @@ def test_a_ring_bug_fails_only_the_ring_requirement_it_breaks(bug: str, blamed: 
 
 
 @pytest.mark.slow
+@covering(RUN_TIMEOUT, RUN_TIMEOUT)
 def test_defaulted_features_claim_nothing(tmp_path: Path) -> None:
     """An ad-hoc target takes the loopback testbed's defaults (features []): the suite exercises no optional
     feature and does not fail a target for offering one; declared as [] the same offer fails KBTP-ACK-FEATURES."""
     target = "python:tests.kbtp.legal_choices:OffersUndeclaredFeatures"
-    run = run_suite("kbtp-target", target, tmp_path / "defaulted", testbed=None, timeout=600,
+    run = run_suite("kbtp-target", target, tmp_path / "defaulted", testbed=None, timeout=RUN_TIMEOUT,
                     pics=("kbtp.target.interleavings=4",))
     assert run.code == 0 and not _bad(run), f"exit {run.code}, {_bad(run)}\n{run.output}"
     verdicts = {t["nodeid"].split("::")[-1]: t for t in run.coverage["tests"]}
     assert verdicts["test_ack_features_match_pics"]["verdict"] == "pass"
     assert verdicts["test_direct_load_entry"]["verdict"] == "not-applicable"  # offered, but not declared
     assert "kbtp.target.features" in run.coverage["meta"]["target"]["pics_defaulted"], run.coverage["meta"]
-    declared = run_suite("kbtp-target", target, tmp_path / "declared", testbed=None, timeout=600,
+    declared = run_suite("kbtp-target", target, tmp_path / "declared", testbed=None, timeout=RUN_TIMEOUT,
                          pics=(NO_FEATURES,), checks=("test_ack_features_match_pics",))
     assert _blamed(declared) == {"KBTP-ACK-FEATURES": ["test_ack_features_match_pics"]}, _blamed(declared)
 

@@ -16,9 +16,11 @@ from tests.clean_runs import assert_clean
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
 from tests.served import served
+from tests.spawn import covering
 
 WIRES = ("iwarp", "roce")
 TICKET_TIMEOUT_MS = 250
+WIRE_RUN_TIMEOUT_S = 600  # a suite over a userspace wire binding
 SUITE_RUN_TIMEOUT_S = 300  # a whole suite through processes and sockets: ~1 min here, twice that on a loaded 2 cores
 FEATURES = ["DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE"]
 IB_FEATURES = [*FEATURES, "RECORD_COMPLETION"]
@@ -50,29 +52,31 @@ def served_target(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(SUITE_RUN_TIMEOUT_S)
+@covering(SUITE_RUN_TIMEOUT_S)
 @pytest.mark.parametrize("served_target", [(w, _features(w)) for w in WIRES], indirect=True, ids=WIRES)
 def test_target_suite_passes_against_the_served_reference(served_target: str, tmp_path: Path) -> None:
     wire = served_target.split("+", 1)[1].split(":", 1)[0]
-    run = run_suite("kbtp-target", served_target, tmp_path, pics=_pics("target", wire, _features(wire)))
+    run = run_suite("kbtp-target", served_target, tmp_path, pics=_pics("target", wire, _features(wire)),
+                    timeout=SUITE_RUN_TIMEOUT_S)
     assert_clean(run, f"kbtp-target against {served_target}")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(SUITE_RUN_TIMEOUT_S)
+@covering(SUITE_RUN_TIMEOUT_S)
 @pytest.mark.parametrize("wire", WIRES)
 def test_initiator_suite_passes_against_the_reference_as_a_process(wire: str, tmp_path: Path) -> None:
     template = (f"cmd:{sys.executable} -m kvconform serve kbtp-initiator --target {{target}} --profile "
                 f"{_profile(wire)} --initiator-id {{initiator_id}} --features={{features}}")
     # A process starts per interleaving of the direct-load race: 16, not 40 (each accepts a load with p ~ 0.4)
     pics = (*_pics("initiator", wire, _features(wire)), "kbtp.initiator.interleavings=16")
-    run = run_suite("kbtp-initiator", template, tmp_path, pics=pics)
+    run = run_suite("kbtp-initiator", template, tmp_path, pics=pics, timeout=SUITE_RUN_TIMEOUT_S)
     assert_clean(run, f"kbtp-initiator against the reference initiator process over {wire}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("wire", "without"), [(w, f) for w in WIRES for f in (None, *FEATURES)])
 @pytest.mark.parametrize("role", ["target", "initiator"])
+@covering(WIRE_RUN_TIMEOUT_S)
 def test_reference_passes_over_loopback_sockets(role: str, wire: str, without: str | None, tmp_path: Path) -> None:
     """The in-process reference through the wire binding, every feature on and each off."""
     run = _run_wire(f"kbtp-{role}", "reference", tmp_path, wire, _pics(role, wire, _features(wire, without)))
@@ -87,6 +91,7 @@ WIRE_MUTANTS = ("NoQuotaCheck", "RequestsWithStatus", "AdvertisesRecordsOnRdmap"
 @pytest.mark.slow
 @pytest.mark.parametrize("wire", WIRES)
 @pytest.mark.parametrize("name", WIRE_MUTANTS)
+@covering(WIRE_RUN_TIMEOUT_S)
 def test_mutant_is_caught_over_the_wire(name: str, wire: str, tmp_path: Path) -> None:
     m = kbtp_mutants.MUTANTS[name]
     if name == "AdvertisesRecordsOnRdmap" and wire != "iwarp":
@@ -102,4 +107,5 @@ def test_mutant_is_caught_over_the_wire(name: str, wire: str, tmp_path: Path) ->
 
 def _run_wire(suite: str, target: str, tmp_path: Path, wire: str, pics: tuple[str, ...],
               checks: tuple[str, ...] = ()) -> object:
-    return run_suite(suite, target, tmp_path, pics=pics, checks=checks, timeout=600, extra=("--kbtp-wire", wire))
+    return run_suite(suite, target, tmp_path, pics=pics, checks=checks, timeout=WIRE_RUN_TIMEOUT_S,
+                     extra=("--kbtp-wire", wire))

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutants.runner import run_suite
+from tests.mutants.runner import RUN_BOUND, run_suite
+from tests.spawn import covering
 
+# one kvconform run per test, of a KVCS suite: mostly waiting (tests/cpu_slots.py)
+pytestmark = [pytest.mark.idle_bound, covering(RUN_BOUND)]
 CHECK = "test_the_declared_fetch_limit_holds"
 SERIAL = "python:tests.kvcs.serial_fetch_publisher:SerialFetchPublisher"
 

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from kvconform.kvcs.consumer import ConsumeResult
 from kvconform.kvcs.errors import KvcsError
 from kvconform.targets.kvcs.consumer import _read_result
-from tests.mutants.runner import ROOT, Run, run_suite
+from tests.mutants.runner import ROOT, RUN_BOUND, Run, run_suite
+from tests.spawn import covering
 
 HERE = Path(__file__).resolve().parent
 HARNESS_ERROR = "harness error"
@@ -53,6 +54,8 @@ def _no_harness_errors(run: Run) -> None:
 
 
 @pytest.mark.slow
+@covering(RUN_BOUND)
+@pytest.mark.idle_bound
 def test_a_correct_non_signing_cmd_publisher_passes(tmp_path: Path) -> None:
     """The testbed's defaults claim only mandatory behaviour (kvcs.publisher.signing false): a publisher without a
     producer key is green, the signed case not-applicable, and the report says signing was defaulted."""
@@ -83,6 +86,8 @@ SOME_CHECKS = ("test_completed_cache_is_discovered_and_assembled", "test_nonzero
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(BAD_RESULTS))
+@covering(RUN_BOUND)
+@pytest.mark.idle_bound
 def test_an_unreadable_consumer_result_fails_each_check_naming_the_field(kind: str, tmp_path: Path) -> None:
     """Every check that needed the consumer's result fails (a DriverError): the message names the field, the
     blame is the check's first requirement; no check crashes into a harness error."""
@@ -142,6 +147,8 @@ def test_a_result_document_either_reads_or_names_its_field(doc: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("publisher", ["NestedManifestPublisher", "HugeIntManifestPublisher"])
+@covering(RUN_BOUND)
+@pytest.mark.idle_bound
 def test_a_hostile_manifest_fails_the_manifest_requirement(publisher: str, tmp_path: Path) -> None:
     """The manifest check fails blamed on KVCS-MANIFEST-JSON, once per case; the checks that need the manifest's
     content are inconclusive saying it cannot be read; no harness error; the rest pass."""
@@ -178,6 +185,8 @@ def test_the_hostile_manifests_are_what_they_claim() -> None:
 
 
 @pytest.mark.slow
+@covering(RUN_BOUND)
+@pytest.mark.idle_bound
 def test_a_publisher_that_publishes_nothing_fails_one_requirement(tmp_path: Path) -> None:
     """A publisher that announces and then publishes no object fails the completeness requirement
     (KVCS-TRACK-COMPLETE-OWN) once per case; the checks that judge objects have nothing to judge and say so

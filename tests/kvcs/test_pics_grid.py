@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from kvconform.catalog import load_catalogs
-from tests.mutants.runner import Run, run_suite
+from tests.mutants.runner import RUN_BOUND, Run, run_suite
+from tests.report_runs import ReportRun
+from tests.spawn import covering
 
+pytestmark = covering(RUN_BOUND)  # one kvconform run per test (but the main job's readers)
 # (signing, segments, kv_track): a covering array of strength 2 for three booleans
 PUBLISHER_GRID = [(False, True, False), (True, True, True), (False, False, True), (True, False, False)]
 CONSUMER_CAPS = ("fallback_relay", "producer_keys", "layer_range", "first_blocks", "distrusts_relays")
@@ -43,6 +46,7 @@ def _bool(value: bool) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.idle_bound
 @pytest.mark.parametrize(("signing", "segments", "kv_track"), PUBLISHER_GRID,
                          ids=[f"signing-{s}-segments-{g}-kv-{k}" for s, g, k in PUBLISHER_GRID])
 def test_the_reference_publisher_passes_across_legal_pics(signing: bool, segments: bool, kv_track: bool,
@@ -57,6 +61,7 @@ def test_the_reference_publisher_passes_across_legal_pics(signing: bool, segment
 
 
 @pytest.mark.slow
+@pytest.mark.idle_bound
 @pytest.mark.parametrize("declared", [True, False], ids=["capabilities-on", "capabilities-off"])
 def test_the_reference_consumer_passes_with_each_capability_on_and_off(declared: bool, tmp_path: Path) -> None:
     pics = tuple(f"kvcs.consumer.{cap}={_bool(declared)}" for cap in CONSUMER_CAPS)
@@ -66,6 +71,7 @@ def test_the_reference_consumer_passes_with_each_capability_on_and_off(declared:
 
 
 @pytest.mark.slow
+@pytest.mark.idle_bound
 @pytest.mark.parametrize("given", [("relay2", "producer_key"), ("layers", "blocks")],
                          ids=["relay2-producer_key", "layers-blocks"])
 def test_the_reference_consumer_command_passes_with_each_placeholder_on_and_off(given: tuple[str, ...],
@@ -92,13 +98,13 @@ def _roles_not_reached(run: Run, proto: str, roles: tuple[str, ...]) -> dict[str
 
 
 @pytest.mark.slow
-def test_the_reference_runs_reach_every_requirement_they_cite(tmp_path: Path) -> None:
-    """`kvconform run kvcs-publisher` and `kvcs-consumer` against the reference (its testbed PICS: every option
+def test_the_reference_runs_reach_every_requirement_they_cite(main_job: ReportRun) -> None:
+    """kvcs-publisher and kvcs-consumer against the reference in the main job (its testbed PICS: every option
     declared) are green, and no KVCS publisher or consumer requirement is "not-reached": every id a check cites
     is evaluated by an assertion of a passing check."""
     catalog = load_catalogs()
     for suite in ("kvcs-publisher", "kvcs-consumer"):
-        run = run_suite(suite, "reference", tmp_path / suite, testbed=None)
+        run = main_job.part(suite)
         _green(run)
         role = str(catalog.role_of_suite(suite))
         assert not _roles_not_reached(run, "kvcs", (role,)), (suite, _roles_not_reached(run, "kvcs", (role,)))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ import yaml
 
 from kvconform import yamlload
 from kvconform.matrix.registry import default_registry_path
+from tests.spawn import kvconform
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = default_registry_path()
@@ -32,10 +31,13 @@ def write_registry(folder: Path, doc: dict[str, Any], name: str = "registry.yaml
     return path
 
 
-def run_matrix(registry: Path, out: Path, *args: str, timeout: float = 600.0) -> tuple[int, dict[str, Any], str]:
-    """``kvconform matrix --registry REGISTRY --out OUT ARGS`` from the checkout; (exit status, matrix.json, output)."""
-    argv = [sys.executable, "-m", "kvconform", "matrix", "--registry", str(registry), "--out", str(out), *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+MATRIX_BOUND = 600.0  # seconds a `kvconform matrix` may take (the default of run_matrix)
+
+
+def run_matrix(registry: Path, out: Path, *args: str, timeout: float = MATRIX_BOUND) -> tuple[int, dict[str, Any], str]:
+    """``kvconform matrix --registry REGISTRY --out OUT ARGS`` from the checkout; (exit status, matrix.json, output).
+    Killed past ``timeout``, which the calling test's pytest-timeout must cover (tests/spawn.py)."""
+    proc = kvconform(["matrix", "--registry", str(registry), "--out", str(out), *args], timeout=timeout)
     output = proc.stdout + proc.stderr
     result = out / "matrix.json"
     assert result.is_file(), f"kvconform matrix wrote no matrix.json (exit {proc.returncode}):\n{output[-4000:]}"

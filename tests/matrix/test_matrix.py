@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from tests.browser import browser_page, require_browser
+from tests.spawn import covering
 
-from .helpers import blamed, cells, run_matrix, shipped, validate, write_registry
+from .helpers import MATRIX_BOUND, blamed, cells, run_matrix, shipped, validate, write_registry
 
 REF = {"reference": True}
 KVCS_REF = {"publisher": {"versions": [22], **REF}, "relay": {"versions": [22], **REF},
@@ -32,7 +33,7 @@ def reference_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dic
     return code, doc, folder / "out"
 
 
-@pytest.mark.timeout(600)
+@covering(MATRIX_BOUND)  # its run, or the shared run it reads
 def test_reference_only_matrix_passes_every_cell(reference_matrix: tuple[int, dict[str, Any], Path]) -> None:
     code, doc, out = reference_matrix
     validate(doc)
@@ -104,7 +105,7 @@ def broken_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[s
     return code, result, folder / "out", output
 
 
-@pytest.mark.timeout(600)
+@covering(MATRIX_BOUND)  # its run, or the shared run it reads
 def test_broken_implementations_fail_their_cells_and_are_named(
         broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
     code, doc, _, output = broken_matrix
@@ -132,7 +133,7 @@ def test_broken_implementations_fail_their_cells_and_are_named(
     assert "blames corrupter (kvcs-relay)" in output
 
 
-@pytest.mark.timeout(600)
+@covering(MATRIX_BOUND)  # its run, or the shared run it reads
 def test_every_cell_has_its_own_ports_and_identifiers(broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
     """Cells ran two at a time: none shares a scope, a token or a request id, and no two running at once share a
     relay or a decode side's address."""
@@ -157,7 +158,7 @@ def test_every_cell_has_its_own_ports_and_identifiers(broken_matrix: tuple[int, 
             assert all(c["identifiers"]["relay"].startswith("moqt://127.0.0.1:") for c in ran)
 
 
-@pytest.mark.timeout(600)
+@covering(MATRIX_BOUND)  # its run, or the shared run it reads
 def test_an_implementation_that_cannot_be_started_is_inconclusive_never_pass(
         broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
     _, doc, _, _ = broken_matrix
@@ -186,7 +187,7 @@ def test_an_implementation_that_cannot_be_started_is_inconclusive_never_pass(
     assert closed["exchange"]["unavailable"] == {"role": "kvcs-relay", "implementation": "closed"}, closed["exchange"]
 
 
-@pytest.mark.timeout(600)
+@covering(MATRIX_BOUND)  # its run, or the shared run it reads
 def test_a_failing_role_suite_fails_the_cell_and_names_it(tmp_path: Path) -> None:
     """The exchange passes (one store and load) but the target's kbtp-target suite fails: so does its cell."""
     kbtp: dict[str, Any] = shipped()["implementations"]["kvconform"]["roles"]["kbtp"]  # the reference's PICS
@@ -211,7 +212,7 @@ def test_a_failing_role_suite_fails_the_cell_and_names_it(tmp_path: Path) -> Non
     assert code == 1
 
 
-@pytest.mark.timeout(300)
+@covering(MATRIX_BOUND)  # the shared run it reads
 def test_the_matrix_page_in_a_browser(broken_matrix: tuple[int, dict[str, Any], Path, str]) -> None:
     """What a person sees: the tables' rows and columns, a failing cell's colour, its link opening its evidence."""
     require_browser()

@@ -18,8 +18,11 @@ import pytest
 
 from tests.moqt.suites import assert_green
 from tests.mutants.runner import run_suite
+from tests.spawn import covering
 
-pytestmark = pytest.mark.slow
+RUN_TIMEOUT = 600.0
+# one kvconform run per test, of a relay suite: mostly waiting (tests/cpu_slots.py)
+pytestmark = [pytest.mark.slow, pytest.mark.idle_bound, covering(RUN_TIMEOUT)]
 
 _RELAY_OPTIONS = ("subscribe", "publish", "fetch", "fill", "subscribe_namespace", "track_status", "rendezvous_timeout")
 
@@ -61,19 +64,21 @@ UNREACHABLE: dict[str, dict[tuple[str, str], str]] = {
 
 @pytest.mark.parametrize("point", sorted(MOQT_GRID))
 def test_moqt_relay_passes_at_every_legal_pics_point(point: str, tmp_path: Path) -> None:
-    assert_green(run_suite("moqt-relay", "reference", tmp_path, pics=MOQT_GRID[point], testbed=None, timeout=600),
+    assert_green(run_suite("moqt-relay", "reference", tmp_path, pics=MOQT_GRID[point], testbed=None,
+                           timeout=RUN_TIMEOUT),
                  UNREACHABLE.get(point, {}))
 
 
 @pytest.mark.parametrize("point", sorted(KVCS_GRID))
 def test_kvcs_relay_passes_at_every_legal_pics_point(point: str, tmp_path: Path) -> None:
-    assert_green(run_suite("kvcs-relay", "reference", tmp_path, pics=KVCS_GRID[point], testbed=None, timeout=600),
+    assert_green(run_suite("kvcs-relay", "reference", tmp_path, pics=KVCS_GRID[point], testbed=None,
+                           timeout=RUN_TIMEOUT),
                  UNREACHABLE.get(point, {}))
 
 
 def test_the_grid_leaves_the_authorization_checks_to_the_declarations(tmp_path: Path) -> None:
     """Declared authorization false: the authorization checks are not applicable (not passed, not failed)."""
     run = run_suite("moqt-relay", "reference", tmp_path, pics=MOQT_GRID["no authorization"],
-                    checks=("test_unauthorized", "test_expired_token"), testbed=None, timeout=600)
+                    checks=("test_unauthorized", "test_expired_token"), testbed=None, timeout=RUN_TIMEOUT)
     verdicts = {t["nodeid"].split("::")[-1]: t["verdict"] for t in run.coverage["tests"]}
     assert len(verdicts) == 5 and set(verdicts.values()) == {"not-applicable"}, (verdicts, run.output)

@@ -19,14 +19,17 @@ from typing import Any
 import pytest
 
 from tests.mutants.runner import Run, run_suite
+from tests.spawn import covering
 
-pytestmark = pytest.mark.slow
+RUN_TIMEOUT = 600.0
+# one kvconform run per test, of a relay suite: mostly waiting (tests/cpu_slots.py)
+pytestmark = [pytest.mark.slow, pytest.mark.idle_bound, covering(RUN_TIMEOUT)]
 
 RELAYS = "python:tests.moqt.relays:"
 
 
 def _run(suite: str, target: str, tmp_path: Path, *checks: str, pics: tuple[str, ...] = ()) -> Run:
-    return run_suite(suite, target, tmp_path, checks=checks, pics=pics, testbed=None, timeout=600)
+    return run_suite(suite, target, tmp_path, checks=checks, pics=pics, testbed=None, timeout=RUN_TIMEOUT)
 
 
 def _tests(run: Run) -> list[dict[str, Any]]:

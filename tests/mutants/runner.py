@@ -14,9 +14,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +25,12 @@ import pytest
 from kvconform.catalog import load_catalogs
 from kvconform.verdicts import GATING_LEVELS
 from tests.mutants import Mutant
+from tests.spawn import covering, kvconform
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = ROOT / "tests" / "mutants" / "testbed.yaml"
 SEED = "20261129"
+RUN_BOUND = 300.0  # seconds a suite run may take (the default of run_suite)
 
 
 @dataclass(frozen=True)
@@ -41,25 +40,17 @@ class Run:
     output: str  # the tail of its stdout and stderr, for failure messages
 
 
-def spawn_env() -> dict[str, str]:
-    """The environment for a spawned `kvconform`: without PYTHONDONTWRITEBYTECODE, since bytecode caches
-    halve each run's start-up (the mutant tests spawn over a hundred)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPATH": str(ROOT)}
-
-
 def run_suite(suite: str, target: str, report_dir: Path, *, pics: tuple[str, ...] = (),
-              checks: tuple[str, ...] = (), testbed: Path | None = TESTBED, timeout: float = 300,
+              checks: tuple[str, ...] = (), testbed: Path | None = TESTBED, timeout: float = RUN_BOUND,
               extra: tuple[str, ...] = ()) -> Run:
     """`kvconform run suite --target target`; `checks` limits it (-k) to those check functions; ``extra``: more
-    `kvconform run` options (``--kbtp-wire roce``)."""
+    `kvconform run` options (``--kbtp-wire roce``). The run is killed past ``timeout``; the test that makes it
+    needs a pytest-timeout covering that (tests/spawn.py)."""
     select = ["-k", " or ".join(checks)] if checks else []
     overrides = [arg for p in pics for arg in ("--pics-set", p)]
     bed = ["--testbed", str(testbed)] if testbed else []
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvconform", "run", suite, "--target", target, *bed, "--report-dir", str(report_dir),
-         "--seed", SEED, "-q", *extra, *select, *overrides],
-        cwd=ROOT, env=spawn_env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = kvconform(["run", suite, "--target", target, *bed, "--report-dir", str(report_dir), "--seed", SEED, "-q",
+                      *extra, *select, *overrides], timeout=timeout)
     cov = report_dir / "coverage.json"
     coverage = json.loads(cov.read_text()) if cov.exists() else {}
     return Run(proc.returncode, coverage, proc.stdout[-4000:] + proc.stderr[-4000:])
@@ -84,7 +75,8 @@ class Lane:
     module: ModuleType
     select_checks: bool  # run only the checks a mutant names (-k): its suites are too slow to run whole
     testbed: Path | None = TESTBED  # None: the loopback testbed's defaults
-    timeout: float = 300
+    timeout: float = RUN_BOUND
+    idle_bound: bool = False  # its runs mostly wait (aioquic timers): they need no CPU slot (tests/cpu_slots.py)
 
     @property
     def proto(self) -> str:
@@ -172,9 +164,13 @@ class Lane:
         test_every_check_has_a_mutant_it_catches for the lane's test module to bind under those names."""
 
         @pytest.mark.slow
+        @covering(self.timeout)
         @pytest.mark.parametrize("name", sorted(self.mutants))
         def test_mutant_is_caught(name: str, tmp_path: Path) -> None:
             self.assert_caught(name, tmp_path)
+
+        if self.idle_bound:
+            test_mutant_is_caught = pytest.mark.idle_bound(test_mutant_is_caught)
 
         def test_every_mutant_is_listed_with_a_real_requirement() -> None:
             self.assert_mutants_listed()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.clean_runs import VERBS
 from tests.mutants.runner import run_suite
+from tests.spawn import covering
 
 ONE_SIDED = ("test_direct_load_sequence", "test_direct_alloc_fetchadd", "test_direct_alloc_slot_reads",
              "test_direct_alloc_write_then_bind", "test_direct_alloc_leaves_the_ring_alone",
@@ -26,6 +27,7 @@ def _verdicts(doc: dict[str, object]) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.slow
+@covering(600)
 def test_initiator_checks_of_one_sided_operations_are_inconclusive_when_unseen(tmp_path: Path) -> None:
     pics = ("kbtp.initiator.binding=ib-rc", "kbtp.initiator.features=[DIRECT_LOAD, DIRECT_ALLOC]")
     run = run_suite("kbtp-initiator", "python:tests.rdma.blind:BlindInitiator", tmp_path, pics=pics,
@@ -40,6 +42,7 @@ def test_initiator_checks_of_one_sided_operations_are_inconclusive_when_unseen(t
 
 
 @pytest.mark.slow
+@covering(600)
 def test_wire_attacks_are_inconclusive_where_no_frame_can_be_crafted(tmp_path: Path) -> None:
     pics = ("kbtp.target.binding=ib-rc",)
     run = run_suite("kbtp-target", "python:tests.rdma.blind:BlindTarget", tmp_path, pics=pics, checks=ATTACKS,

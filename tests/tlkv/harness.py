@@ -7,7 +7,6 @@ what a vendor or a CI gate would see: the exit code and coverage.json (each chec
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -15,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.mutants.runner import ROOT, SEED, TESTBED, spawn_env
+from tests.mutants.runner import SEED, TESTBED
+from tests.spawn import kvconform
 
 PY = sys.executable
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -60,17 +60,19 @@ class Result:
         return "\n".join(lines) + "\n" + self.output[-3000:]
 
 
+RUN_BOUND = 600.0  # seconds a suite run may take (the default of kvconform_run)
+
+
 def kvconform_run(suite: str, target: str, report_dir: Path, *args: str, pics: tuple[str, ...] = (),
-                  testbed: Path | None = TESTBED, timeout: float = 600) -> Result:
+                  testbed: Path | None = TESTBED, timeout: float = RUN_BOUND) -> Result:
     """`kvconform run suite --target target ARGS`, each `pics` as a --pics-set, with the mutant testbed's
-    defaults (small geometries) unless `testbed` says otherwise."""
+    defaults (small geometries) unless `testbed` says otherwise; killed past ``timeout``, which the calling test's
+    pytest-timeout must cover (tests/spawn.py)."""
     overrides = [arg for p in pics for arg in ("--pics-set", p)]
     bed = ["--testbed", str(testbed)] if testbed else []
     started = time.monotonic()
-    proc = subprocess.run([PY, "-m", "kvconform", "run", suite, "--target", target, *bed, "--report-dir",
-                           str(report_dir), "--seed", SEED, "-q", *overrides, *args],
-                          cwd=ROOT, env=spawn_env(), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    proc = kvconform(["run", suite, "--target", target, *bed, "--report-dir", str(report_dir), "--seed", SEED, "-q",
+                      *overrides, *args], timeout=timeout)
     elapsed = time.monotonic() - started
     cov = report_dir / "coverage.json"
     coverage = json.loads(cov.read_text()) if cov.exists() else {}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tlkv.harness import kvconform_run
+from tests.spawn import covering
+from tests.tlkv.harness import RUN_BOUND, kvconform_run
 
 
 @pytest.mark.slow
@@ -18,6 +19,7 @@ from tests.tlkv.harness import kvconform_run
     ("tlkv-reader", "CrcBitBlindReader", "TLKV-READ-CRC", {"test_rule", "test_vector"}),
     ("tlkv-decode", "CrcBitBlindDecode", "TLKV-XFER-CRC", {"test_chunk_crc_mismatch"}),
 ])
+@covering(RUN_BOUND)
 def test_one_flipped_crc_bit_fails_exactly_the_crc_requirement(suite: str, target: str, requirement: str,
                                                                checks: set[str], tmp_path: Path) -> None:
     run = kvconform_run(suite, f"python:tests.tlkv.targets:{target}", tmp_path)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.spawn import covering
 from tests.tlkv.harness import kvconform_run
 
 
@@ -63,14 +64,15 @@ POINTS = (
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@covering(300)
 @pytest.mark.parametrize(("suite", "pics"), POINTS)
 def test_reference_passes_at_every_legal_pics_point(suite: str, pics: tuple[str, ...], tmp_path: Path) -> None:
-    run = kvconform_run(suite, "reference", tmp_path, pics=pics, testbed=None)
+    run = kvconform_run(suite, "reference", tmp_path, pics=pics, testbed=None, timeout=300)
     assert run.code == 0, run.describe()
     assert set(run.verdicts) <= {"pass", "not-applicable"} and run.verdicts["pass"], run.describe()
 
 
+@covering(120)
 def test_a_reader_or_decode_side_that_does_not_read_v1_is_not_a_legal_declaration(tmp_path: Path) -> None:
     run = kvconform_run("tlkv-decode", "reference", tmp_path, pics=("tlkv.decode.versions=[2]",), testbed=None,
                         timeout=120)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.spawn import covering
 from tests.tlkv.harness import PY, SCRIPTS, SMALL, kvconform_run
 
 LEAK_ENV = "KVCONFORM_TLKV_TEST_TAG"
@@ -45,24 +46,24 @@ def _tagged(tag: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@covering(180)
 @pytest.mark.parametrize("habit", CORRECT_HABITS)
 def test_correct_writer_passes_whatever_its_process_habits(habit: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     run = kvconform_run("tlkv-writer", _writer(habit, tag), tmp_path, "-k", WRITER_CHECKS,
-                        pics=("tlkv.writer.versions=[1]",))
+                        pics=("tlkv.writer.versions=[1]",), timeout=180)
     assert run.code == 0, run.describe()
     assert set(run.verdicts) == {"pass"} and sum(run.verdicts.values()) >= 4, run.describe()
     assert not _tagged(tag), f"processes of the {habit} writer left behind: {_tagged(tag)}"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@covering(120)
 @pytest.mark.parametrize("habit", ["hangs", "hangs-ignoring-sigterm"])
 def test_hanging_writer_fails_and_leaves_nothing(habit: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     run = kvconform_run("tlkv-writer", _writer(habit, tag), tmp_path, "--timeout", "5", "-k",
-                        "test_size and B16-exact-v1", pics=("tlkv.writer.versions=[1]",))
+                        "test_size and B16-exact-v1", pics=("tlkv.writer.versions=[1]",), timeout=120)
     assert run.code == 1, run.describe()
     assert dict(run.verdicts) == {"fail": 1}, run.describe()
     assert "hung" in run.tests[0]["message"] and run.tests[0]["blamed"] == "TLKV-ENV-SIZE", run.describe()
@@ -80,9 +81,9 @@ V1_ONLY_READER = ("tlkv.reader.versions=[1]", f"tlkv.reader.geometry={SMALL}", "
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@covering(240)
 def test_v1_only_reader_reporting_allocations_passes(tmp_path: Path) -> None:
-    run = kvconform_run("tlkv-reader", _reader(), tmp_path, "-k", READER_CHECKS, pics=V1_ONLY_READER)
+    run = kvconform_run("tlkv-reader", _reader(), tmp_path, "-k", READER_CHECKS, pics=V1_ONLY_READER, timeout=240)
     assert run.code == 0, run.describe()
     assert set(run.verdicts) == {"pass", "not-applicable"}, run.describe()
     assert run.verdict_of("test_v1_only_reader_refuses_v2_cleanly") == "pass", run.describe()
@@ -95,10 +96,10 @@ def test_v1_only_reader_reporting_allocations_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@covering(240)
 def test_reader_silent_about_allocations_is_inconclusive_there(tmp_path: Path) -> None:
     run = kvconform_run("tlkv-reader", _reader("--silent-allocations"), tmp_path, "-k", "test_rule",
-                        pics=V1_ONLY_READER)
+                        pics=V1_ONLY_READER, timeout=240)
     alloc = [t for t in run.tests if "allocates_nothing" in t["nodeid"] and t["verdict"] != "not-applicable"]
     rules = [t for t in run.tests if "allocates_nothing" not in t["nodeid"] and t["verdict"] != "not-applicable"]
     assert alloc and all(t["verdict"] == "inconclusive" and "does not report what it allocated" in t["message"]

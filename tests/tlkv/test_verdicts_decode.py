@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvconform.fixtures.tlkv import CALL_TIMEOUT
-from tests.tlkv.harness import PY, SCRIPTS, kvconform_run
+from tests.spawn import covering
+from tests.tlkv.harness import PY, RUN_BOUND, SCRIPTS, kvconform_run
 
 TARGETS = "python:tests.tlkv.targets"
 STARTUP = 40.0  # seconds a `kvconform run` may spend starting and reporting on a loaded machine
@@ -27,6 +28,7 @@ UNAVAILABLE_FALSE_PASSES = ("test_two_block_envelope", "test_empty_payload_for_u
 
 
 @pytest.mark.slow
+@covering(RUN_BOUND)
 def test_unavailable_is_not_a_rejection(tmp_path: Path) -> None:
     run = kvconform_run("tlkv-decode", f"{TARGETS}:UnavailableDecode", tmp_path)
     assert run.code == 1, run.describe()
@@ -42,10 +44,11 @@ def test_unavailable_is_not_a_rejection(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3 * CALL_TIMEOUT + 2 * STARTUP)
+@covering(3 * CALL_TIMEOUT + 2 * STARTUP)
 def test_hanging_push_fails_each_check_within_its_deadline(tmp_path: Path) -> None:
     checks = ("test_chunk_crc_mismatch", "test_empty_payload_for_unheld_block", "test_has_blocks_order")
-    run = kvconform_run("tlkv-decode", f"{TARGETS}:HangingPushDecode", tmp_path, "-k", " or ".join(checks))
+    run = kvconform_run("tlkv-decode", f"{TARGETS}:HangingPushDecode", tmp_path, "-k", " or ".join(checks),
+                        timeout=3 * CALL_TIMEOUT + 2 * STARTUP)
     assert run.code == 1, run.describe()
     assert {t["nodeid"].split("::")[-1]: t["blamed"] for t in run.tests} == {
         "test_chunk_crc_mismatch": "TLKV-XFER-CRC",
@@ -57,10 +60,11 @@ def test_hanging_push_fails_each_check_within_its_deadline(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@covering(150)
 def test_hanging_suite_ends_within_its_budget(tmp_path: Path) -> None:
     budget = 30.0
-    run = kvconform_run("tlkv-decode", f"{TARGETS}:HangingPushDecode", tmp_path, "--suite-budget", str(budget))
+    run = kvconform_run("tlkv-decode", f"{TARGETS}:HangingPushDecode", tmp_path, "--suite-budget", str(budget),
+                        timeout=150)
     assert run.code == 1, run.describe()
     assert "pass" not in run.verdicts and run.verdicts["fail"] >= 2, run.describe()
     assert any("budget" in t["message"] for t in run.tests if t["verdict"] == "inconclusive"), run.describe()
@@ -68,10 +72,10 @@ def test_hanging_suite_ends_within_its_budget(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2 * 2 * CALL_TIMEOUT + 2 * STARTUP)
+@covering(2 * 2 * CALL_TIMEOUT + 2 * STARTUP)
 def test_server_that_never_answers_fails_rather_than_inconclusive(tmp_path: Path) -> None:
     run = kvconform_run("tlkv-decode", f"{TARGETS}:HangingDecode", tmp_path, "-k",
-                        "test_chunk_crc_mismatch or test_has_blocks_order")
+                        "test_chunk_crc_mismatch or test_has_blocks_order", timeout=2 * 2 * CALL_TIMEOUT + 2 * STARTUP)
     assert run.code == 1, run.describe()
     assert dict(run.verdicts) == {"fail": 2}, run.describe()
     assert {t["blamed"] for t in run.tests} == {"TLKV-XFER-CRC", "TLKV-XFER-HAS-ORDER"}, run.describe()
@@ -79,10 +83,10 @@ def test_server_that_never_answers_fails_rather_than_inconclusive(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@covering(240)
 def test_server_killed_mid_run(tmp_path: Path) -> None:
     template = f"cmd:{PY} {SCRIPTS / 'dying_decode.py'} --port {{port}} --pool 16,3,2,8 --after 60"
-    run = kvconform_run("tlkv-decode", template, tmp_path)
+    run = kvconform_run("tlkv-decode", template, tmp_path, timeout=240)
     assert run.code == 1, run.describe()
     order = [t for t in run.tests if t["verdict"] != "not-applicable"]
     first_bad = next(i for i, t in enumerate(order) if t["verdict"] != "pass")
