@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.served import served
+from tests.spawn import covering
 
-from .helpers import cells, run_matrix, validate, write_registry
+from .helpers import MATRIX_BOUND, cells, run_matrix, validate, write_registry
 
 BINDING = "rdmap-7306"
 FEATURES = ["DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE"]
@@ -42,7 +41,7 @@ def _registry(url: str) -> dict[str, Any]:
     }}
 
 
-@pytest.mark.timeout(600)
+@covering(MATRIX_BOUND)
 def test_a_cmd_initiator_and_a_url_target_make_cells_over_the_wire(tmp_path: Path) -> None:
     with served("kbtp-target", "--binding", "iwarp", "--port", "0", "--profile", BINDING,
                 f"--features={','.join(FEATURES)}") as address:
