@@ -230,12 +230,18 @@ def ensure_image(client: DockerClient, image: str, build: BuildSpec | None = Non
     return str(built.id)
 
 
+def _script_env(image: str) -> dict[str, str]:
+    """An image's build script runs with IMAGE, and PYTHON: this interpreter, which imports kvconform (the scripts
+    ask it for the machine's Debian mirror, kvconform.testbeds.apt_mirror)."""
+    return {**os.environ, "PYTHON": sys.executable, "IMAGE": image}
+
+
 def _build_by_script(client: DockerClient, image: str, build: BuildSpec) -> str:
     assert build.script is not None
     evidence.note(f"docker: building {image} with {build.script}")
     try:
         subprocess.run(["bash", str(build.script)], check=True, timeout=build.timeout_s, stdin=subprocess.DEVNULL,
-                       env={"PYTHON": sys.executable, **os.environ, "IMAGE": image}, capture_output=True)
+                       env=_script_env(image), capture_output=True)
     except subprocess.CalledProcessError as exc:
         tail = (exc.stdout + exc.stderr).decode("utf-8", "replace")[-2000:]
         raise DockerUnavailable(f"image {image!r}: {build.script} exited {exc.returncode}: {tail}") from exc
@@ -957,7 +963,7 @@ def prepare_images(testbed: Testbed, timeout_s: float = 600.0) -> list[str]:
                 print(f"docker: making base image {base['image']} with {script}", flush=True)
                 try:
                     subprocess.run(["bash", str(script)], check=True, timeout=timeout_s,
-                                   env={**os.environ, "IMAGE": base["image"]})
+                                   env=_script_env(base["image"]))
                 except (subprocess.SubprocessError, OSError) as exc:
                     raise DockerUnavailable(f"base image {base['image']}: {script} failed: {exc}") from exc
             made.append(base["image"])

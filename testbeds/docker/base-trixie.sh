@@ -9,7 +9,10 @@
 set -euo pipefail
 
 IMAGE="${IMAGE:-kvconform/trixie-base:latest}"
-MIRROR="${DEBIAN_MIRROR:-$("${PYTHON:-python3}" -m kvconform.testbeds.apt_mirror)}"
+MIRROR="${DEBIAN_MIRROR:-$("${PYTHON:-python3}" -m kvconform.testbeds.apt_mirror)}" || {
+  echo "base-trixie: no Debian mirror: set DEBIAN_MIRROR, or PYTHON to an interpreter that imports kvconform" >&2
+  exit 2
+}
 SUITE=trixie
 
 if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
