@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,37 @@ def test_one_shot_container_is_bounded(docker_images: list[str]) -> None:
     result = dk.run_to_completion(dk.ContainerSpec(IMAGE, ["sh", "-c", "echo out; echo err >&2; exit 4"]),
                                   timeout_s=30)
     assert (result.exit_code, result.stdout.strip(), result.stderr.strip()) == (4, "out", "err")
+
+
+def _ours() -> list[str]:
+    client = dk.docker_client()
+    try:
+        return [str(c.name) for c in client.containers.list(all=True,
+                                                             filters={"label": f"{dk.OWNER_LABEL}={os.getpid()}"})]
+    finally:
+        client.close()
+
+
+def _interrupted_after_create(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C lands after the daemon created (and started) the container, before the client saw its answer."""
+    real = dk._create
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dk, "_create", create)
+
+
+def test_a_ctrl_c_between_create_and_its_answer_leaves_no_container(docker_images: list[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _interrupted_after_create(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        dk.DockerContainer(dk.ContainerSpec(IMAGE, ["sleep", "60"], stop_timeout_s=1)).start()
+    assert _ours() == [], "the server container outlived the interrupt"
+    with pytest.raises(KeyboardInterrupt):
+        dk.run_to_completion(dk.ContainerSpec(IMAGE, ["sleep", "60"]), timeout_s=30)
+    assert _ours() == [], "the one-shot container outlived the interrupt"
 
 
 def test_containers_of_killed_runs_are_reaped(docker_images: list[str]) -> None:

@@ -6,11 +6,15 @@ The binding on real devices (rxe0, siw0) is exercised inside the testbed VM by `
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
 import struct
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -30,7 +34,15 @@ from kvconform.rdma import (
 )
 from kvconform.rdma.verbs import cm
 from kvconform.rdma.verbs.device import DeviceInfo, VerbsUnavailable, discover, profile_for, skip_reason
-from kvconform.rdma.verbs.engine import WC_WITH_IMM, WC_WITH_INV, imm_from_wire, imm_to_wire, terminate_for
+from kvconform.rdma.verbs.engine import (
+    WC_WITH_IMM,
+    WC_WITH_INV,
+    VerbsEngine,
+    imm_from_wire,
+    imm_to_wire,
+    terminate_for,
+)
+from kvconform.rdma.verbs.fabric import CM_REDIALS, VerbsFabric
 from kvconform.targets.drivers import driver_for
 from kvconform.targets.kbtp_verbs import VerbsInitiatorDriver, VerbsRemoteTargetDriver, VerbsTargetDriver
 from kvconform.targets.kbtp_wire import target_from_url
@@ -145,6 +157,68 @@ def test_rdma_cm_addresses_are_in_network_order() -> None:
     assert struct.unpack_from("=H", raw)[0] == socket.AF_INET
     assert raw[2:4] == (7471).to_bytes(2, "big") and raw[4:8] == bytes([10, 77, 0, 1])
     assert cm.CmEvent.NAMES[cm.CmEvent.ESTABLISHED] == "ESTABLISHED"
+
+
+class _DialChannel:
+    """An rdma_cm event channel that refuses the first ``refusals`` rdma_connect calls with ``err``."""
+
+    def __init__(self, refusals: int, err: int = errno.EADDRNOTAVAIL) -> None:
+        self.refusals, self.err = refusals, err
+        self.next_id = 100
+        self.resolved: list[int] = []
+        self.connected: list[int] = []
+        self.destroyed: list[int] = []
+
+    def create_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def resolve_addr(self, cm_id: int, host: str, port: int, src: str | None = None) -> None:
+        self.resolved.append(cm_id)
+
+    def connect(self, cm_id: int, qpn: int, ord_: int) -> None:
+        self.connected.append(cm_id)
+        if len(self.connected) <= self.refusals:
+            raise cm.CmError(self.err, f"rdma_connect: {os.strerror(self.err)}")
+
+    def destroy_id(self, cm_id: int) -> None:
+        self.destroyed.append(cm_id)
+
+
+def _dialing(ch: _DialChannel) -> tuple[Any, Any]:
+    """Just enough of a verbs fabric to run its rdma_connect step (no device here)."""
+    fab: Any = SimpleNamespace(_channel=lambda: ch, _cm_conns={}, _note=lambda *a, **k: None,
+                               profile=SimpleNamespace(ord=4), host="0.0.0.0")
+    fab._cm_resolve = lambda conn: VerbsFabric._cm_resolve(fab, conn)
+    engine = VerbsEngine.__new__(VerbsEngine)
+    engine.qp = SimpleNamespace(qp_num=7)
+    conn: Any = SimpleNamespace(name="I0-conn.I0", engine=engine, dial_to=("10.77.0.1", 7471), redials=0)
+    return fab, conn
+
+
+def test_rdma_connect_refused_for_a_local_port_in_time_wait_dials_again_from_a_new_id() -> None:
+    ch = _DialChannel(refusals=1)
+    fab, conn = _dialing(ch)
+    VerbsFabric._cm_connect(fab, conn, 1)
+    assert ch.destroyed == [1] and ch.resolved == [101] and fab._cm_conns == {101: conn} and conn.redials == 1
+    VerbsFabric._cm_connect(fab, conn, 101)  # the new id's route resolved: the same QP connects
+    assert ch.connected == [1, 101]
+
+
+def test_rdma_connect_redials_are_bounded_and_other_errors_are_not_retried() -> None:
+    ch = _DialChannel(refusals=99)
+    fab, conn = _dialing(ch)
+    cm_id = 1
+    for _ in range(CM_REDIALS):
+        VerbsFabric._cm_connect(fab, conn, cm_id)
+        cm_id = ch.resolved[-1]
+    with pytest.raises(cm.CmError, match="Cannot assign requested address"):
+        VerbsFabric._cm_connect(fab, conn, cm_id)
+    ch = _DialChannel(refusals=1, err=errno.ECONNREFUSED)
+    fab, conn = _dialing(ch)
+    with pytest.raises(cm.CmError, match="refused"):
+        VerbsFabric._cm_connect(fab, conn, 1)
+    assert ch.resolved == [] and ch.destroyed == []
 
 
 # ---- no device, no pyverbs: one line, never a crash, never a verdict ------------------------------------------

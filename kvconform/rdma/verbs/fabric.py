@@ -23,6 +23,7 @@ at a device, and at least every ``IDLE_POLL_S`` while connections are up.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import mmap
 import sys
@@ -55,6 +56,7 @@ from kvconform.rdma.wire.fabric import RUN_TIMEOUT_S, RemoteNode, WireConnection
 ANY = "0.0.0.0"  # iWARP without an address of its own: it can dial (the kernel picks the source), not listen
 IDLE_POLL_S = 0.002  # a Send can arrive any time: the longest a connection's CQ goes unpolled
 SLOW_DEVICE_S = 1.0  # a device call that blocks the loop longer is reported on stderr
+CM_REDIALS = 3  # rdma_connect refused for a local port still in TIME_WAIT: dial again this often at most
 # Send and receive queue depth, and a CQ for both. KBTP's credits keep far fewer in flight; siw gives a context only
 # about 600 KB of queue memory (16 CQs of 520 entries: ENOSPC), so small queues let a served target hold ~30
 # connections. More sends than this wait in the engine's backlog.
@@ -420,16 +422,41 @@ class VerbsFabric(WireFabric):
         return conn
 
     def _cm_dial(self, node: VerbsNode, ep_name: str, host: str, port: int, cq: EmuCQ | None) -> WireConnection:
-        ch = self._channel()
         conn = self._new_conn(node, ep_name, cq)
         conn.peer_name = f"{host}:{port}"
-        conn.cm_id = cm_id = ch.create_id()  # type: ignore[attr-defined]
-        self._cm_conns[cm_id] = conn
+        conn.dial_to = (host, port)  # type: ignore[attr-defined]
+        conn.redials = 0  # type: ignore[attr-defined]
         try:
-            ch.resolve_addr(cm_id, host, port, src=None if self.host == ANY else self.host)
+            self._cm_resolve(conn)
         except rdma_cm.CmError as exc:
             raise WireSetupError(f"iwarp (rdma_cm) connection to {host}:{port} failed: {exc}") from exc
         return conn
+
+    def _cm_resolve(self, conn: WireConnection) -> None:
+        ch = self._channel()
+        host, port = conn.dial_to  # type: ignore[attr-defined]
+        conn.cm_id = cm_id = ch.create_id()  # type: ignore[attr-defined]
+        self._cm_conns[cm_id] = conn
+        ch.resolve_addr(cm_id, host, port, src=None if self.host == ANY else self.host)
+
+    def _cm_connect(self, conn: WireConnection, cm_id: int) -> None:
+        """``rdma_connect``; on EADDRNOTAVAIL, dial again from a new id. rdma_cm picks the local port itself, and a
+        port whose connection to the same peer is still in TCP TIME_WAIT makes the kernel refuse the 4-tuple: the
+        harness's own side failed, not the target, so it is no verdict (bounded by CM_REDIALS)."""
+        ch = self._channel()
+        engine = conn.engine
+        assert isinstance(engine, VerbsEngine)
+        try:
+            ch.connect(cm_id, int(engine.qp.qp_num), self.profile.ord)
+        except rdma_cm.CmError as exc:
+            redials = conn.redials  # type: ignore[attr-defined]
+            if exc.errno != errno.EADDRNOTAVAIL or redials >= CM_REDIALS:
+                raise
+            conn.redials = redials + 1  # type: ignore[attr-defined]
+            self._note(conn.name, "rdma_cm-redial", reason=str(exc), attempt=redials + 1)
+            self._cm_conns.pop(cm_id, None)
+            ch.destroy_id(cm_id)  # the QP is ours, not the id's: it stays for the next id
+            self._cm_resolve(conn)
 
     def _cm_events(self) -> None:
         assert self._cm is not None
@@ -474,9 +501,10 @@ class VerbsFabric(WireFabric):
             elif ev.kind == rdma_cm.CmEvent.ROUTE_RESOLVED:
                 node = conn.node
                 assert isinstance(node, VerbsNode)
-                qp, cq = self._new_qp(node)
-                self._set_engine(conn, self._engine_for(conn, qp, cq))
-                ch.connect(ev.id, int(qp.qp_num), self.profile.ord)
+                if conn.engine is None:  # not on a redial, which keeps its QP
+                    qp, cq = self._new_qp(node)
+                    self._set_engine(conn, self._engine_for(conn, qp, cq))
+                self._cm_connect(conn, ev.id)
             elif ev.kind == rdma_cm.CmEvent.ESTABLISHED:
                 engine = conn.engine
                 assert isinstance(engine, VerbsEngine)
