@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{suite:<16}{timing.collected:>7}{s['run_median_s']:>8.3f}{s['baseline_median_s']:>8.3f}"
               f"{s['ratio']:>7.2f}{s['ratio_min']:>7.2f}{s['ratio_max']:>7.2f}{s['cpu_ratio']:>7.2f}{flag}")
     left: dict[str, Any] | None = None
-    if timings:
+    if timings and args.importtime_runs > 0:
         slowest = "all" if any(t.suite == "all" for t in timings) else max(
             timings, key=lambda t: statistics.median(t.ratios)).suite
         left = breakdown(slowest, args.importtime_runs, env)

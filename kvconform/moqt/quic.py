@@ -11,21 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
-from typing import Any, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 from aioquic._buffer import Buffer, BufferReadError  # aioquic.buffer re-exports these implicitly
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import QuicServer
 from aioquic.quic import events as qe
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
-from aioquic.quic.logger import QuicFileLogger
-from aioquic.quic.packet import QuicTransportParameters, pull_quic_transport_parameters
 
 from kvconform import evidence
 from kvconform.capture import hooks as capture
@@ -45,6 +40,20 @@ from kvconform.moqt.session import (
     WriteStream,
 )
 from kvconform.moqt.url import MoqtUrl, parse_url
+
+# aioquic's connection, configuration and asyncio layers import its TLS stack (cryptography's x509 among it): about
+# 0.1 s of every start of a run, a third of it. They are imported where a connection is made or served; the
+# protocol class is put together then too (``_protocol_class``).
+if TYPE_CHECKING:
+    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.asyncio.server import QuicServer
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+    from aioquic.quic.packet import QuicTransportParameters
+
+    _ProtocolBase = QuicConnectionProtocol
+else:
+    _ProtocolBase = object
 
 __all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_stream_data_uni",
            "granting_streams_uni",
@@ -86,6 +95,9 @@ def quic_configuration(
     (SSLKEYLOGFILE format) so a pcap of the test decrypts in Wireshark; without them, the running capture's
     (``kvconform.capture``: per check, beside the evidence), if any.
     """
+    from aioquic.quic.configuration import QuicConfiguration  # lazy: aioquic's TLS stack (see above)
+    from aioquic.quic.logger import QuicFileLogger
+
     quic_logger, keylog = capture.quic_logging(TraceLogger)
     configuration = QuicConfiguration(
         is_client=is_client,
@@ -106,8 +118,9 @@ def quic_configuration(
     return configuration
 
 
-class MoqtProtocol(QuicConnectionProtocol):
-    """One QUIC connection carrying one MOQT session; owned by a `MoqtConnection`."""
+class MoqtProtocol(_ProtocolBase):
+    """One QUIC connection carrying one MOQT session; owned by a `MoqtConnection`. Made by ``new_protocol``:
+    the class that runs is this one on aioquic's ``QuicConnectionProtocol``, joined when QUIC is first used."""
 
     def __init__(self, quic: QuicConnection, *, session: Session, transcript: bool = False, **kwargs: Any) -> None:
         super().__init__(quic, **kwargs)
@@ -256,6 +269,18 @@ class MoqtProtocol(QuicConnectionProtocol):
             self.events.put_nowait(event)
 
 
+@functools.cache
+def _protocol_class() -> type[MoqtProtocol]:
+    from aioquic.asyncio.protocol import QuicConnectionProtocol  # lazy: aioquic's TLS stack (see above)
+
+    return cast(type[MoqtProtocol], type("MoqtProtocol", (MoqtProtocol, QuicConnectionProtocol), {}))
+
+
+def new_protocol(quic: QuicConnection, *, session: Session, transcript: bool = False, **kwargs: Any) -> MoqtProtocol:
+    """A `MoqtProtocol` over aioquic's asyncio protocol for ``quic``."""
+    return _protocol_class()(quic, session=session, transcript=transcript, **kwargs)
+
+
 def _tune_after_handshake(quic: QuicConnection) -> None:
     """On loopback, the datagram size for bulk transfer (see LOOPBACK_MAX_DATAGRAM_SIZE). aioquic has no
     public knob for it after the handshake, so its private attributes are set only where they exist.
@@ -285,20 +310,20 @@ def _is_loopback(host: str) -> bool:
 def _peer_max_udp_payload_size(quic: QuicConnection) -> int:
     """The peer's max_udp_payload_size transport parameter (65527 when absent), from the TLS
     extensions aioquic received; 1200 (no change) when they cannot be read."""
-    for ext_type, data in getattr(quic.tls, "received_extensions", None) or ():
-        if ext_type in (0x39, 0xFFA5):  # quic_transport_parameters (RFC 9001 §8.2, and draft-29's)
-            try:
-                params = pull_quic_transport_parameters(Buffer(data=data))
-            except (BufferReadError, ValueError):
-                return 1200
-            return params.max_udp_payload_size if params.max_udp_payload_size is not None else 65527
-    return 1200
+    if not (getattr(quic.tls, "received_extensions", None) or ()):
+        return 1200
+    params = peer_transport_parameters(quic)
+    if params is None:
+        return 1200
+    return params.max_udp_payload_size if params.max_udp_payload_size is not None else 65527
 
 
 def peer_transport_parameters(quic: QuicConnection) -> QuicTransportParameters | None:
     """The QUIC transport parameters the peer sent in its handshake (RFC 9000 §18.2), as aioquic received
     them (the TLS quic_transport_parameters extension); None before the handshake or when unreadable.
     Their initial_max_streams_uni is what the peer granted at first: MAX_STREAMS frames may raise it later."""
+    from aioquic.quic.packet import pull_quic_transport_parameters  # lazy: aioquic's TLS stack (see above)
+
     for ext_type, data in getattr(quic.tls, "received_extensions", None) or ():
         if ext_type in (0x39, 0xFFA5):  # quic_transport_parameters (RFC 9001 §8.2, and draft-29's)
             try:
@@ -483,6 +508,8 @@ async def connect(
         is_client=True, alpn=alpn, verify=verify, idle_timeout=idle_timeout, server_name=target.host,
         qlog_dir=qlog_dir, secrets_log=secrets_log,
     )
+    from aioquic.quic.connection import QuicConnection  # lazy: aioquic's TLS stack (see above)
+
     infos = await asyncio.wait_for(loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM), timeout)
     _, _, _, _, addr = infos[0]
     quic = QuicConnection(configuration=configuration)
@@ -491,7 +518,7 @@ async def connect(
     # A connected socket (remote_addr): the kernel reports an ICMP port unreachable (error_received), so
     # connecting to a port nothing listens on fails at once (ConnectionRefusedError) instead of timing out.
     transport, protocol = await loop.create_datagram_endpoint(
-        lambda: MoqtProtocol(quic, session=session, transcript=transcript),
+        lambda: new_protocol(quic, session=session, transcript=transcript),
         remote_addr=cast(tuple[str, int], addr),  # an IPv6 sockaddr has two more fields: asyncio takes it as is
     )
     moqt = protocol
@@ -563,6 +590,8 @@ async def serve(
 
     When the handler returns, its session is closed with NO_ERROR (unless it closed it itself).
     """
+    from aioquic.asyncio.server import QuicServer  # lazy: aioquic's TLS stack (see above)
+
     loop = asyncio.get_running_loop()
     configuration = quic_configuration(is_client=False, alpn=alpn, certificate=certificate, idle_timeout=idle_timeout,
                                        qlog_dir=qlog_dir, secrets_log=secrets_log)
@@ -574,7 +603,7 @@ async def serve(
         _grant_streams_uni(quic, streams_uni)  # aioquic answers the ClientHello only after this returns
         _grant_stream_data_uni(quic, stream_data_uni)
         config = config_factory() if config_factory is not None else SessionConfig(role=Role.SERVER)
-        protocol = MoqtProtocol(quic, session=Session(config), transcript=transcript, **kwargs)
+        protocol = new_protocol(quic, session=Session(config), transcript=transcript, **kwargs)
         connection = MoqtConnection(protocol, None, None)
         server = holder[0]
         server.connections.append(connection)

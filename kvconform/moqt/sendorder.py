@@ -17,10 +17,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aioquic.quic.connection import QuicConnection
 from aioquic.quic.logger import QuicLogger, QuicLoggerTrace
+
+if TYPE_CHECKING:
+    from aioquic.quic.connection import QuicConnection
 
 __all__ = ["PacketTap", "SendOrder", "StreamFrame"]
 

@@ -12,12 +12,12 @@ import functools
 import ipaddress
 import ssl
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from aioquic.quic.configuration import QuicConfiguration
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+if TYPE_CHECKING:
+    from aioquic.quic.configuration import QuicConfiguration
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 # Names the test certificate is valid for: what a loopback client dials.
 TEST_NAMES = ("localhost",)
@@ -35,10 +35,14 @@ class TestCertificate:
 
     @property
     def certificate_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization  # lazy: cryptography only once TLS is in use
+
         return self.certificate.public_bytes(serialization.Encoding.PEM)
 
     @property
     def private_key_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization  # lazy: cryptography only once TLS is in use
+
         return self.private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -46,12 +50,19 @@ class TestCertificate:
     @property
     def sha256(self) -> str:
         """Hex SHA-256 fingerprint of the DER certificate (for logs and evidence)."""
+        from cryptography.hazmat.primitives import hashes  # lazy: cryptography only once TLS is in use
+
         return self.certificate.fingerprint(hashes.SHA256()).hex()
 
 
 @functools.cache
 def test_certificate() -> TestCertificate:
     """The process-wide self-signed certificate for localhost/127.0.0.1/::1 (P-256, valid 30 days)."""
+    from cryptography import x509  # lazy: tens of ms of every MOQT run's start, which may never use TLS
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvconform MOQT test")])
     now = datetime.datetime.now(datetime.UTC)
