@@ -305,7 +305,7 @@ def _probe(kind: ProbeKind, port: int) -> bool:
     return False
 
 
-def _run_kwargs(spec: ContainerSpec, name: str | None = None) -> dict[str, Any]:
+def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     """The only way containers are created here: host network, nothing published, mounts read-only unless
     listed writable, a name of its own (so a container whose start failed can still be found and removed)."""
     volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()}
@@ -318,7 +318,7 @@ def _run_kwargs(spec: ContainerSpec, name: str | None = None) -> dict[str, Any]:
         "detach": True,
         # The owner's pid lets a later run remove what a killed run left behind (reap_orphans).
         "labels": {**spec.labels, HARNESS_LABEL: "1", OWNER_LABEL: str(os.getpid())},
-        "name": name or spec.name or f"kvconform-{uuid.uuid4().hex[:12]}",
+        "name": spec.name or f"kvconform-{uuid.uuid4().hex[:12]}",
     }
     if spec.user is not None:
         kwargs["user"] = spec.user
@@ -340,17 +340,20 @@ def _remove_live() -> None:
             container.close()
 
 
-def _create(client: DockerClient, spec: ContainerSpec, name: str | None = None) -> Container:
-    """``containers.run`` (create, then start); a container created but not started is removed again."""
+def _create(client: DockerClient, spec: ContainerSpec) -> Container:
+    """``containers.run`` (create, then start); a container created but not started is removed again, by its name,
+    and so is one whose create a Ctrl-C cut off before the daemon's answer came (nothing holds a handle to it)."""
     from docker.errors import DockerException  # optional: the docker extra
 
-    kwargs = _run_kwargs(spec, name)
+    kwargs = _run_kwargs(spec)
     try:
         container: Container = client.containers.run(spec.image, **kwargs)
-    except DockerException as exc:
+    except BaseException as exc:
         with contextlib.suppress(DockerException):
             client.containers.get(kwargs["name"]).remove(force=True)
-        raise DockerUnavailable(f"cannot start a container of {spec.image!r}: {exc}") from exc
+        if isinstance(exc, DockerException):
+            raise DockerUnavailable(f"cannot start a container of {spec.image!r}: {exc}") from exc
+        raise
     return container
 
 
@@ -365,10 +368,6 @@ class DockerContainer:
         self._own_client = client is None
         self._client = client
         self._container: Container | None = None
-        # Chosen before the container is created: a Ctrl-C between the daemon's create and our seeing its answer
-        # leaves a container we hold no handle to, which close() then finds by this name.
-        self._name = spec.name or f"kvconform-{uuid.uuid4().hex[:12]}"
-        self._created = False
         self.lines: list[str] = []
         self._lines_lock = threading.Lock()
         self._new_line = threading.Condition(self._lines_lock)
@@ -411,8 +410,7 @@ class DockerContainer:
         try:
             with _LIVE_LOCK:
                 _LIVE.add(self)
-            self._created = True
-            self._container = _create(self.client, self.spec, self._name)
+            self._container = _create(self.client, self.spec)
             self._follower = threading.Thread(target=self._follow, name=f"docker-log-{self.id[:12]}", daemon=True)
             self._follower.start()
             if wait:
@@ -428,12 +426,7 @@ class DockerContainer:
         from docker.errors import DockerException  # optional: the docker extra
 
         container, self._container = self._container, None
-        if container is None and self._created:
-            self._created = False
-            with contextlib.suppress(DockerException):  # NotFound: the create never reached the daemon
-                self.client.containers.get(self._name).remove(force=True)
         if container is not None:
-            self._created = False
             stopped = time.monotonic()
             with contextlib.suppress(DockerException):
                 container.stop(timeout=self.spec.stop_timeout_s)
@@ -601,13 +594,7 @@ def run_to_completion(spec: ContainerSpec, timeout_s: float, client: DockerClien
         ensure_image(client, spec.image, spec.build)
         evidence.record("sent", "docker-run", {"image": spec.image, "command": list(spec.command),
                                                 "environment": dict(spec.environment), "network": "host"})
-        name = spec.name or f"kvconform-{uuid.uuid4().hex[:12]}"
-        try:
-            container = _create(client, spec, name)
-        except BaseException:  # a Ctrl-C between the daemon's create and its answer: remove it by name
-            with contextlib.suppress(DockerException):
-                client.containers.get(name).remove(force=True)
-            raise
+        container = _create(client, spec)
         try:
             try:
                 status = container.wait(timeout=timeout_s)

@@ -28,7 +28,8 @@ MARGIN = 60.0  # a test's own work around its runs (targets, reading reports), i
 
 def spawn_env() -> dict[str, str]:
     """The environment for a spawned `kvconform`: without PYTHONDONTWRITEBYTECODE, since bytecode caches
-    halve each run's start-up (the mutant tests spawn over a hundred)."""
+    halve each run's start-up (the mutant tests spawn over a hundred), and with the checkout on PYTHONPATH for the
+    `python:tests.mutants...` targets."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     return {**env, "PYTHONPATH": str(ROOT)}
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 from aioquic._buffer import Buffer, BufferReadError  # aioquic.buffer re-exports these implicitly
 from aioquic.quic import events as qe
+from aioquic.quic.logger import QuicFileLogger
+from aioquic.quic.packet import QuicTransportParameters, pull_quic_transport_parameters  # the qlog's import anyway
 
 from kvconform import evidence
 from kvconform.capture import hooks as capture
@@ -49,7 +51,6 @@ if TYPE_CHECKING:
     from aioquic.asyncio.server import QuicServer
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
-    from aioquic.quic.packet import QuicTransportParameters
 
     _ProtocolBase = QuicConnectionProtocol
 else:
@@ -96,7 +97,6 @@ def quic_configuration(
     (``kvconform.capture``: per check, beside the evidence), if any.
     """
     from aioquic.quic.configuration import QuicConfiguration  # lazy: aioquic's TLS stack (see above)
-    from aioquic.quic.logger import QuicFileLogger
 
     quic_logger, keylog = capture.quic_logging(TraceLogger)
     configuration = QuicConfiguration(
@@ -310,8 +310,6 @@ def _is_loopback(host: str) -> bool:
 def _peer_max_udp_payload_size(quic: QuicConnection) -> int:
     """The peer's max_udp_payload_size transport parameter (65527 when absent), from the TLS
     extensions aioquic received; 1200 (no change) when they cannot be read."""
-    if not (getattr(quic.tls, "received_extensions", None) or ()):
-        return 1200
     params = peer_transport_parameters(quic)
     if params is None:
         return 1200
@@ -322,8 +320,6 @@ def peer_transport_parameters(quic: QuicConnection) -> QuicTransportParameters |
     """The QUIC transport parameters the peer sent in its handshake (RFC 9000 §18.2), as aioquic received
     them (the TLS quic_transport_parameters extension); None before the handshake or when unreadable.
     Their initial_max_streams_uni is what the peer granted at first: MAX_STREAMS frames may raise it later."""
-    from aioquic.quic.packet import pull_quic_transport_parameters  # lazy: aioquic's TLS stack (see above)
-
     for ext_type, data in getattr(quic.tls, "received_extensions", None) or ():
         if ext_type in (0x39, 0xFFA5):  # quic_transport_parameters (RFC 9001 §8.2, and draft-29's)
             try:

@@ -52,13 +52,15 @@ def _ours() -> list[str]:
 
 def _interrupted_after_create(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C lands after the daemon created (and started) the container, before the client saw its answer."""
-    real = dk._create
+    from docker.models.containers import ContainerCollection  # the SDK is optional: imported where docker is in use
 
-    def create(*args: Any, **kwargs: Any) -> Any:
-        real(*args, **kwargs)
+    real = ContainerCollection.run
+
+    def run(self: ContainerCollection, *args: Any, **kwargs: Any) -> Any:
+        real(self, *args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dk, "_create", create)
+    monkeypatch.setattr(ContainerCollection, "run", run)
 
 
 def test_a_ctrl_c_between_create_and_its_answer_leaves_no_container(docker_images: list[str],
