@@ -134,11 +134,13 @@ def test_run_streams_lines_and_brings_back_status_and_files(fake: tuple[Artefact
     assert not res.run_dir.exists()
 
 
-def test_bound_kills_a_hanging_command_and_stops_the_vm(fake: tuple[Artefacts, str]) -> None:
+# The second command outlives qemu's SIGTERM (ignored signals survive exec): stop() must still leave nothing.
+@pytest.mark.parametrize("prelude", ["", "trap '' TERM; "], ids=["plain", "ignores-sigterm"])
+def test_bound_kills_a_hanging_command_and_stops_the_vm(fake: tuple[Artefacts, str], prelude: str) -> None:
     art, qemu = fake
     started = time.monotonic()
     with vm.VM(art, qemu=qemu) as machine:
-        res = machine.run('echo $$ > "$KVCONFORM_VM_RUN/child"; echo started; sleep 60', timeout=1.5)
+        res = machine.run(prelude + 'echo $$ > "$KVCONFORM_VM_RUN/child"; echo started; sleep 60', timeout=1.5)
     assert time.monotonic() - started < 10
     assert res.timed_out and res.exit_status is None and "started" in res.lines
     assert machine.proc is None

@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -246,7 +248,8 @@ class VM:
             return None
 
     def stop(self) -> None:
-        """Stop qemu (SIGTERM, then SIGKILL after STOP_GRACE_S); idempotent."""
+        """Stop qemu (SIGTERM, then SIGKILL after STOP_GRACE_S) and whatever else its process group holds;
+        idempotent. Returns once nothing of the group runs (bounded by STOP_GRACE_S + 20 s)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -261,11 +264,12 @@ class VM:
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        else:
-            # qemu exited (poweroff) but the group may hold a straggler (a fake qemu's children).
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        # qemu is gone, but the group may hold a straggler that has not yet acted on the signal (a fake qemu's
+        # children): it is killed and waited for, so "stopped" means nothing of the run is left
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _wait_group_gone(proc.pid, 10.0)
         if self._reader is not None:
             self._reader.join(10)  # the pipe is closed once qemu and its group are gone
             self._reader = None
@@ -276,3 +280,37 @@ class VM:
         """Remove the run directory when this VM made it."""
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            # the fields after the command name, which may itself hold spaces and parentheses
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    """Wait, at most ``timeout`` seconds, for each live member of a killed group to exit: a pidfd becomes
+    readable at its process's exit, whoever reaps it. Names a member that outlives the bound on stderr."""
+    deadline = time.monotonic() + timeout
+    for pid in _group_members(pgid):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+        if not ready:
+            print(f"rdma-vm: process {pid} of the VM's group {pgid} outlived SIGKILL by {timeout:g} s",
+                  file=sys.stderr)
