@@ -1,0 +1,143 @@
+"""What ``kvconform gate`` finds when it compares the run it judges with a baseline (an earlier run, or an
+expectations file): new failures, fixed, still failing, unexpected passes, flaky, added and removed checks.
+
+A check *fails* when its verdict is fail or inconclusive (the harness could not vouch for it). A new failure gates
+(exit 1) when the check's level gates the judged run (MUST, MUST NOT, RULE; SHOULD too under --strict); an
+unexpected pass (an expectation said it fails, it passed) always gates, so the expectations file is kept true.
+A check whose verdict differed across the stored runs of the same identity and inputs is *flaky*: listed, never
+gating, whatever it did this time; the judged run itself is not part of that history, so a check that always
+passed before and fails now is a new failure, not a flake.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvconform.gate.expectations import Expectations
+from kvconform.store.record import CheckRecord, RunRecord
+from kvconform.verdicts import gates
+
+__all__ = ["FAILING", "Finding", "GateResult", "compare_expectations", "compare_runs", "flaky_checks"]
+
+FAILING = frozenset({"fail", "inconclusive"})
+CATEGORIES = ("new_failures", "unexpected_passes", "flaky", "fixed", "still_failing", "added", "removed")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check in one category: its verdict now, what the baseline said, and why it is where it is."""
+
+    check: str
+    verdict: str | None  # in the judged run (None: removed)
+    expected: str | None  # the baseline's verdict, or the expectation's (None: added)
+    message: str = ""
+    evidence: str | None = None
+    gating: bool = False
+    note: str = ""
+
+
+@dataclass
+class GateResult:
+    """Every finding, by category, and the exit status they make."""
+
+    baseline: str  # what the judged run was compared with, for people
+    judged: str
+    new_failures: list[Finding] = field(default_factory=list)
+    unexpected_passes: list[Finding] = field(default_factory=list)
+    flaky: list[Finding] = field(default_factory=list)
+    fixed: list[Finding] = field(default_factory=list)
+    still_failing: list[Finding] = field(default_factory=list)
+    added: list[Finding] = field(default_factory=list)
+    removed: list[Finding] = field(default_factory=list)
+
+    def category(self, name: str) -> list[Finding]:
+        found: list[Finding] = getattr(self, name)
+        return found
+
+    @property
+    def gating(self) -> list[Finding]:
+        """What makes the gate fail."""
+        return [f for f in self.new_failures + self.unexpected_passes if f.gating]
+
+    @property
+    def exit_code(self) -> int:
+        """0: nothing new; 1: a gating new failure or an unexpected pass."""
+        return 1 if self.gating else 0
+
+
+def flaky_checks(history: Mapping[str, Sequence[tuple[int, str]]]) -> dict[str, list[tuple[int, str]]]:
+    """The checks whose verdict differs across the given runs (store.ResultsStore.history)."""
+    return {check: list(runs) for check, runs in history.items() if len({v for _, v in runs}) > 1}
+
+
+def _flaky_note(runs: Sequence[tuple[int, str]]) -> str:
+    return "stored runs: " + ", ".join(f"#{run_id} {verdict}" for run_id, verdict in runs[-6:])
+
+
+def _finding(check: CheckRecord, expected: str | None, gating: bool = False, note: str = "",
+             verdict: str | None = None) -> Finding:
+    return Finding(check=check.nodeid, verdict=verdict or check.verdict, expected=expected, message=check.message,
+                   evidence=check.evidence, gating=gating, note=note)
+
+
+def compare_runs(judged: RunRecord, baseline: RunRecord, baseline_name: str, judged_name: str,
+                 flaky: Mapping[str, Sequence[tuple[int, str]]] = {}) -> GateResult:
+    """The judged run against an earlier one, check by check."""
+    result = GateResult(baseline=baseline_name, judged=judged_name)
+    before = {c.nodeid: c for c in baseline.checks}
+    for check in judged.checks:
+        old = before.get(check.nodeid)
+        was = old.verdict if old is not None else None
+        if check.nodeid in flaky:
+            result.flaky.append(_finding(check, was, note=_flaky_note(flaky[check.nodeid])))
+            continue
+        if old is None:
+            result.added.append(_finding(check, None))
+        failing = check.verdict in FAILING
+        if failing and (was is None or was not in FAILING):
+            result.new_failures.append(_finding(check, was, gating=gates(check.level, strict=judged.strict),
+                                                note="a check the baseline did not have" if old is None else ""))
+        elif failing:
+            result.still_failing.append(_finding(check, was))
+        elif was in FAILING:
+            result.fixed.append(_finding(check, was))
+    now = {c.nodeid for c in judged.checks}
+    result.removed = [Finding(check=c.nodeid, verdict=None, expected=c.verdict) for c in baseline.checks
+                      if c.nodeid not in now]
+    return result
+
+
+def compare_expectations(judged: RunRecord, expectations: Expectations, judged_name: str, today: dt.date,
+                         flaky: Mapping[str, Sequence[tuple[int, str]]] = {}) -> GateResult:
+    """The judged run against an expectations file: a check no live entry names is expected to pass."""
+    result = GateResult(baseline=f"expectations {expectations.path}", judged=judged_name)
+    used: set[int] = set()
+    for check in judged.checks:
+        match = expectations.for_check(check.result())
+        entry, verdict = match if match is not None else (None, check.verdict)
+        if entry is not None:
+            used.add(entry.index)
+        live = entry is not None and not entry.expired(today)
+        expected = entry.verdict if entry is not None and live else None
+        if check.nodeid in flaky:
+            result.flaky.append(_finding(check, expected, note=_flaky_note(flaky[check.nodeid]), verdict=verdict))
+            continue
+        failing, expected_failing = verdict in FAILING, expected in FAILING
+        note = ""
+        if entry is not None and live:
+            note = f"expected ({entry.subject}): {entry.reason}"
+        elif entry is not None:
+            note = f"expectation for {entry.subject} expired on {entry.expires}: {entry.reason}"
+        if failing and not expected_failing:
+            result.new_failures.append(_finding(check, expected, gating=gates(check.level, strict=judged.strict),
+                                                note=note, verdict=verdict))
+        elif failing:
+            result.still_failing.append(_finding(check, expected, note=note, verdict=verdict))
+        elif expected_failing:
+            result.unexpected_passes.append(_finding(check, expected, gating=True, note=note, verdict=verdict))
+    result.removed = [Finding(check=e.subject, verdict=None, expected=e.verdict,
+                              note=f"entry {e.index + 1} of the expectations file matches no check of the run")
+                      for e in expectations.entries if e.index not in used]
+    return result
