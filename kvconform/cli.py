@@ -130,6 +130,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"kvconform: target {target.name!r} does not play {', '.join(left_out)}; not run",
               file=sys.stderr)
     report_dir = _fresh_report_dir(Path(args.report_dir))
+    # Opened (and migrated) before the run: a database that cannot be opened is a usage error, not a lost run.
+    store = _open_store(args.results_db, report_dir) if args.results_db is not None else None
     # An ini of our own keeps the checkout's pyproject options (testpaths, addopts) out of the run.
     ini = report_dir / "pytest.ini"
     ini.write_text("[pytest]\n", "utf-8")
@@ -174,12 +176,37 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     pytest_args += ["--timeout", str(args.timeout)]
     pytest_args += ["-q"] * args.quiet + ["-v"] * args.verbose
 
-    code = _run_pytest(pytest_args)
-    for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "manifest.sha256"):
-        path = report_dir / name
-        if path.exists():
-            print(f"kvconform: {name}: {path}")
+    try:
+        code = _run_pytest(pytest_args)
+        for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence",
+                     "manifest.sha256"):
+            path = report_dir / name
+            if path.exists():
+                print(f"kvconform: {name}: {path}")
+        if store is not None:
+            _record(store, report_dir)
+    finally:
+        if store is not None:
+            store.close()
     return code
+
+
+def _open_store(url: str, report_dir: Path) -> Any:
+    """The results store ``--results-db`` names (kvconform.store, loaded only when asked for)."""
+    store = importlib.import_module("kvconform.store")
+    try:
+        return store.open_store(url, beside=str(report_dir))
+    except (store.StoreURLError, store.StoreError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _record(store: Any, report_dir: Path) -> None:
+    """Record the run the report folder holds; a run that wrote no report (a usage error in pytest) has nothing."""
+    if not (report_dir / "coverage.json").is_file():
+        print(f"kvconform: results store: {report_dir} holds no coverage.json; nothing recorded", file=sys.stderr)
+        return
+    run_id = store.record(importlib.import_module("kvconform.store").read_report_dir(report_dir))
+    print(f"kvconform: recorded as run {run_id} in {store.url.describe()}")
 
 
 def _run_pytest(pytest_args: list[str]) -> int:
@@ -375,7 +402,8 @@ def run_epilog(root: Path | None = None) -> str:
     lines += ["", f"SUITE is 'all', a protocol ({', '.join(protocols)}) for its suites, or one suite.",
               "Exit status: 0 iff every gating check passed (MUST, MUST NOT, RULE; SHOULD too with --strict),",
               "1 otherwise, 2 for a usage error.",
-              "Reports: coverage.json, coverage.html, junit.xml, allure-results/ and evidence/ in --report-dir."]
+              "Reports: coverage.json, coverage.html, junit.xml, allure-results/ and evidence/ in --report-dir;",
+              "with --results-db the run is also recorded for kvconform gate (kvconform gate --help)."]
     return "\n".join(lines)
 
 
@@ -386,6 +414,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
         description="Conformance harness for KV-cache transport protocols.",
         epilog="also: kvconform serve --help, kvconform vectors {list,check,generate} ..., "
                "kvconform matrix --registry FILE (the plugfest matrix), "
+               "kvconform gate --baseline B --report-dir DIR (fail CI on what is new), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
     p.add_argument("--version", action=_VersionAction)
@@ -429,6 +458,9 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                           "(default) or that wire format on loopback sockets; kbtp+iwarp:// and kbtp+roce:// "
                           "targets always use their own")
     _capture_arguments(run)
+    run.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
+                     help="record the run in the results store (kvconform gate reads it): sqlite:///PATH, "
+                          "postgresql://..., a file path, or nothing for results.sqlite beside --report-dir")
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.add_argument("-v", "--verbose", action="count", default=0)
     suites = sub.add_parser("suites", help="list the suites, the role each tests, its requirements and the targets "
@@ -468,6 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dispatch("kvconform.fuzz.tool", "main", args_list[1:], "fuzz")
         if args_list and args_list[0] == "matrix":  # issue 14, the plugfest matrix
             return _dispatch("kvconform.matrix.tool", "main", args_list[1:], "matrix")
+        if args_list and args_list[0] == "gate":  # issue 25: judge a run against a baseline
+            return _dispatch("kvconform.gate.tool", "main", args_list[1:], "gate")
         if args_list and not args_list[0].startswith("-") and args_list[0] not in _COMMANDS:
             proto = args_list[0]
             if proto.isidentifier():

@@ -1,11 +1,12 @@
 """``kvconform matrix``: run the plugfest matrix of an implementations registry.
 
     kvconform matrix [--registry FILE] [--roles ROLE,...] [--out DIR] [-n N|auto] [--seed S] [--no-suites]
-                     [--suite-budget S] [--cell-timeout S] [--consumer-budget S]
+                     [--suite-budget S] [--cell-timeout S] [--consumer-budget S] [--results-db [URL]]
 
 Runs every compatible cell (KVCS publisher x relay x consumer, TLKV prefill x decode and writer x reader, KBTP
 initiator x target) and every participant's role suite, and writes ``DIR/matrix.html``, ``DIR/matrix.json``,
 ``DIR/cells/<cell>/`` (each cell's evidence) and ``DIR/suites/<implementation>/<suite>/`` (the suites' reports).
+With ``--results-db`` every role suite's run is recorded in the results store, each marked with DIR.
 Exit status: 0 when every cell passed, 1 when one failed or was inconclusive, 2 on a usage error.
 """
 
@@ -17,11 +18,14 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
 from kvconform.matrix.plan import selected_suites
 from kvconform.matrix.registry import RegistryError, default_registry_path, load_registry
 from kvconform.matrix.runner import MatrixOptions, run_matrix
+from kvconform.store import ResultsStore, StoreError, StoreURLError, open_store, read_report_dir
+from kvconform.store.record import ReportError
 
 __all__ = ["main"]
 
@@ -62,7 +66,24 @@ def _parser() -> OneLineParser:
                    help="bound of one cell's worker, every exchange step bounded inside (default 240)")
     p.add_argument("--consumer-budget", type=positive_float, default=30.0, metavar="S",
                    help="the budget a KVCS consumer gets to retrieve the cell's cache (default 30)")
+    p.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
+                   help="record each role suite's run in the results store: sqlite:///PATH, postgresql://..., a "
+                        "file path, or nothing for results.sqlite beside --out")
     return p
+
+
+def _record(store: ResultsStore, out: Path, doc: dict[str, Any]) -> None:
+    """Each role suite's report folder as one run, marked with the matrix's folder."""
+    recorded = []
+    for suite in doc["suites"]:
+        if not suite.get("coverage"):
+            continue  # the suite wrote no report: nothing to record (matrix.json says why)
+        try:
+            recorded.append(store.record(read_report_dir((out / suite["coverage"]).parent, matrix_dir=str(out))))
+        except ReportError as exc:
+            print(f"kvconform matrix: results store: not recorded: {exc}", file=sys.stderr)
+    print(f"kvconform matrix: recorded {len(recorded)} suite runs in {store.url.describe()}"
+          + (f" (runs {', '.join(map(str, recorded))})" if recorded else ""))
 
 
 def _fresh(out: Path) -> None:
@@ -95,6 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvconform matrix: error: --out {out}: {exc.strerror or exc}", file=sys.stderr)
         return USAGE_ERROR
 
+    store = None
+    if args.results_db is not None:
+        try:
+            store = open_store(args.results_db, beside=str(out))
+        except (StoreURLError, StoreError) as exc:
+            print(f"kvconform matrix: error: {exc}", file=sys.stderr)
+            return USAGE_ERROR
+
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
@@ -104,7 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          progress=progress)
     if args.seed is not None:
         opts.seed = args.seed
-    doc = run_matrix(registry, opts)
+    try:
+        doc = run_matrix(registry, opts)
+        if store is not None:
+            _record(store, out.resolve(), doc)
+    finally:
+        if store is not None:
+            store.close()
     summary = doc["summary"]
     print(f"kvconform matrix: {summary['cells']} cells: "
           + ", ".join(f"{n} {o}" for o, n in summary["outcomes"].items()))
