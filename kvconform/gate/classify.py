@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvconform.gate.expectations import Expectations
+from kvconform.gate.expectations import Expectation, Expectations
 from kvconform.store.record import CheckRecord, RunRecord
 from kvconform.verdicts import gates
 
@@ -109,34 +109,53 @@ def compare_runs(judged: RunRecord, baseline: RunRecord, baseline_name: str, jud
     return result
 
 
+def _note(entry: Expectation, today: dt.date) -> str:
+    if entry.expired(today):
+        return f"expectation for {entry.subject} expired on {entry.expires}: {entry.reason}"
+    return f"expected ({entry.subject}): {entry.reason}"
+
+
 def compare_expectations(judged: RunRecord, expectations: Expectations, judged_name: str, today: dt.date,
                          flaky: Mapping[str, Sequence[tuple[int, str]]] = {}) -> GateResult:
-    """The judged run against an expectations file: a check no live entry names is expected to pass."""
+    """The judged run against an expectations file: what no live entry expects to fail is expected to pass."""
     result = GateResult(baseline=f"expectations {expectations.path}", judged=judged_name)
     used: set[int] = set()
+    failing_reqs: set[int] = set()  # requirement entries some check failed
     for check in judged.checks:
-        match = expectations.for_check(check.result())
-        entry, verdict = match if match is not None else (None, check.verdict)
-        if entry is not None:
-            used.add(entry.index)
-        live = entry is not None and not entry.expired(today)
-        expected = entry.verdict if entry is not None and live else None
+        test = check.result()
+        entry = expectations.check_entry(test)
+        by_requirement = expectations.requirement_entries(test)
+        used.update(e.index for e in ([entry] if entry else []) + [e for e, _ in by_requirement])
+        failing_reqs.update(e.index for e, verdict in by_requirement if verdict in FAILING)
         if check.nodeid in flaky:
-            result.flaky.append(_finding(check, expected, note=_flaky_note(flaky[check.nodeid]), verdict=verdict))
+            result.flaky.append(_finding(check, entry.verdict if entry else None,
+                                         note=_flaky_note(flaky[check.nodeid])))
             continue
-        failing, expected_failing = verdict in FAILING, expected in FAILING
-        note = ""
-        if entry is not None and live:
-            note = f"expected ({entry.subject}): {entry.reason}"
-        elif entry is not None:
-            note = f"expectation for {entry.subject} expired on {entry.expires}: {entry.reason}"
+        failing = check.verdict in FAILING
+        if entry is not None:
+            expected, note = (entry.verdict, _note(entry, today)) if not entry.expired(today) \
+                else (None, _note(entry, today))
+        else:
+            # a failing check is excused by a live requirement entry expecting the requirement it fails to fail
+            excuse = next((e for e, v in by_requirement
+                           if v in FAILING and e.verdict in FAILING and not e.expired(today)), None)
+            expired = next((e for e, v in by_requirement if v in FAILING and e.expired(today)), None)
+            expected = excuse.verdict if excuse is not None else None
+            note = _note(excuse, today) if excuse else (_note(expired, today) if expired else "")
+        expected_failing = expected in FAILING
         if failing and not expected_failing:
             result.new_failures.append(_finding(check, expected, gating=gates(check.level, strict=judged.strict),
-                                                note=note, verdict=verdict))
+                                                note=note))
         elif failing:
-            result.still_failing.append(_finding(check, expected, note=note, verdict=verdict))
-        elif expected_failing:
-            result.unexpected_passes.append(_finding(check, expected, gating=True, note=note, verdict=verdict))
+            result.still_failing.append(_finding(check, expected, note=note))
+        elif entry is not None and expected_failing:
+            result.unexpected_passes.append(_finding(check, expected, gating=True, note=note))
+    for e in expectations.entries:
+        if e.requirement is not None and e.index in used and e.index not in failing_reqs \
+                and e.verdict in FAILING and not e.expired(today):
+            result.unexpected_passes.append(Finding(
+                check=e.subject, verdict="pass", expected=e.verdict, gating=True,
+                note=f"no check failed {e.requirement}; expected: {e.reason}"))
     result.removed = [Finding(check=e.subject, verdict=None, expected=e.verdict,
                               note=f"entry {e.index + 1} of the expectations file matches no check of the run")
                       for e in expectations.entries if e.index not in used]

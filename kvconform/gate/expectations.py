@@ -13,9 +13,9 @@ entry and the field.
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -31,13 +31,22 @@ __all__ = ["FORMAT", "Expectation", "Expectations", "ExpectationsError", "load_e
 FORMAT = "kvconform-expectations/1"
 
 
+def _pattern(check: str) -> re.Pattern[str]:
+    # only * is special: check ids are full of [ and ] (parameters), which fnmatch would read as sets
+    return re.compile(".*".join(re.escape(part) for part in check.split("*")))
+
+
 class ExpectationsError(ValueError):
     """An expectations file that cannot be used; the message names the file, the entry and the field."""
 
 
 @dataclass(frozen=True)
 class Expectation:
-    """One entry: a check (or pattern) or a requirement, the verdict expected, why, until when."""
+    """One entry: a check (or pattern) or a requirement, the verdict expected, why, until when.
+
+    A check entry judges each check it names; a requirement entry judges the requirement (the worst of its checks'
+    verdicts for it, by the blame rule): it excuses the checks that fail that requirement, and it is an unexpected
+    pass when none does."""
 
     index: int
     verdict: str
@@ -57,8 +66,7 @@ class Expectation:
         """The check's verdict as this entry judges it (a requirement: by the blame rule), None if it does not
         apply to the check."""
         if self.check is not None:
-            pattern = "*" in self.check
-            if result.nodeid == self.check or (pattern and fnmatch.fnmatchcase(result.nodeid, self.check)):
+            if result.nodeid == self.check or ("*" in self.check and _pattern(self.check).fullmatch(result.nodeid)):
                 return result.verdict
             return None
         if self.requirement in result.reqs:
@@ -75,16 +83,19 @@ class Expectations:
     path: str
     entries: tuple[Expectation, ...]
 
-    def for_check(self, result: TestResult) -> tuple[Expectation, str] | None:
-        """The entry that applies to a check, and the verdict it judges: a check entry before a requirement
-        entry, the first of each in file order."""
-        for want_check in (True, False):
-            for entry in self.entries:
-                if (entry.check is not None) == want_check:
-                    verdict = entry.verdict_of(result)
-                    if verdict is not None:
-                        return entry, verdict
-        return None
+    def check_entry(self, result: TestResult) -> Expectation | None:
+        """The first check entry naming this check."""
+        return next((e for e in self.entries if e.check is not None and e.verdict_of(result) is not None), None)
+
+    def requirement_entries(self, result: TestResult) -> list[tuple[Expectation, str]]:
+        """The requirement entries that speak of this check, each with the check's verdict for its requirement."""
+        out = []
+        for entry in self.entries:
+            if entry.requirement is not None:
+                verdict = entry.verdict_of(result)
+                if verdict is not None:
+                    out.append((entry, verdict))
+        return out
 
 
 def _schema() -> dict[str, Any]:
