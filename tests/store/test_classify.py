@@ -1,0 +1,105 @@
+"""The gate's categories on runs written as data: added and removed checks, a failure that does not gate, flaky
+from the store's history, check entries before requirement entries, an expectation matching nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+from kvconform.gate.classify import Finding, compare_expectations, compare_runs, flaky_checks
+from kvconform.gate.expectations import load_expectations
+from kvconform.gate.summary import markdown
+from kvconform.store import CheckRecord, ResultsStore, RunRecord, open_store
+
+TODAY = dt.date(2026, 12, 7)
+
+
+def check(nodeid: str, verdict: str, level: str = "MUST", reqs: tuple[str, ...] = ("X-ONE",),
+          blamed: str | None = None) -> CheckRecord:
+    return CheckRecord(nodeid=nodeid, suite="tlkv-reader", reqs=reqs, level=level, verdict=verdict,
+                       message=f"{nodeid} | {verdict}", evidence=None, blamed=blamed, duration=0.0)
+
+
+def run(*checks: CheckRecord, sha: str = "0" * 64, strict: bool = False) -> RunRecord:
+    return RunRecord(report_dir="/r", coverage_sha256=sha, implementation="impl", implementation_version="1",
+                     implementation_vendor=None, implementation_build=None, image_digest=None, target_name="t",
+                     target_kind="cmd", target_value="cmd:x", harness_version="0.1.0", harness_commit="unknown",
+                     testbed_name="tb", testbed_sha256="1" * 64, catalogs={"tlkv.yaml": "2" * 64}, pics={},
+                     seed=1, binding=None, draft=None, suites=("tlkv-reader",), strict=strict, exit_code=0,
+                     started="s", finished="f", checks=tuple(checks))
+
+
+def names(findings: list[Finding]) -> list[str]:
+    return [f.check for f in findings]
+
+
+def test_every_category_against_a_run() -> None:
+    before = run(check("a", "pass"), check("b", "fail"), check("c", "fail"), check("gone", "pass"),
+                 check("should", "pass", level="SHOULD"))
+    now = run(check("a", "fail"), check("b", "fail"), check("c", "pass"), check("new", "inconclusive"),
+              check("new-ok", "pass"), check("should", "fail", level="SHOULD"))
+    result = compare_runs(now, before, "before", "now")
+    assert names(result.new_failures) == ["a", "new", "should"]
+    assert [f.gating for f in result.new_failures] == [True, True, False]  # SHOULD gates only a --strict run
+    assert (names(result.still_failing), names(result.fixed)) == (["b"], ["c"])
+    assert (names(result.added), names(result.removed)) == (["new", "new-ok"], ["gone"])
+    assert result.exit_code == 1
+    strict = compare_runs(dataclasses.replace(now, strict=True), before, "before", "now")
+    assert strict.new_failures[-1].gating
+    text = markdown(result)
+    assert "| New failures | 3 |" in text and "a \\| fail" in text  # a | in a message does not break the table
+
+
+def test_a_flaky_check_is_listed_and_does_not_gate() -> None:
+    flaky = flaky_checks({"a": [(1, "pass"), (2, "fail")], "b": [(1, "pass"), (2, "pass")]})
+    assert list(flaky) == ["a"]
+    result = compare_runs(run(check("a", "fail"), check("b", "pass")), run(check("a", "pass"), check("b", "pass")),
+                          "before", "now", flaky)
+    assert names(result.flaky) == ["a"] and not result.new_failures and result.exit_code == 0
+    assert "#1 pass, #2 fail" in result.flaky[0].note
+
+
+def test_history_is_per_identity_and_leaves_out_the_judged_run(tmp_path: Path) -> None:
+    with open_store(f"sqlite:///{tmp_path / 'r.sqlite'}") as store:
+        assert isinstance(store, ResultsStore)
+        one = store.record(run(check("a", "pass"), sha="a" * 64))
+        two = store.record(run(check("a", "fail"), sha="b" * 64))
+        other = dataclasses.replace(run(check("a", "fail"), sha="c" * 64), implementation_version="2")
+        store.record(other)
+        key = run().identity_key
+        assert store.run_ids(key) == [one, two] and other.identity_key != key
+        assert flaky_checks(store.history(key)) == {"a": [(one, "pass"), (two, "fail")]}
+        assert flaky_checks(store.history(key, exclude=[two])) == {}
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "expect.yaml"
+    path.write_text("format: kvconform-expectations/1\nexpectations:\n" + text)
+    return path
+
+
+def test_expectations_check_entries_first_blame_and_stale_entries(tmp_path: Path) -> None:
+    expectations = load_expectations(_file(tmp_path, """\
+  - requirement: X-ONE
+    verdict: fail
+    reason: known
+  - check: "t::c[*]"
+    verdict: pass
+    reason: must pass whatever X-ONE does
+  - check: never-run
+    verdict: fail
+    reason: stale
+"""))
+    judged = run(check("t::a", "fail", blamed="X-ONE"), check("t::b", "fail", reqs=("X-ONE", "X-TWO"),
+                                                                  blamed="X-TWO"),
+                 check("t::c[1]", "fail", blamed="X-ONE"), check("t::d", "pass"))
+    result = compare_expectations(judged, expectations, "now", TODAY)
+    # a: excused by its requirement; b: failed another requirement (blame rule), not excused; c[1]: its check
+    # entry says pass, which wins over the requirement's; d: passing beside a failing requirement is no surprise
+    assert names(result.still_failing) == ["t::a"]
+    assert names(result.new_failures) == ["t::b", "t::c[1]"]
+    assert not result.unexpected_passes
+    assert names(result.removed) == ["never-run"]
+    passing = compare_expectations(run(check("t::a", "pass")), expectations, "now", TODAY)
+    assert names(passing.unexpected_passes) == ["requirement X-ONE"] and passing.exit_code == 1
