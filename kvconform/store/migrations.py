@@ -55,6 +55,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             message TEXT NOT NULL,
             evidence TEXT,
             blamed TEXT,
+            reached TEXT,
             duration DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (run_id, nodeid)
         )""",
@@ -88,8 +89,8 @@ def schema_version(db: Backend) -> int:
 
 def migrate(db: Backend) -> list[int]:
     """Apply every migration the database lacks, each in its own transaction; the versions applied (none when it
-    was current: migrating twice is harmless)."""
-    _ensure_version_table(db)
+    was current: migrating twice is harmless). The version table is made under the same lock, so two processes
+    opening a new database at once do not both create it."""
     applied: list[int] = []
     for version, steps in enumerate(MIGRATIONS, 1):
         with db.transaction(exclusive=True):

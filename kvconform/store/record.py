@@ -43,12 +43,13 @@ class CheckRecord:
     evidence: str | None
     blamed: str | None
     duration: float
+    reached: tuple[str, ...] | None = None  # the requirements an assertion evaluated (None: not recorded)
 
     def result(self) -> TestResult:
         """As the report writers know a check (the blame rule: TestResult.verdict_for)."""
         return TestResult(nodeid=self.nodeid, suite=self.suite, reqs=self.reqs, level=self.level,
                           verdict=self.verdict, message=self.message, duration=self.duration,
-                          evidence=self.evidence, blamed=self.blamed)
+                          evidence=self.evidence, blamed=self.blamed, reached=self.reached)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _check(test: Mapping[str, Any]) -> CheckRecord:
     result = TestResult.from_dict(test)
     return CheckRecord(nodeid=result.nodeid, suite=result.suite, reqs=result.reqs, level=result.level,
                        verdict=result.verdict, message=result.message, evidence=result.evidence,
-                       blamed=result.blamed, duration=float(result.duration))
+                       blamed=result.blamed, duration=float(result.duration), reached=result.reached)
 
 
 def read_report_dir(report_dir: str | os.PathLike[str], matrix_dir: str | None = None) -> RunRecord:

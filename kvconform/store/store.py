@@ -25,7 +25,9 @@ _CHECK_COLUMNS = tuple(f.name for f in fields(CheckRecord))
 
 
 def _encode(name: str, value: Any) -> Any:
-    if name in _JSON_FIELDS or name == "reqs":
+    if name == "reached" and value is None:
+        return None
+    if name in _JSON_FIELDS or name in ("reqs", "reached"):
         return json.dumps(list(value) if isinstance(value, tuple) else value, sort_keys=True)
     if name == "strict":
         return int(value)
@@ -86,6 +88,7 @@ class ResultsStore:
         for check in checks:
             values = dict(zip(_CHECK_COLUMNS, check, strict=True))
             values["reqs"] = tuple(json.loads(values["reqs"]))
+            values["reached"] = None if values["reached"] is None else tuple(json.loads(values["reached"]))
             records.append(CheckRecord(**values))
         return RunRecord(**row, checks=tuple(records))
 
