@@ -1,7 +1,8 @@
 """The plugfest matrix as a result document and pages: ``matrix.json`` (schema ``reports/matrix.schema.json``),
 ``matrix.html`` (one table per kind and relay, rows x columns, one colour per outcome, each cell a link to its
 evidence) and, per cell, ``cells/<id>/index.html`` (participants and their logs, what was exchanged, the
-steps, the verdicts and who was blamed, with links to the role suites' reports).
+steps, the verdicts and who was blamed, with links to the role suites' reports); and the matrix cut by MOQT draft
+and by RDMA binding (reports.matrix_cuts), one page per value beside matrix.html, every page linking to the others.
 
 Every page is self-contained (inline CSS, no scripts, nothing fetched) and links only to files in the
 matrix's folder, so the folder can be archived or served as it is.
@@ -16,7 +17,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_FILE", "render_cell_page", "render_matrix", "schema", "write_matrix"]
+from kvconform.reports.matrix_cuts import AXES, cut_document, cut_file, matrix_cuts
+
+__all__ = ["SCHEMA_FILE", "render_cell_page", "render_matrix", "render_nav", "schema", "write_matrix"]
 
 SCHEMA_FILE = Path(__file__).with_name("matrix.schema.json")
 LABEL = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not-run": "not run"}
@@ -39,6 +42,7 @@ td.cell a.verdict{display:block;font-weight:700;text-decoration:none;color:#111;
 pre{background:#f7f7f7;border:1px solid #ddd;padding:.5em;max-height:30em;overflow:auto;font-size:.8em}
 .meta td:first-child{font-weight:600;width:11em}
 .legend span{margin-right:.6em}
+nav.cuts{margin:.5em 0 1em;font-size:.9em}nav.cuts a{margin-right:.4em}nav.cuts a.here{font-weight:700}
 """
 
 
@@ -109,11 +113,26 @@ def _table_html(table: Mapping[str, Any], cells: Mapping[str, Mapping[str, Any]]
     return "\n".join(lines)
 
 
-def render_matrix(doc: Mapping[str, Any]) -> str:
-    """The matrix page."""
+def render_nav(cuts: Mapping[str, Mapping[str, list[str]]], here: str = "matrix.html") -> str:
+    """The links from every matrix page to the whole matrix and to each draft's and binding's cut."""
+    if not cuts:
+        return ""
+
+    def link(href: str, text: str) -> str:
+        mark = ' class="here"' if href == here else ""
+        return f'<a href="{_href(href)}"{mark}>{escape(text)}</a>'
+
+    parts = [link("matrix.html", "all cells")]
+    for axis, values in cuts.items():
+        parts.append(f"{escape(AXES[axis][1])}: " + " ".join(link(cut_file(axis, v), v) for v in values))
+    return '<nav class="cuts">' + " · ".join(parts) + "</nav>"
+
+
+def render_matrix(doc: Mapping[str, Any], heading: str = "kvconform plugfest matrix", nav: str = "") -> str:
+    """The matrix page (or a cut of it: ``heading`` says which, ``nav`` links the others)."""
     meta, summary = doc["meta"], doc["summary"]
     cells = {c["id"]: c for c in doc["cells"]}
-    out = ["<h1>kvconform plugfest matrix</h1>"]
+    out = [f"<h1>{escape(heading)}</h1>", nav]
     legend = " ".join(f'{_badge(o)}' for o in ("pass", "fail", "inconclusive")) + \
         ' <span class="v not-a-cell">not a cell</span>'
     out.append(f'<p class="legend">{legend} — a cell passes only when its exchange completed and was verified '
@@ -169,7 +188,7 @@ def render_matrix(doc: Mapping[str, Any]) -> str:
         if notes:
             out.append(f'<p>{escape(entry["implementation"])}: roles that make no cell</p><ul>{notes}</ul>')
     out.append(f'<p><a href="matrix.json">matrix.json</a> (schema: {escape(doc["format"])})</p>')
-    return _page("kvconform plugfest matrix", "\n".join(out))
+    return _page(heading, "\n".join(out))
 
 
 # ---- a cell's evidence page ------------------------------------------------------------------------------
@@ -232,6 +251,13 @@ def write_matrix(doc: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "index.html").write_text(render_cell_page(cell, results.get(cell["id"], {}), folder), "utf-8")
     (out / "matrix.json").write_text(json.dumps(doc, indent=1, default=str) + "\n", "utf-8")
+    cuts = matrix_cuts(doc)
     page = out / "matrix.html"
-    page.write_text(render_matrix(doc), "utf-8")
+    page.write_text(render_matrix(doc, nav=render_nav(cuts)), "utf-8")
+    for axis, values in cuts.items():
+        for value, ids in values.items():
+            name = cut_file(axis, value)
+            (out / name).write_text(render_matrix(cut_document(doc, axis, value, ids),
+                                                  heading=f"kvconform plugfest matrix: {AXES[axis][1]} {value}",
+                                                  nav=render_nav(cuts, here=name)), "utf-8")
     return page

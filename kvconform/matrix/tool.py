@@ -30,6 +30,7 @@ from kvconform.store.record import ReportError
 __all__ = ["main"]
 
 OUT_FILES = ("matrix.json", "matrix.html", "cells", "suites")
+CUT_PAGES = "matrix-*.html"
 
 
 def _workers(text: str) -> int:
@@ -88,7 +89,8 @@ def _record(store: ResultsStore, out: Path, doc: dict[str, Any]) -> None:
 
 def _fresh(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name in OUT_FILES:
+    # the cut pages too (matrix-draft-22.html, ...): a draft or binding gone from the registry leaves no page
+    for name in [*OUT_FILES, *(p.name for p in out.glob(CUT_PAGES))]:
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
