@@ -21,7 +21,7 @@ from kvconform.argtypes import USAGE_ERROR, OneLineParser
 from kvconform.gate.classify import GateResult, compare_expectations, compare_runs, flaky_checks
 from kvconform.gate.expectations import ExpectationsError, load_expectations
 from kvconform.gate.summary import console_lines, markdown
-from kvconform.store import ResultsStore, RunRecord, StoreError, StoreURLError, open_store, read_report_dir
+from kvconform.store import ResultsStore, RunRecord, StoreError, StoreURLError, open_store, read_run_dir
 from kvconform.store.record import ReportError
 
 __all__ = ["EPILOG", "GITHUB_SUMMARY_ENV", "main"]
@@ -32,7 +32,7 @@ EPILOG = """\
 baseline (--baseline):
   RUN_ID          a run recorded in --results-db (kvconform run ... --results-db prints its id)
   latest          the newest run in --results-db of the judged run's implementation and inputs
-  DIR             an earlier run's report folder (its coverage.json)
+  DIR             an earlier run's report folder (its coverage.json), or a matrix's --out folder (matrix.json)
   FILE.yaml       an expectations file: the verdicts you expect, with reasons and optional expiry
                   (format kvconform-expectations/1, kvconform/gate/expectations.schema.json)
 
@@ -53,7 +53,8 @@ def _parser() -> OneLineParser:
                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", required=True, metavar="BASELINE",
                    help="a stored run id, 'latest', a report folder or an expectations file (below)")
-    p.add_argument("--report-dir", required=True, metavar="DIR", help="the report folder of the run to judge")
+    p.add_argument("--report-dir", required=True, metavar="DIR",
+                   help="the report folder of the run to judge (or a kvconform matrix --out folder)")
     p.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
                    help="the results store: sqlite:///PATH, postgresql://..., a file path, or nothing for "
                         "results.sqlite beside --report-dir")
@@ -89,7 +90,7 @@ def _stored(store: ResultsStore | None, judged: RunRecord, baseline: str) -> tup
 def judge(baseline: str, report_dir: str, store: ResultsStore | None, today: dt.date) -> GateResult:
     """Compare the run in ``report_dir`` with ``baseline``; flaky checks from ``store`` when given."""
     try:
-        judged = read_report_dir(report_dir)
+        judged = read_run_dir(report_dir)
     except ReportError as exc:
         raise GateUsageError(f"--report-dir: {exc}") from None
     flaky = {}
@@ -103,7 +104,7 @@ def judge(baseline: str, report_dir: str, store: ResultsStore | None, today: dt.
         return compare_runs(judged, run, label, name, flaky)
     if path.is_dir():
         try:
-            run = read_report_dir(path)
+            run = read_run_dir(path)
         except ReportError as exc:
             raise GateUsageError(f"--baseline: {exc}") from None
         return compare_runs(judged, run, f"report folder {baseline}", name, flaky)

@@ -6,7 +6,8 @@
 Runs every compatible cell (KVCS publisher x relay x consumer, TLKV prefill x decode and writer x reader, KBTP
 initiator x target) and every participant's role suite, and writes ``DIR/matrix.html``, ``DIR/matrix.json``,
 ``DIR/cells/<cell>/`` (each cell's evidence) and ``DIR/suites/<implementation>/<suite>/`` (the suites' reports).
-With ``--results-db`` every role suite's run is recorded in the results store, each marked with DIR.
+With ``--results-db`` the matrix (its cells as checks) and every role suite's run are recorded in the results
+store, each marked with DIR; ``kvconform gate --report-dir DIR`` judges a matrix as it judges a run.
 Exit status: 0 when every cell passed, 1 when one failed or was inconclusive, 2 on a usage error.
 """
 
@@ -24,7 +25,7 @@ from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
 from kvconform.matrix.plan import selected_suites
 from kvconform.matrix.registry import RegistryError, default_registry_path, load_registry
 from kvconform.matrix.runner import MatrixOptions, run_matrix
-from kvconform.store import ResultsStore, StoreError, StoreURLError, open_store, read_report_dir
+from kvconform.store import ResultsStore, StoreError, StoreURLError, open_store, read_matrix_dir, read_report_dir
 from kvconform.store.record import ReportError
 
 __all__ = ["main"]
@@ -68,23 +69,24 @@ def _parser() -> OneLineParser:
     p.add_argument("--consumer-budget", type=positive_float, default=30.0, metavar="S",
                    help="the budget a KVCS consumer gets to retrieve the cell's cache (default 30)")
     p.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
-                   help="record each role suite's run in the results store: sqlite:///PATH, postgresql://..., a "
-                        "file path, or nothing for results.sqlite beside --out")
+                   help="record the matrix and each role suite's run in the results store: sqlite:///PATH, "
+                        "postgresql://..., a file path, or nothing for results.sqlite beside --out")
     return p
 
 
 def _record(store: ResultsStore, out: Path, doc: dict[str, Any]) -> None:
-    """Each role suite's report folder as one run, marked with the matrix's folder."""
+    """The matrix (its cells as checks) and each role suite's report folder as one run each, marked with the
+    matrix's folder."""
     recorded = []
-    for suite in doc["suites"]:
-        if not suite.get("coverage"):
-            continue  # the suite wrote no report: nothing to record (matrix.json says why)
+    folders = [(out / suite["coverage"]).parent for suite in doc["suites"] if suite.get("coverage")]
+    for folder in folders:  # a suite that wrote no report has nothing to record (matrix.json says why)
         try:
-            recorded.append(store.record(read_report_dir((out / suite["coverage"]).parent, matrix_dir=str(out))))
+            recorded.append(store.record(read_report_dir(folder, matrix_dir=str(out))))
         except ReportError as exc:
             print(f"kvconform matrix: results store: not recorded: {exc}", file=sys.stderr)
-    print(f"kvconform matrix: recorded {len(recorded)} suite runs in {store.url.describe()}"
-          + (f" (runs {', '.join(map(str, recorded))})" if recorded else ""))
+    matrix_id = store.record(read_matrix_dir(out))
+    print(f"kvconform matrix: recorded as run {matrix_id} in {store.url.describe()}"
+          + (f", its role suites as runs {', '.join(map(str, recorded))}" if recorded else ""))
 
 
 def _fresh(out: Path) -> None:
