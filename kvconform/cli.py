@@ -183,8 +183,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             path = report_dir / name
             if path.exists():
                 print(f"kvconform: {name}: {path}")
-        if store is not None:
-            _record(store, report_dir)
+        if store is not None and not _record(store, report_dir):
+            code = USAGE_ERROR
     finally:
         if store is not None:
             store.close()
@@ -200,13 +200,21 @@ def _open_store(url: str, report_dir: Path) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _record(store: Any, report_dir: Path) -> None:
-    """Record the run the report folder holds; a run that wrote no report (a usage error in pytest) has nothing."""
+def _record(store: Any, report_dir: Path) -> bool:
+    """Record the run the report folder holds (a run that wrote no report, a usage error in pytest, has nothing);
+    False when the store could not take it (printed: the report stays where it is)."""
     if not (report_dir / "coverage.json").is_file():
         print(f"kvconform: results store: {report_dir} holds no coverage.json; nothing recorded", file=sys.stderr)
-        return
-    run_id = store.record(importlib.import_module("kvconform.store").read_report_dir(report_dir))
+        return True
+    module = importlib.import_module("kvconform.store")
+    try:
+        run_id = store.record(module.read_report_dir(report_dir))
+    except (module.StoreError, module.ReportError) as exc:
+        print(f"kvconform: error: results store: not recorded ({exc}); the report is in {report_dir}",
+              file=sys.stderr)
+        return False
     print(f"kvconform: recorded as run {run_id} in {store.url.describe()}")
+    return True
 
 
 def _run_pytest(pytest_args: list[str]) -> int:

@@ -21,8 +21,7 @@ from kvconform.argtypes import USAGE_ERROR, OneLineParser
 from kvconform.gate.classify import GateResult, compare_expectations, compare_runs, flaky_checks
 from kvconform.gate.expectations import ExpectationsError, load_expectations
 from kvconform.gate.summary import console_lines, markdown
-from kvconform.store import ResultsStore, RunRecord, StoreError, StoreURLError, open_store, read_run_dir
-from kvconform.store.record import ReportError
+from kvconform.store import ReportError, ResultsStore, RunRecord, StoreError, StoreURLError, open_store, read_run_dir
 
 __all__ = ["EPILOG", "GITHUB_SUMMARY_ENV", "main"]
 

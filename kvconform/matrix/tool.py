@@ -25,8 +25,15 @@ from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
 from kvconform.matrix.plan import selected_suites
 from kvconform.matrix.registry import RegistryError, default_registry_path, load_registry
 from kvconform.matrix.runner import MatrixOptions, run_matrix
-from kvconform.store import ResultsStore, StoreError, StoreURLError, open_store, read_matrix_dir, read_report_dir
-from kvconform.store.record import ReportError
+from kvconform.store import (
+    ReportError,
+    ResultsStore,
+    StoreError,
+    StoreURLError,
+    open_store,
+    read_matrix_dir,
+    read_report_dir,
+)
 
 __all__ = ["main"]
 
@@ -82,9 +89,13 @@ def _record(store: ResultsStore, out: Path, doc: dict[str, Any]) -> None:
     for folder in folders:  # a suite that wrote no report has nothing to record (matrix.json says why)
         try:
             recorded.append(store.record(read_report_dir(folder, matrix_dir=str(out))))
-        except ReportError as exc:
+        except (ReportError, StoreError) as exc:
             print(f"kvconform matrix: results store: not recorded: {exc}", file=sys.stderr)
-    matrix_id = store.record(read_matrix_dir(out))
+    try:
+        matrix_id = store.record(read_matrix_dir(out))
+    except (ReportError, StoreError) as exc:
+        print(f"kvconform matrix: results store: the matrix not recorded: {exc}", file=sys.stderr)
+        return
     print(f"kvconform matrix: recorded as run {matrix_id} in {store.url.describe()}"
           + (f", its role suites as runs {', '.join(map(str, recorded))}" if recorded else ""))
 
