@@ -133,8 +133,8 @@ def compare_expectations(judged: RunRecord, expectations: Expectations, judged_n
             continue
         failing = check.verdict in FAILING
         if entry is not None:
-            expected, note = (entry.verdict, _note(entry, today)) if not entry.expired(today) \
-                else (None, _note(entry, today))
+            expected = None if entry.expired(today) else entry.verdict
+            note = _note(entry, today)
         else:
             # a failing check is excused by a live requirement entry expecting the requirement it fails to fail
             excuse = next((e for e, v in by_requirement
@@ -151,8 +151,9 @@ def compare_expectations(judged: RunRecord, expectations: Expectations, judged_n
         elif entry is not None and expected_failing:
             result.unexpected_passes.append(_finding(check, expected, gating=True, note=note))
     for e in expectations.entries:
-        if e.requirement is not None and e.index in used and e.index not in failing_reqs \
-                and e.verdict in FAILING and not e.expired(today):
+        # a requirement expected to fail that no check failed: the file is out of date
+        live_failure = e.verdict in FAILING and not e.expired(today)
+        if e.requirement is not None and live_failure and e.index in used and e.index not in failing_reqs:
             result.unexpected_passes.append(Finding(
                 check=e.subject, verdict="pass", expected=e.verdict, gating=True,
                 note=f"no check failed {e.requirement}; expected: {e.reason}"))
