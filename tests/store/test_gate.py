@@ -176,3 +176,11 @@ def test_the_example_expectations_and_gitlab_job_fit(tmp_path: Path) -> None:
     assert load_expectations(EXAMPLES / "kvconform-expectations.yaml").entries
     job = safe_load((EXAMPLES / "gitlab-ci.yml").read_text())["kvconform-gate"]
     assert any(line.startswith("kvconform gate --baseline ") for line in job["script"])
+
+
+def test_gate_help_names_the_baselines_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "FILE.yaml" in out and "latest" in out and "RUN_ID" in out
+    assert "Exit status: 0 nothing new; 1 a new failure" in out and "2 a usage error" in out
+    assert main(["--help"]) == 0 and "kvconform gate --baseline" in " ".join(capsys.readouterr().out.split())
