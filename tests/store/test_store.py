@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,25 @@ def test_migrations_apply_from_empty_and_are_idempotent(store_url: str) -> None:
         db.close()
     with open_store(store_url) as store:  # opening migrates: nothing left to do
         assert schema_version(store.db) == len(MIGRATIONS)
+
+
+def test_two_processes_opening_a_new_database_at_once_migrate_it_once(store_url: str) -> None:
+    start = threading.Barrier(2, timeout=30)
+    versions: list[list[int]] = []
+
+    def open_and_migrate() -> None:
+        db = connect(parse_store_url(store_url))
+        try:
+            start.wait()
+            versions.append(migrate(db))
+        finally:
+            db.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(open_and_migrate) for _ in range(2)]:
+            future.result(timeout=60)
+    # each step applied by exactly one of them, the other seeing it done under the lock
+    assert sorted(v for applied in versions for v in applied) == list(range(1, len(MIGRATIONS) + 1))
 
 
 def test_a_database_from_a_newer_kvconform_is_refused(tmp_path: Path) -> None:
