@@ -143,6 +143,13 @@ _ANSWERED_UPDATES: _Cells = {
     (R, EV.FIN): {P: F, E: E},
 }
 
+# Answered by REQUEST_OK or REQUEST_ERROR, then updated (PUBLISH_NAMESPACE and the namespace subscriptions).
+_OK_THEN_UPDATES: _Cells = {
+    **_ANSWERED_UPDATES,
+    (R, EV.REQUEST_OK): {P: E},
+    (R, EV.REQUEST_ERROR): {P: F},
+}
+
 # The legal cells of the live states (profile §4.4's table); the terminal states are derived below.
 _LIVE_CELLS: dict[int, _Cells] = {
     MessageType.SUBSCRIBE: {
@@ -166,22 +173,14 @@ _LIVE_CELLS: dict[int, _Cells] = {
         (Q, EV.FIN): {P: P},
         (R, EV.FIN): {P: F},
     },
-    MessageType.PUBLISH_NAMESPACE: {
-        **_ANSWERED_UPDATES,
-        (R, EV.REQUEST_OK): {P: E},
-        (R, EV.REQUEST_ERROR): {P: F},
-    },
+    MessageType.PUBLISH_NAMESPACE: _OK_THEN_UPDATES,
     MessageType.SUBSCRIBE_NAMESPACE: {
-        **_ANSWERED_UPDATES,
-        (R, EV.REQUEST_OK): {P: E},
-        (R, EV.REQUEST_ERROR): {P: F},
+        **_OK_THEN_UPDATES,
         (R, EV.NAMESPACE): {E: E},
         (R, EV.NAMESPACE_DONE): {E: E},
     },
     MessageType.SUBSCRIBE_TRACKS: {
-        **_ANSWERED_UPDATES,
-        (R, EV.REQUEST_OK): {P: E},
-        (R, EV.REQUEST_ERROR): {P: F},
+        **_OK_THEN_UPDATES,
         (R, EV.PUBLISH_SKIPPED): {E: E},
     },
     MessageType.PUBLISH: {  # the requester publishes; the responder (subscriber) updates, the publisher answers
@@ -218,7 +217,7 @@ def _refusal(kind: int, sender: Side, event: RequestEvent, state: RequestState, 
     name = MessageType(kind).name
     pv = SessionError.PROTOCOL_VIOLATION
     live_states = cells.get((sender, event), {})
-    if state in (D, F):
+    if live_states and state in (D, F):
         return Refusal(pv, f"the request ended with the {_ender(kind, state).value}'s last message",
                        f"{_SECTION}: REQUEST_ERROR, PUBLISH_DONE and TRACK_STATUS's answer come last")
     if not live_states:
@@ -232,8 +231,10 @@ def _refusal(kind: int, sender: Side, event: RequestEvent, state: RequestState, 
     if state is E and event in _FIRST_RESPONSES:
         return Refusal(pv, f"a second response; exactly one answers a {name}",
                        "MOQT-SUB-ONE-RESPONSE, profile §11.1, EDR Subscriptions")
+    first = {MessageType.SUBSCRIBE: "MOQT-SUB-ONE-RESPONSE, ",
+             MessageType.SUBSCRIBE_NAMESPACE: "MOQT-NS-SUBSCRIBE-NAMESPACE, "}
     return Refusal(pv, f"before the response, which comes first on a {name} stream",
-                   f"MOQT-NS-SUBSCRIBE-NAMESPACE, {_SECTION}")
+                   f"{first.get(MessageType(kind), '')}{_SECTION}")
 
 
 def _answer_of(kind: int) -> str:
