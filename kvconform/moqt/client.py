@@ -58,7 +58,6 @@ from kvconform.moqt.session import (
     ObjectReceived,
     Request,
     RequestReceived,
-    RequestState,
     RequestStreamEnded,
     Role,
     Session,
@@ -614,7 +613,7 @@ class LocalTrack:
         for sid in served.streams.values():
             self.session.reset_data_stream(sid, StreamResetCode.CANCELLED)
         req = self.session.requests.get(stream_id)
-        if req is not None and req.state is RequestState.ESTABLISHED and not req.sent_fin:
+        if req is not None and req.publishing and not req.sent_fin:
             self.session.publish_done(stream_id, status, reason)
 
     # -- serving ------------------------------------------------------------------------------------

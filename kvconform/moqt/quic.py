@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 else:
     _ProtocolBase = object
 
-__all__ = ["ALPN", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_stream_data_uni",
+__all__ = ["ALPN", "AlpnRefused", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_stream_data_uni",
            "granting_streams_uni",
            "peer_transport_parameters", "quic_configuration", "serve"]
 
@@ -73,6 +73,20 @@ DEFAULT_TIMEOUT = 5.0
 # advertise 1440, aioquic peers nothing. Other paths keep aioquic's 1200 (no PMTU discovery there).
 LOOPBACK_MAX_DATAGRAM_SIZE = 16384
 HANDSHAKE_TIMEOUT = 10.0  # a server waits this long for a new connection's handshake
+# QUIC CRYPTO_ERROR carrying TLS alert 120 no_application_protocol: no ALPN in common (RFC 9001 §4.8, RFC 7301 §3.2)
+NO_APPLICATION_PROTOCOL = 0x100 + 120
+
+
+class AlpnRefused(ConnectionError):
+    """The peer selected another ALPN than ours, or none of those offered: it speaks another draft (profile §1:
+    the ALPN is the only version negotiation). One line names both, the same for every session that meets it."""
+
+    def __init__(self, peer: str, offered: Sequence[str], selected: str | None) -> None:
+        choice = f"it selected {selected!r}" if selected else "it selected none of them (TLS no_application_protocol)"
+        super().__init__(f"ALPN: offered {', '.join(map(repr, offered))} to {peer}; {choice}; this harness speaks "
+                         f"{ALPN!r} only (MOQT-SETUP-ALPN, profile §1)")
+        self.offered = tuple(offered)
+        self.selected = selected
 
 Handler = Callable[["MoqtConnection"], Awaitable[None]]
 
@@ -151,7 +165,8 @@ class MoqtProtocol(_ProtocolBase):
         if isinstance(event, qe.HandshakeCompleted):
             self.alpn = event.alpn_protocol
             if event.alpn_protocol != ALPN:
-                session.close(SessionError.PROTOCOL_VIOLATION, f"ALPN {event.alpn_protocol!r}, expected {ALPN!r}")
+                refused = AlpnRefused("the peer", self._quic.configuration.alpn_protocols or (), event.alpn_protocol)
+                session.close(SessionError.PROTOCOL_VIOLATION, str(refused))
             elif not getattr(self._quic, "_remote_max_datagram_frame_size", None):
                 # profile §1: QUIC DATAGRAM MUST be negotiated even if no datagrams are sent.
                 session.close(SessionError.PROTOCOL_VIOLATION, "peer did not negotiate QUIC DATAGRAM (RFC 9221)")
@@ -528,9 +543,14 @@ async def connect(
     if moqt.refused is not None:
         transport.close()
         raise ConnectionRefusedError(f"MOQT connection to {target}: nothing listens there ({moqt.refused})")
+    if moqt.alpn is not None and moqt.alpn != ALPN:  # the session is closed already (quic_event_received)
+        await connection.close(timeout=min(timeout, DEFAULT_TIMEOUT))
+        raise AlpnRefused(str(target), alpn, moqt.alpn)
     if moqt.terminated.is_set() and not session.started:
         transport.close()
         closed = session.closed
+        if closed is not None and closed.transport and closed.code == NO_APPLICATION_PROTOCOL:
+            raise AlpnRefused(str(target), alpn, None)
         raise ConnectionError(f"MOQT handshake with {target} failed: {closed.reason if closed else 'no reason'}")
     return connection
 

@@ -1390,7 +1390,7 @@ class Relay:
     def _publish_done(ds: Downstream, status: int, reason: str) -> None:
         session = ds.peer.session
         with contextlib.suppress(SessionUsageError):
-            if session.closed is None and ds.request.state is RequestState.ESTABLISHED:
+            if session.closed is None and ds.request.publishing:
                 session.publish_done(ds.request.stream_id, status, reason)
 
     def _drop_downstream(self, ds: Downstream) -> None:

@@ -8,6 +8,9 @@ Topology (profile §4.1): a pair of unidirectional control streams (each starts 
 afterwards only GOAWAY), one bidirectional stream per request (the stream identifies the request, so
 responses carry no Request ID), data on unidirectional streams (SUBGROUP_HEADER / FETCH_HEADER).
 
+Request lifecycle (which message, FIN or cancellation each end may send in each state): the one table
+of `kvconform.moqt.lifecycle`; every state change and lifecycle guard here is a `transition` call.
+
 Strict validation: any violation the profile assigns a Session Termination code closes the session with
 that code (`CloseConnection`) and a reason naming the field, the stream and the profile section.
 Invariants: `commands()` only ever returns stream writes in the order the session produced them; a
@@ -41,6 +44,15 @@ from kvconform.moqt.data import (
 )
 from kvconform.moqt.errors import MoqtDecodeError, NeedMoreData, RequestErrorCode, SessionError, StreamResetCode
 from kvconform.moqt.filters import LocationFilter, LocationFilterType, RangeFilter
+from kvconform.moqt.lifecycle import (
+    LifecycleError,
+    RequestEvent,
+    RequestState,
+    Side,
+    answer_event,
+    sends_objects,
+    transition,
+)
 from kvconform.moqt.messages import (
     REQUEST_MESSAGE_TYPES,
     ControlMessage,
@@ -344,17 +356,7 @@ Event = (
 
 
 # ---------------------------------------------------------------------------------------------------
-# Request state (profile §4.4, §11.1)
-
-
-class RequestState(enum.Enum):
-    """Pending until the first response; Established after an OK; then Done, Failed or Cancelled."""
-
-    PENDING = "pending"
-    ESTABLISHED = "established"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+# Requests (profile §4.4, §11.1); their states move only by `lifecycle.transition`
 
 
 @dataclass(eq=False)
@@ -390,6 +392,20 @@ class Request:
     def kind(self) -> int:
         """The MessageType that opened the stream."""
         return self.message.TYPE
+
+    @property
+    def side(self) -> Side:
+        """This endpoint's end of the request."""
+        return Side.REQUESTER if self.local else Side.RESPONDER
+
+    @property
+    def peer_side(self) -> Side:
+        return Side.RESPONDER if self.local else Side.REQUESTER
+
+    @property
+    def publishing(self) -> bool:
+        """Whether this endpoint may send the subscription's objects now (a PUBLISH's before PUBLISH_OK too)."""
+        return sends_objects(self.kind, self.side, self.state)
 
     @property
     def parameters(self) -> Parameters:
@@ -849,6 +865,12 @@ class Session:
         if isinstance(req.message, RawRequestMessage):  # we sent garbage: report, do not judge the answer
             self._event(MessageReceived(st.stream_id, req, msg))
             return
+        event = _event_of(req, msg)
+        if event is None:
+            raise _pv(f"{type(msg).__name__} is not allowed on request stream {st.stream_id} "
+                      f"({MessageType(req.kind).name}, profile §4.4)")
+        crossed = req.state is RequestState.CANCELLED  # after our cancellation: not judged, not applied
+        self._advance(req, event, by_peer=True)
         if isinstance(msg, Goaway):
             if req.goaway_received:
                 raise _pv(f"second GOAWAY on request stream {st.stream_id} (profile §6.2)")
@@ -856,56 +878,47 @@ class Session:
             req.goaway_received = True
             self._event(GoawayReceived(st.stream_id, msg))
             return
-        if req.state in (RequestState.DONE, RequestState.FAILED) and not isinstance(msg, RequestUpdate):
-            raise _pv(f"{type(msg).__name__} on request stream {st.stream_id} after the request ended "
-                      f"({req.state.value}, profile §4.4)")
-        # Which side sends what (profile §4.4): the publisher of a subscription is the responder of a
-        # SUBSCRIBE but the requester of a PUBLISH.
-        we_subscribe = (req.local and req.kind == MessageType.SUBSCRIBE) or (
-            not req.local and req.kind == MessageType.PUBLISH)
+        if not crossed:
+            self._apply_peer_message(req, msg, event)
+        self._event(MessageReceived(st.stream_id, req, msg))
+
+    def _apply_peer_message(self, req: Request, msg: ControlMessage, event: RequestEvent) -> None:
+        """What an accepted message changes beyond the state, and the content checks with their own codes."""
         if isinstance(msg, RequestUpdate):
             self._on_peer_update(req, msg)
         elif isinstance(msg, RequestOk | RequestError):
-            self._on_ok_or_error(req, msg)
+            self._on_ok_or_error(req, msg, event)
         elif isinstance(msg, SubscribeOk):
-            if not (req.local and req.kind == MessageType.SUBSCRIBE) or req.state is not RequestState.PENDING:
-                raise _pv(f"SUBSCRIBE_OK on request stream {st.stream_id} ({MessageType(req.kind).name}, "
-                          f"{req.state.value}); exactly one answers a SUBSCRIBE (profile §11.1)")
             self._on_subscribe_ok(req, msg)
         elif isinstance(msg, FetchOk):
-            if not (req.local and req.kind == MessageType.FETCH) or req.state is not RequestState.PENDING:
-                raise _pv(f"FETCH_OK on request stream {st.stream_id} ({MessageType(req.kind).name}, "
-                          f"{req.state.value}, profile §4.4)")
             self._on_fetch_ok(req, msg)
-        elif isinstance(msg, PublishDone | PublishStateNotify):
-            if not we_subscribe or (req.state is RequestState.PENDING and req.kind == MessageType.SUBSCRIBE):
-                raise _pv(f"{type(msg).__name__} on request stream {st.stream_id} ({MessageType(req.kind).name}, "
-                          f"{req.state.value}, profile §4.4)")
-            if isinstance(msg, PublishDone):
-                req.state = RequestState.DONE
         elif isinstance(msg, Namespace | NamespaceDone):
-            if not (req.local and req.kind == MessageType.SUBSCRIBE_NAMESPACE) or req.state is not \
-                    RequestState.ESTABLISHED:
-                raise _pv(f"{type(msg).__name__} on request stream {st.stream_id} ({MessageType(req.kind).name}, "
-                          f"{req.state.value}); only after REQUEST_OK on a SUBSCRIBE_NAMESPACE stream (profile §4.4)")
             suffix = msg.track_namespace_suffix
             if isinstance(msg, NamespaceDone):
                 if suffix not in req.namespaces:
                     again = " (again: it was done already)" if suffix in req.namespaces_done else ""
                     raise _pv(f"NAMESPACE_DONE for {suffix} that no NAMESPACE has announced{again} on stream "
-                              f"{st.stream_id} (profile §6.2)")
+                              f"{req.stream_id} (profile §6.2)")
                 req.namespaces_done.add(suffix)
                 req.namespaces.discard(suffix)
             else:
                 req.namespaces.add(suffix)
                 req.namespaces_done.discard(suffix)
-        elif isinstance(msg, PublishSkipped):
-            if not (req.local and req.kind == MessageType.SUBSCRIBE_TRACKS):
-                raise _pv(f"PUBLISH_SKIPPED on a {MessageType(req.kind).name} stream {st.stream_id} (profile §4.4)")
-        else:
-            raise _pv(f"{type(msg).__name__} is not allowed on request stream {st.stream_id} "
-                      f"({MessageType(req.kind).name}, profile §4.4)")
-        self._event(MessageReceived(st.stream_id, req, msg))
+
+    def _next(self, req: Request, event: RequestEvent, *, by_peer: bool) -> RequestState:
+        """The lifecycle table's cell for `event`, or its refusal: a peer's event closes the session with
+        the cell's code, our own is a usage error (and nothing is sent)."""
+        sender = req.peer_side if by_peer else req.side
+        try:
+            return transition(req.kind, sender, event, req.state)
+        except LifecycleError as exc:
+            if by_peer:
+                raise _Violation(exc.code, f"{exc} on request stream {req.stream_id}") from exc
+            raise SessionUsageError(f"stream {req.stream_id}: {exc}") from exc
+
+    def _advance(self, req: Request, event: RequestEvent, *, by_peer: bool) -> None:
+        """The one place a request's state changes."""
+        req.state = self._next(req, event, by_peer=by_peer)
 
     def _check_peer_request_id(self, rid: int, stream_id: int) -> None:
         if rid % 2 != (1 if self.is_client else 0):
@@ -950,12 +963,6 @@ class Session:
         return _range_filter_problem(params)
 
     def _on_peer_update(self, req: Request, msg: RequestUpdate) -> None:
-        if req.kind == MessageType.TRACK_STATUS:
-            raise _pv(f"REQUEST_UPDATE on TRACK_STATUS stream {req.stream_id} (profile §4.4)")
-        peer_requests = not req.local
-        if not peer_requests and req.kind != MessageType.PUBLISH:
-            raise _pv(f"REQUEST_UPDATE from the responder of {MessageType(req.kind).name} stream {req.stream_id} "
-                      "(profile §4.4)")
         self._check_peer_request_id(msg.request_id, req.stream_id)
         limit = self.config.max_request_updates or 0
         if limit and len(req.pending_updates) >= limit:
@@ -967,23 +974,14 @@ class Session:
         if isinstance(priority, int):
             req.priority_update = priority
 
-    def _on_ok_or_error(self, req: Request, msg: RequestOk | RequestError) -> None:
+    def _on_ok_or_error(self, req: Request, msg: RequestOk | RequestError, event: RequestEvent) -> None:
         name = type(msg).__name__
-        # The first answer to a request we sent (every kind but SUBSCRIBE/FETCH answer with REQUEST_OK);
-        # a PUBLISH is Established before its PUBLISH_OK, so "first" is "no response yet".
-        if req.local and req.response is None:
-            if isinstance(msg, RequestOk) and req.kind in (MessageType.SUBSCRIBE, MessageType.FETCH):
-                raise _pv(f"REQUEST_OK answers {MessageType(req.kind).name} on stream {req.stream_id}; expected "
-                          f"{'SUBSCRIBE_OK' if req.kind == MessageType.SUBSCRIBE else 'FETCH_OK'} (profile §4.4)")
-            req.response = msg
-            if isinstance(msg, RequestError):
-                req.state = RequestState.FAILED
-            elif req.kind == MessageType.TRACK_STATUS:
-                req.state = RequestState.DONE
+        if event in (RequestEvent.REQUEST_OK, RequestEvent.REQUEST_ERROR):  # answers the request itself
+            if req.response is None:
+                req.response = msg
+            if isinstance(msg, RequestOk) and req.kind == MessageType.TRACK_STATUS:
                 req.largest = msg.largest_object
                 req.track_properties = msg.track_properties
-            else:
-                req.state = RequestState.ESTABLISHED
             return
         if not req.pending_updates:
             raise _pv(f"{name} on stream {req.stream_id} answers no outstanding REQUEST_UPDATE (profile §4.4)")
@@ -999,7 +997,6 @@ class Session:
                              f"SUBSCRIBE_OK on stream {req.stream_id}: Track Alias {msg.track_alias} already names "
                              f"another track's subscription (stream {other.stream_id}, profile §6.2)")
         req.response = msg
-        req.state = RequestState.ESTABLISHED
         req.largest = msg.largest_object
         req.track_properties = msg.track_properties
         self._bind_alias(req, msg.track_alias)
@@ -1027,13 +1024,11 @@ class Session:
                 raise _pv(f"FETCH_OK.End Location {msg.end_location} on stream {req.stream_id} is before the "
                           f"requested start {start} (profile §6.2)")
         req.response = msg
-        req.state = RequestState.ESTABLISHED
         req.track_properties = msg.track_properties
 
     def _on_request_fin(self, req: Request) -> None:
         req.peer_fin = True
-        if req.local and req.state is RequestState.PENDING:
-            req.state = RequestState.FAILED  # FIN before the required response = request failed (§4.4)
+        self._advance(req, RequestEvent.FIN, by_peer=True)  # before a required message: failed (§4.4)
         if req.local and req.kind == MessageType.SUBSCRIBE_NAMESPACE:
             req.namespaces.clear()  # FIN = NAMESPACE_DONE for all (profile §6.2)
         self._event(RequestStreamEnded(req.stream_id, req, None))
@@ -1094,12 +1089,11 @@ class Session:
 
     def _peer_cancelled(self, req: Request, code: int) -> None:
         """The peer reset (or stopped) a request stream: cancellation (profile §4.4)."""
-        if req.state in (RequestState.CANCELLED,):
+        if req.state is RequestState.CANCELLED:
             return
         if req.local and req.kind == MessageType.SUBSCRIBE_NAMESPACE:
             req.namespaces.clear()
-        if req.state is not RequestState.DONE:
-            req.state = RequestState.CANCELLED
+        self._advance(req, RequestEvent.CANCEL, by_peer=True)
         # The publisher MUST reset every data stream of the subscription, fill streams included.
         for sid in list(req.data_streams):
             self.reset_data_stream(sid, StreamResetCode.CANCELLED)
@@ -1115,6 +1109,8 @@ class Session:
             # STOP_SENDING on a data stream: reset it and do not reopen (profile §9.2).
             self.reset_data_stream(stream_id, code)
         req = self.requests.get(stream_id)
+        if req is not None:
+            self._advance(req, RequestEvent.CANCEL, by_peer=True)  # either half of a cancellation (§4.4)
         if req is not None and not req.sent_fin:
             req.sent_fin = True
             self._cmd(ResetStream(stream_id, code))
@@ -1198,8 +1194,7 @@ class Session:
         req = self._open_request(Publish(rid, namespace, name, alias, parameters, track_properties), rid)
         req.track_alias = alias
         req.track_properties = track_properties
-        req.state = RequestState.ESTABLISHED  # objects may flow before PUBLISH_OK (profile §6.2)
-        return req
+        return req  # PENDING until PUBLISH_OK, objects may flow meanwhile (`Request.publishing`, profile §6.2)
 
     def request_update(self, stream_id: int, parameters: Parameters) -> int:
         """REQUEST_UPDATE on a request stream; returns its (new) Request ID (profile §4.3, §4.4).
@@ -1207,9 +1202,9 @@ class Session:
         With FILL_PARAMETERS on a subscription it asks for a fill stream carrying this Request ID.
         """
         req = self._request(stream_id)
-        may = (req.local and req.kind != MessageType.PUBLISH) or (not req.local and req.kind == MessageType.PUBLISH)
-        if not may or req.kind == MessageType.TRACK_STATUS:
-            raise SessionUsageError(f"REQUEST_UPDATE is not sent by this side of a {MessageType(req.kind).name}")
+        self._next(req, RequestEvent.REQUEST_UPDATE, by_peer=False)  # refused before a Request ID is spent
+        if req.sent_fin:
+            raise SessionUsageError(f"request stream {stream_id} is already finished or reset")
         self._check_peer_ranges(parameters, "REQUEST_UPDATE")
         limit = self.peer_setup.max_request_updates if self.peer_setup is not None else 0
         if limit and len(req.pending_updates) >= limit:
@@ -1221,7 +1216,7 @@ class Session:
         fill = parameters.get(ParamType.FILL_PARAMETERS)
         self._local_rids[rid] = (req, fill if isinstance(fill, FillParameters) else None)
         req.pending_updates.append(rid)
-        self._write_request(req, data)
+        self._send(req, RequestEvent.REQUEST_UPDATE, data)
         return rid
 
     def cancel(self, stream_id: int, code: int = StreamResetCode.CANCELLED) -> None:
@@ -1231,22 +1226,18 @@ class Session:
         publisher, every data stream of the request (fill streams included) is reset too.
         """
         req = self._request(stream_id)
+        self._advance(req, RequestEvent.CANCEL, by_peer=False)
         if not req.sent_fin:
             self._cmd(ResetStream(stream_id, code))
         req.sent_fin = True
         if not req.peer_fin:
             self._cmd(StopSending(stream_id, code))
-        req.state = RequestState.CANCELLED
         for sid in list(req.data_streams):
             self.reset_data_stream(sid, StreamResetCode.CANCELLED)
 
     def finish_request(self, stream_id: int) -> None:
         """FIN our sending side of a request stream ("nothing more from me", not a cancellation)."""
-        req = self._request(stream_id)
-        if req.sent_fin:
-            raise SessionUsageError(f"stream {stream_id} already finished or reset")
-        req.sent_fin = True
-        self._cmd(WriteStream(stream_id, b"", True))
+        self._send(self._request(stream_id), RequestEvent.FIN, b"", end_stream=True)
 
     def goaway(self, new_session_uri: bytes = b"", timeout_ms: int = 0, stream_id: int | None = None) -> None:
         """GOAWAY on the control stream (session migration) or on one request stream (profile §6.2)."""
@@ -1262,7 +1253,7 @@ class Session:
             self.goaway_sent = True
             self._cmd(WriteStream(self.control_stream_id, data))
         else:
-            self._write_request(self._request(stream_id), data)
+            self._send(self._request(stream_id), RequestEvent.GOAWAY, data)
 
     # -- responder API --------------------------------------------------------------------------------
 
@@ -1273,19 +1264,22 @@ class Session:
             raise SessionUsageError(f"stream {stream_id} is not a request stream of this session")
         return req
 
-    def _write_request(self, req: Request, data: bytes, end_stream: bool = False) -> None:
+    def _send(self, req: Request, event: RequestEvent, data: bytes, end_stream: bool = False) -> None:
+        """Write one message (or FIN) of ours that moves the request: the table allows it or nothing is sent."""
+        after = self._next(req, event, by_peer=False)
         if req.sent_fin:
             raise SessionUsageError(f"request stream {req.stream_id} is already finished or reset")
+        req.state = after
         req.sent_fin = end_stream
         self._cmd(WriteStream(req.stream_id, data, end_stream))
 
-    def _answering_request(self, req: Request) -> bool:
-        """True when our next OK/ERROR answers the request itself, False when it answers an update."""
-        if not req.local and req.response is None:
-            return True
-        if not req.pending_updates:
+    def _answer_event(self, req: Request, ok: bool) -> RequestEvent:
+        """Whether our next OK/ERROR answers the request itself or the oldest outstanding update."""
+        event = answer_event(req.kind, ok, req.side, req.state)
+        self._next(req, event, by_peer=False)
+        if event in (RequestEvent.UPDATE_OK, RequestEvent.UPDATE_ERROR) and not req.pending_updates:
             raise SessionUsageError(f"nothing to answer on stream {req.stream_id} ({req.state.value}, no update)")
-        return False
+        return event
 
     def _allocate_alias(self) -> int:
         while self._next_alias in self._alias_requests or any(
@@ -1300,8 +1294,7 @@ class Session:
         """Answer a SUBSCRIBE; returns the Track Alias. LARGEST_OBJECT is REQUIRED if anything was
         published (profile §6.2), so pass `largest` whenever the track has objects."""
         req = self._request(stream_id)
-        if req.local or req.kind != MessageType.SUBSCRIBE or req.state is not RequestState.PENDING:
-            raise SessionUsageError(f"stream {stream_id}: SUBSCRIBE_OK answers a pending peer SUBSCRIBE only")
+        self._next(req, RequestEvent.SUBSCRIBE_OK, by_peer=False)  # before an alias is spent
         alias = self._allocate_alias() if track_alias is None else track_alias
         params: list[tuple[int, object]] = []
         if expires_ms:
@@ -1309,9 +1302,8 @@ class Session:
         if largest is not None:
             params.append((ParamType.LARGEST_OBJECT, largest))
         msg = SubscribeOk(alias, Parameters.of(*params), track_properties)  # type: ignore[arg-type]
-        self._write_request(req, msg.encode())
+        self._send(req, RequestEvent.SUBSCRIBE_OK, msg.encode())
         req.response = msg
-        req.state = RequestState.ESTABLISHED
         req.track_alias = alias
         req.largest = largest
         req.track_properties = track_properties
@@ -1322,91 +1314,75 @@ class Session:
         """REQUEST_OK: answers PUBLISH_NAMESPACE / SUBSCRIBE_NAMESPACE / TRACK_STATUS (then FIN) / PUBLISH,
         or the oldest outstanding REQUEST_UPDATE (profile §4.4)."""
         req = self._request(stream_id)
-        first = self._answering_request(req)
-        if first and req.kind in (MessageType.SUBSCRIBE, MessageType.FETCH):
-            raise SessionUsageError(f"a {MessageType(req.kind).name} is answered with subscribe_ok/fetch_ok")
+        event = self._answer_event(req, ok=True)
+        first = event is RequestEvent.REQUEST_OK
         if track_properties and not (first and req.kind == MessageType.TRACK_STATUS):
             raise SessionUsageError("Track Properties only in TRACK_STATUS_OK (profile §6.2)")
         msg = RequestOk(parameters, track_properties)
         if first:
+            self._send(req, event, msg.encode(), end_stream=req.kind == MessageType.TRACK_STATUS)
             req.response = msg
-            done = req.kind == MessageType.TRACK_STATUS
-            req.state = RequestState.DONE if done else RequestState.ESTABLISHED
-            self._write_request(req, msg.encode(), end_stream=done)
         else:
+            self._send(req, event, msg.encode())
             req.pending_updates.popleft()
-            self._write_request(req, msg.encode())
 
     def reject(self, stream_id: int, code: int, reason: str = "", retry_interval: int = 0,
                redirect: Redirect | None = None) -> None:
         """REQUEST_ERROR: refuses the request itself (then FIN) or the oldest outstanding update."""
         req = self._request(stream_id)
-        first = self._answering_request(req)
+        event = self._answer_event(req, ok=False)
         msg = RequestError(code, retry_interval, reason.encode()[:1024], redirect)
-        if first:
+        if event is RequestEvent.REQUEST_ERROR:
+            self._send(req, event, msg.encode(), end_stream=True)
             req.response = msg
-            req.state = RequestState.FAILED
-            self._write_request(req, msg.encode(), end_stream=True)
         else:
+            self._send(req, event, msg.encode())
             req.pending_updates.popleft()
-            self._write_request(req, msg.encode())
 
     def fetch_ok(self, stream_id: int, end_location: Location, *, end_of_track: bool = False,
                  track_properties: tuple[KeyValuePair, ...] = ()) -> None:
         """FETCH_OK with the inclusive End Location (profile §6.2)."""
         req = self._request(stream_id)
-        if req.local or req.kind != MessageType.FETCH or req.state is not RequestState.PENDING:
-            raise SessionUsageError(f"stream {stream_id}: FETCH_OK answers a pending peer FETCH only")
         msg = FetchOk(1 if end_of_track else 0, end_location, Parameters(), track_properties)
+        self._send(req, RequestEvent.FETCH_OK, msg.encode())
         req.response = msg
-        req.state = RequestState.ESTABLISHED
-        self._write_request(req, msg.encode())
 
     def send_namespace(self, stream_id: int, suffix: TrackNamespace) -> None:
         """NAMESPACE on an answered SUBSCRIBE_NAMESPACE stream (the fields after the prefix)."""
-        req = self._namespace_stream(stream_id)
+        req = self._request(stream_id)
+        self._send(req, RequestEvent.NAMESPACE, Namespace(suffix).encode())
         req.namespaces.add(suffix)
-        self._write_request(req, Namespace(suffix).encode())
 
     def send_namespace_done(self, stream_id: int, suffix: TrackNamespace) -> None:
         """NAMESPACE_DONE for a suffix previously announced with NAMESPACE (profile §6.2)."""
-        req = self._namespace_stream(stream_id)
+        req = self._request(stream_id)
+        self._next(req, RequestEvent.NAMESPACE_DONE, by_peer=False)
         if suffix not in req.namespaces:
             raise SessionUsageError(f"NAMESPACE_DONE for {suffix} which was never announced on stream {stream_id}")
+        self._send(req, RequestEvent.NAMESPACE_DONE, NamespaceDone(suffix).encode())
         req.namespaces.discard(suffix)
-        self._write_request(req, NamespaceDone(suffix).encode())
-
-    def _namespace_stream(self, stream_id: int) -> Request:
-        req = self._request(stream_id)
-        if req.local or req.kind != MessageType.SUBSCRIBE_NAMESPACE or req.state is not RequestState.ESTABLISHED:
-            raise SessionUsageError(f"stream {stream_id} is not an answered peer SUBSCRIBE_NAMESPACE")
-        return req
 
     def send_publish_skipped(self, stream_id: int, suffix: TrackNamespace, name: bytes) -> None:
         """PUBLISH_SKIPPED on an answered peer SUBSCRIBE_TRACKS stream (profile §6.2)."""
-        req = self._request(stream_id)
-        if req.local or req.kind != MessageType.SUBSCRIBE_TRACKS or req.state is not RequestState.ESTABLISHED:
-            raise SessionUsageError(f"stream {stream_id} is not an answered peer SUBSCRIBE_TRACKS")
-        self._write_request(req, PublishSkipped(suffix, name).encode())
+        self._send(self._request(stream_id), RequestEvent.PUBLISH_SKIPPED, PublishSkipped(suffix, name).encode())
 
     def publish_state_notify(self, stream_id: int, parameters: Parameters) -> None:
-        req = self._publisher_side(stream_id)
-        self._write_request(req, PublishStateNotify(parameters).encode())
+        self._send(self._request(stream_id), RequestEvent.PUBLISH_STATE_NOTIFY, PublishStateNotify(parameters).encode())
 
     def _publisher_side(self, stream_id: int) -> Request:
         req = self._request(stream_id)
-        ours = (not req.local and req.kind == MessageType.SUBSCRIBE) or (req.local and req.kind == MessageType.PUBLISH)
-        if not ours or req.state is not RequestState.ESTABLISHED:
-            raise SessionUsageError(f"stream {stream_id} is not an established subscription this endpoint publishes")
+        if not req.publishing:
+            raise SessionUsageError(f"stream {stream_id} ({MessageType(req.kind).name}, {req.state.value}) is not a "
+                                    "live subscription this endpoint publishes (lifecycle.sends_objects)")
         return req
 
     def publish_done(self, stream_id: int, status: int, reason: str = "", stream_count: int | None = None) -> None:
         """PUBLISH_DONE then FIN. Stream Count defaults to the data streams opened for the subscription,
         fill streams included (profile §6.2); send it only after they are all closed."""
-        req = self._publisher_side(stream_id)
+        req = self._request(stream_id)
         count = req.streams_opened if stream_count is None else stream_count
-        req.state = RequestState.DONE
-        self._write_request(req, PublishDone(status, count, reason.encode()[:1024]).encode(), end_stream=True)
+        self._send(req, RequestEvent.PUBLISH_DONE, PublishDone(status, count, reason.encode()[:1024]).encode(),
+                   end_stream=True)
 
     # -- data API (publisher side) --------------------------------------------------------------------
 
@@ -1580,6 +1556,27 @@ class Session:
         """A QUIC DATAGRAM, verbatim."""
         self._check_open()
         self._cmd(SendDatagram(data))
+
+
+# The request-stream messages that move a request, but REQUEST_OK / REQUEST_ERROR (`answer_event`).
+_MESSAGE_EVENTS: dict[type[ControlMessage], RequestEvent] = {
+    SubscribeOk: RequestEvent.SUBSCRIBE_OK,
+    FetchOk: RequestEvent.FETCH_OK,
+    RequestUpdate: RequestEvent.REQUEST_UPDATE,
+    PublishStateNotify: RequestEvent.PUBLISH_STATE_NOTIFY,
+    PublishDone: RequestEvent.PUBLISH_DONE,
+    Namespace: RequestEvent.NAMESPACE,
+    NamespaceDone: RequestEvent.NAMESPACE_DONE,
+    PublishSkipped: RequestEvent.PUBLISH_SKIPPED,
+    Goaway: RequestEvent.GOAWAY,
+}
+
+
+def _event_of(req: Request, msg: ControlMessage) -> RequestEvent | None:
+    """The lifecycle event of a message the peer sent on `req`'s stream (None: an opening message)."""
+    if isinstance(msg, RequestOk | RequestError):
+        return answer_event(req.kind, isinstance(msg, RequestOk), req.peer_side, req.state)
+    return _MESSAGE_EVENTS.get(type(msg))
 
 
 class RawRequestMessage(ControlMessage):

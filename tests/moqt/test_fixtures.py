@@ -10,20 +10,25 @@ import asyncio
 import pytest
 
 from kvconform.fixtures.moqt import (
+    ALPN_REQ,
     FRAMING_REQ,
     SETUP_REQ,
+    RelayUnderTest,
     harness_close_requirement,
     other_order,
+    relay_sanity,
     run,
     session_failure,
     waiting,
 )
+from kvconform.moqt import quic
 from kvconform.moqt.client import RequestRejected, SessionEnded
 from kvconform.moqt.data import DataStreamParser, FetchObject, FetchStreamWriter, GroupOrder
 from kvconform.moqt.errors import SessionError
 from kvconform.moqt.session import SessionClosed
-from kvconform.moqt.structures import Location
-from kvconform.verdicts import DriverError, TargetUnavailable
+from kvconform.moqt.structures import Location, TrackNamespace
+from kvconform.targets.moqt import RelayAccess
+from kvconform.verdicts import DriverError, SanityFailure, TargetUnavailable
 
 
 def test_a_stuck_scenario_names_the_wait_and_its_requirement() -> None:
@@ -121,3 +126,33 @@ def test_groups_written_in_the_other_order_are_told_from_other_objects(requested
     parser = DataStreamParser(group_order=requested)
     decoded = [item.location for item in parser.feed(data) if isinstance(item, FetchObject)]
     assert decoded != meant and other_order(decoded, requested) == meant
+
+
+def test_a_relay_of_another_draft_is_one_line_naming_what_was_offered_and_chosen() -> None:
+    """A relay that selects another ALPN (here: none of the harness's) fails the first check on MOQT-SETUP-ALPN;
+    every later check is inconclusive with the same line, so the run shows one cause, not one per check."""
+    loop = quic.LoopThread()
+
+    async def handler(connection: quic.MoqtConnection) -> None:
+        await connection.wait_closed(timeout=30.0)
+
+    async def start() -> quic.MoqtServer:
+        return await quic.serve("127.0.0.1", 0, handler, alpn=("moqt-20",))
+
+    srv = loop.run(start())
+    try:
+        relay = RelayUnderTest(srv.url, RelayAccess(False, TrackNamespace.of("kvcs-1"), {}), "url")
+        sanity = relay_sanity(srv.url, [relay], session_seed=7)
+        with pytest.raises(SanityFailure) as first:
+            sanity.before()
+        assert first.value.requirement == ALPN_REQ
+        assert "offered 'moqt-22'" in str(first.value) and "selected none of them" in str(first.value)
+        later = []
+        for _ in range(2):
+            with pytest.raises(pytest.skip.Exception) as skipped:
+                sanity.before()
+            later.append(str(skipped.value))
+        assert later[0] == later[1] and "offered 'moqt-22'" in later[0] and "probe" not in later[0].split("ALPN")[1]
+    finally:
+        loop.run(srv.close())
+        loop.close()

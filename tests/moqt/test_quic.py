@@ -140,8 +140,29 @@ def test_alpn_mismatch_fails_the_handshake(
     srv, _ = server
 
     async def scenario() -> None:
-        with pytest.raises(ConnectionError):
+        with pytest.raises(quic.AlpnRefused, match=r"offered 'moqt-20' to .*; it selected none of them") as info:
             await quic.connect(srv.url, alpn=("moqt-20",), timeout=TIMEOUT)
+        assert info.value.selected is None and info.value.offered == ("moqt-20",)
+
+    loop.run(scenario(), timeout=15.0)
+
+
+def test_a_peer_selecting_another_draft_is_refused_in_one_line(loop: quic.LoopThread) -> None:
+    """Offered moqt-22 and moqt-20, the server chose moqt-20: connect raises (no closed session handed back)
+    naming both, and the session was closed PROTOCOL_VIOLATION with the same line (MOQT-SETUP-ALPN)."""
+
+    async def handler(connection: quic.MoqtConnection) -> None:
+        await connection.wait_closed(timeout=30.0)
+
+    async def scenario() -> None:
+        srv = await quic.serve("127.0.0.1", 0, handler, alpn=("moqt-20",))
+        try:
+            with pytest.raises(quic.AlpnRefused) as info:
+                await quic.connect(srv.url, alpn=("moqt-22", "moqt-20"), timeout=TIMEOUT)
+            assert info.value.selected == "moqt-20"
+            assert "offered 'moqt-22', 'moqt-20'" in str(info.value) and "it selected 'moqt-20'" in str(info.value)
+        finally:
+            await srv.close()
 
     loop.run(scenario(), timeout=15.0)
 
