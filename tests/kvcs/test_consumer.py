@@ -131,7 +131,9 @@ def test_live_layers_are_ready_before_production_ends() -> None:
     result = run(scenario)
     assert result.mode == "live"
     assert result.layers == {layer: convention_layer_digest(spec, layer, [(0, 2)]) for layer in range(6)}
-    assert [layer for layer, _ in seen] == list(range(6))
+    # each layer ready once; their order is not: layer 0, published before the consumer came, may come by a
+    # path slower than the next layer's live Objects (nothing in KVCS orders readiness across layers)
+    assert sorted(layer for layer, _ in seen) == list(range(6))
     assert any(done < 6 for _, done in seen[:3]), f"no layer was ready before production ended: {seen}"
 
 
