@@ -10,7 +10,8 @@ import pytest
 from lxml import html
 
 from kvconform.cli import main
-from kvconform.store import RunRecord, open_store
+from kvconform.store import RunRecord, open_store, read_report_dir
+from tests.report_runs import BROKEN_REQUIREMENT, ReportRun
 from tests.store.synthetic import history_runs
 
 
@@ -93,6 +94,25 @@ def test_run_pages_are_immutable_and_latest_follows_a_new_run(
     timeline = page(out / f"identity-{slug}.html")
     assert cells(timeline, "X-ONE")[-1] == ("fail", True)
     assert cells(timeline, "X-TWO")[-1] == ("inconclusive", False)
+
+
+def test_real_runs_render_with_their_requirements_and_evidence(
+        reference: ReportRun, broken: ReportRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    good, bad = record(url, [read_report_dir(reference.report_dir), read_report_dir(broken.report_dir)])
+    out = tmp_path / "history"
+    assert history(capsys, "--results-db", url, "--out", str(out))[0] == 0
+    failed = [t for t in broken.doc["tests"] if t["verdict"] == "fail"]
+    run_page = page(out / f"runs/{bad}.html")
+    for test in failed:
+        row = run_page.xpath(f"//table[@id='checks']//tr[@data-check='{test['nodeid']}']")
+        assert row and row[0].get("data-verdict") == "fail" and test["evidence"] in row[0].text_content()
+    assert len(run_page.xpath("//table[@id='checks']//tr[@data-check]")) == len(broken.doc["tests"])
+    slugs = page(out / "index.html").xpath("//tr[@data-identity]/@data-identity")
+    assert len(slugs) == 2, "the reference and the mutant are two implementations"
+    verdicts = {slug: cells(page(out / f"identity-{slug}.html"), BROKEN_REQUIREMENT) for slug in slugs}
+    assert sorted(verdicts.values()) == [[("fail", False)], [("pass", False)]]
+    assert page(out / "latest.html").xpath("//h1[@id='run']/@data-run-id") == [str(bad)] and good < bad
 
 
 def test_a_folder_of_another_store_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
