@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from kvconform.gate.classify import flaky_checks
 from kvconform.reports.coverage import worst_verdict
@@ -55,11 +56,13 @@ class Timeline:
     def latest(self) -> RunRecord:
         return self.runs[-1]
 
+    @cached_property
+    def _before(self) -> dict[int | None, int | None]:
+        return {run.run_id: (self.runs[i - 1].run_id if i else None) for i, run in enumerate(self.runs)}
+
     def previous(self, run_id: int) -> int | None:
         """The id of the run of this identity before ``run_id``."""
-        ids = [r.run_id for r in self.runs]
-        at = ids.index(run_id)
-        return ids[at - 1] if at > 0 else None
+        return self._before[run_id]
 
     @staticmethod
     def changed(verdicts: Sequence[str | None], at: int) -> bool:
@@ -77,13 +80,17 @@ class History:
 
     timelines: tuple[Timeline, ...]
 
-    @property
+    @cached_property
     def runs(self) -> list[RunRecord]:
         """Every run, oldest first."""
         return sorted((r for t in self.timelines for r in t.runs), key=lambda r: r.run_id or 0)
 
+    @cached_property
+    def _by_key(self) -> dict[str, Timeline]:
+        return {t.key: t for t in self.timelines}
+
     def timeline_of(self, run: RunRecord) -> Timeline:
-        return next(t for t in self.timelines if t.key == run.identity_key)
+        return self._by_key[run.identity_key]
 
 
 def _timeline(store: ResultsStore, key: str, runs: list[RunRecord]) -> Timeline:
