@@ -11,7 +11,8 @@ A run page links only to pages whose names never change (the index, latest.html,
 before it), so it never needs rewriting when later runs are stored; every other page is rewritten by each
 ``kvconform history``. An existing run page is kept byte for byte (a newer kvconform's rendering applies to new
 runs only: delete a page to re-render it); it carries its run's coverage SHA-256, and a folder whose page of a
-run id belongs to another run (another store) is refused rather than mixed.
+run id belongs to another run (another store) is refused rather than mixed. A run's report folder and evidence
+paths are shown, not linked: they are on the machine that ran it, not in the published folder.
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def render_index(history: History) -> str:
     out.append(f'<p class="note">{len(history.runs)} stored runs of {len(history.timelines)} implementations '
                "(an implementation here is one identity: the same implementation and inputs).</p>")
     out.append('<table id="implementations"><tr><th>implementation</th><th>suites</th><th>target</th><th>runs</th>'
-               "<th>newest run</th><th>its checks</th><th>changed in it</th><th>flaky</th><th>pages</th></tr>")
+               "<th>newest run</th><th>its checks</th><th>requirements changed in it</th><th>flaky</th>"
+               "<th>pages</th></tr>")
     for t in history.timelines:
         latest = t.latest
         last = len(t.runs) - 1
@@ -226,7 +228,7 @@ def render_index(history: History) -> str:
         out.append(f'<tr data-identity="{escape(t.slug)}"><td>{escape(_name(latest))}</td>'
                    f'<td>{escape(", ".join(latest.suites))}</td><td class="nid">{escape(latest.target_name)}</td>'
                    f"<td>{len(t.runs)}</td><td>{_a(run_file(latest.run_id or 0), f'#{latest.run_id}')} "
-                   f'{escape(latest.recorded or "")}</td><td>{_counts(latest)}</td><td>{moved} requirements</td>'
+                   f'{escape(latest.recorded or "")}</td><td>{_counts(latest)}</td><td>{moved}</td>'
                    f"<td>{len(t.flaky)}</td><td>{_a(identity_file(t), 'history', 'identity')} · "
                    f"{_a(latest_file(t), 'latest', 'latest')}</td></tr>")
     out.append("</table>")
