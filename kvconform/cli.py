@@ -423,6 +423,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
         epilog="also: kvconform serve --help, kvconform vectors {list,check,generate} ..., "
                "kvconform matrix --registry FILE (the plugfest matrix), "
                "kvconform gate --baseline B --report-dir DIR (fail CI on what is new), "
+               "kvconform history --results-db URL --out DIR (pages of the stored runs), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
     p.add_argument("--version", action=_VersionAction)
@@ -510,6 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dispatch("kvconform.matrix.tool", "main", args_list[1:], "matrix")
         if args_list and args_list[0] == "gate":  # issue 25: judge a run against a baseline
             return _dispatch("kvconform.gate.tool", "main", args_list[1:], "gate")
+        if args_list and args_list[0] == "history":  # issue 25: the results store as pages
+            return _dispatch("kvconform.history.tool", "main", args_list[1:], "history")
         if args_list and not args_list[0].startswith("-") and args_list[0] not in _COMMANDS:
             proto = args_list[0]
             if proto.isidentifier():

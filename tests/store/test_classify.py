@@ -10,24 +10,10 @@ from pathlib import Path
 from kvconform.gate.classify import Finding, compare_expectations, compare_runs, flaky_checks
 from kvconform.gate.expectations import load_expectations
 from kvconform.gate.summary import markdown
-from kvconform.store import CheckRecord, ResultsStore, RunRecord, open_store
+from kvconform.store import ResultsStore, open_store
+from tests.store.synthetic import check, run
 
 TODAY = dt.date(2026, 12, 7)
-
-
-def check(nodeid: str, verdict: str, level: str = "MUST", reqs: tuple[str, ...] = ("X-ONE",),
-          blamed: str | None = None) -> CheckRecord:
-    return CheckRecord(nodeid=nodeid, suite="tlkv-reader", reqs=reqs, level=level, verdict=verdict,
-                       message=f"{nodeid} | {verdict}", evidence=None, blamed=blamed, duration=0.0)
-
-
-def run(*checks: CheckRecord, sha: str = "0" * 64, strict: bool = False) -> RunRecord:
-    return RunRecord(report_dir="/r", coverage_sha256=sha, implementation="impl", implementation_version="1",
-                     implementation_vendor=None, implementation_build=None, image_digest=None, target_name="t",
-                     target_kind="cmd", target_value="cmd:x", harness_version="0.1.0", harness_commit="unknown",
-                     testbed_name="tb", testbed_sha256="1" * 64, catalogs={"tlkv.yaml": "2" * 64}, pics={},
-                     seed=1, binding=None, draft=None, suites=("tlkv-reader",), strict=strict, exit_code=0,
-                     started="s", finished="f", checks=tuple(checks))
 
 
 def names(findings: list[Finding]) -> list[str]:
