@@ -422,6 +422,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
         description="Conformance harness for KV-cache transport protocols.",
         epilog="also: kvconform serve --help, kvconform vectors {list,check,generate} ..., "
                "kvconform matrix --registry FILE (the plugfest matrix), "
+               "kvconform worker tcp://HOST:PORT --resources R (a host of kvconform matrix --scheduler), "
                "kvconform gate --baseline B --report-dir DIR (fail CI on what is new), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
     )
@@ -510,6 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dispatch("kvconform.matrix.tool", "main", args_list[1:], "matrix")
         if args_list and args_list[0] == "gate":  # issue 25: judge a run against a baseline
             return _dispatch("kvconform.gate.tool", "main", args_list[1:], "gate")
+        if args_list and args_list[0] == "worker":  # issue 25: a Dask worker of the distributed matrix
+            return _dispatch("kvconform.matrix.worker", "main", args_list[1:], "worker")
         if args_list and not args_list[0].startswith("-") and args_list[0] not in _COMMANDS:
             proto = args_list[0]
             if proto.isidentifier():
