@@ -15,9 +15,10 @@ Then runs that matrix, in turn (``--rounds`` times, interleaved so a drift of th
 - ``dask-1w``, ``dask-2w``: ``--scheduler`` with one worker, then two (one thread each), a real ``dask scheduler``
   and ``kvconform worker`` processes on 127.0.0.1 started here (tests/matrix/dask_cluster.py);
 
-and prints per executor the median wall time, cells per minute, the ratio to ``local-1`` and to ``local-2``, and the
-coordinator's own overhead per cell: the CPU time (user + system) of this process, which runs the coordinator and
-not the cells (they are processes of their own, locally or on the workers), divided by the cells. Every run's
+after one untimed warm-up run (it writes the bytecode caches), and prints per executor the median wall time, cells
+per minute, the ratio to ``local-1`` and to ``local-2``, and the coordinator's own overhead per cell: the CPU time
+(user + system) of this process, which runs the coordinator and not the cells (they are processes of their own,
+locally or on the workers), divided by the cells. Every run's
 cells must have the same outcomes (the verdicts do not depend on the executor); otherwise the exit status is 1.
 
 Last, a projection for 20 implementations per role (8,000 KVCS publisher x relay x consumer cells) on k hosts with
@@ -124,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plans: list[tuple[str, int, Cluster | None, int]] = [
                 ("local-1", 1, None, 0), ("local-2", 2, None, 0), ("dask-1w", 1, cluster, 1),
                 ("dask-2w", 1, cluster, 2)]
+            # warm-up, not timed: writes the bytecode caches every cell's interpreter reads after it
+            run_once(registry, folder / "warm-up", workers=2, scheduler=None, seed=args.seed)
             for rnd in range(rounds):
                 for name, workers, on, want in plans:
                     if on is not None and want == 2 and "w2" not in on.workers:
