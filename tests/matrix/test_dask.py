@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,6 @@ def test_a_cell_is_placed_by_its_resources_and_a_missing_one_is_named(cluster: C
         "on-mlx5": {"roles": {"tlkv": {"decode": {**decode, "resources": {"nic.mlx5_pair": 1}}}}},
         "on-cx7": {"roles": {"tlkv": {"decode": {**decode, "resources": {"nic.cx7_pair": 1}}}}},
     }})
-    started = time.monotonic()
     code, doc, output = run_matrix(registry, tmp_path / "out", "--no-suites", "--roles", "tlkv-prefill,tlkv-decode",
                                    "--scheduler", cluster.address, timeout=RUN_BOUND)
     validate(doc)
@@ -95,7 +95,6 @@ def test_a_cell_is_placed_by_its_resources_and_a_missing_one_is_named(cluster: C
     assert "no worker of the scheduler" in stranded["reason"] and "offers nic.cx7_pair=1" in stranded["reason"]
     assert by_id["tlkv-transfer--kvconform--kvconform"]["outcome"] == "pass"
     assert code == 1, output[-3000:]
-    assert time.monotonic() - started < RUN_BOUND  # no hang waiting for a worker that will never come
 
 
 @covering(RUN_BOUND)
@@ -103,7 +102,8 @@ def test_a_worker_killed_mid_cell_makes_that_cell_inconclusive_and_the_rest_comp
         cluster: Cluster, tmp_path: Path) -> None:
     """w3 alone offers ``hang``, which only the sleeping prefill side's cell needs; it is killed (its whole
     session, SIGKILL) once that prefill side has started. The cell's own process runs in a session of its own,
-    as every process the matrix starts: it ends by itself when the sleep does (15 s), into w3's TMPDIR."""
+    as every process the matrix starts, so it outlives w3: the test then ends the sleep (its pid in the mark),
+    and that process ends at once, into w3's TMPDIR."""
     mark = tmp_path / "started"
     w3 = cluster.add_worker("w3", "hang=1", nthreads=1)
     registry = write_registry(tmp_path, {"name": "lost", "implementations": {
@@ -112,7 +112,8 @@ def test_a_worker_killed_mid_cell_makes_that_cell_inconclusive_and_the_rest_comp
             "decode": {"versions": [1, 2], "reference": True, "pics": DECODE_PICS}}}},
         "sleeper": {"roles": {"tlkv": {"prefill": {
             "versions": [1], "resources": {"hang": 1},
-            "cmd": f"sh -c 'touch {mark}; exec sleep 15' {{decode_addr}} {{sequence}}"}}}},
+            "cmd": f"sh -c 'echo $$ > {mark}.tmp && mv {mark}.tmp {mark}; exec sleep 15' {{decode_addr}} "
+                   "{sequence}"}}}},
     }})
     out = tmp_path / "out"
     matrix = subprocess.Popen(
@@ -127,7 +128,8 @@ def test_a_worker_killed_mid_cell_makes_that_cell_inconclusive_and_the_rest_comp
             assert time.monotonic() < deadline, "the sleeper's cell never started on w3"
             time.sleep(0.1)  # polling interval of a bounded wait
         w3.kill()
-        killed = time.monotonic()
+        with suppress(ProcessLookupError):  # the sleeping prefill side, orphaned with its cell's process
+            os.kill(int(mark.read_text().strip()), signal.SIGKILL)
         output = matrix.communicate(timeout=RUN_BOUND)[0].decode("utf-8", "replace")
     finally:
         if matrix.poll() is None:
@@ -140,7 +142,6 @@ def test_a_worker_killed_mid_cell_makes_that_cell_inconclusive_and_the_rest_comp
     assert lost["outcome"] == "inconclusive" and lost["blame"] == [], lost
     assert "w3" in lost["reason"] and "was lost while it ran" in lost["reason"], lost["reason"]
     assert lost["exchange"]["worker"] == "w3"
-    assert time.monotonic() - killed < 15, "the cell was judged lost before its sleep could have ended"
     # w3 runs one cell at a time: a cell it ran before the sleeper's had come back already
     others = [c for cid, c in by_id.items() if cid != lost["id"]]
     assert others and all(c["outcome"] == "pass" and c["exchange"]["worker"] for c in others), others
