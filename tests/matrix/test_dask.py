@@ -8,6 +8,9 @@
 - A cell needing a resource no worker offers is inconclusive at once, naming it; one needing a resource only one
   worker offers runs there.
 - A worker killed while it runs a cell makes that cell inconclusive, naming the worker; the rest completes.
+- Role suites run on the workers too; their reports come back and ``--results-db`` records them.
+
+About 40-55 s in all on a loaded 2-core machine (one cluster per xdist worker that runs a test of this module).
 
 Without the ``dask`` extra these skip (``.ci/run`` installs it, so CI runs them).
 """
@@ -146,3 +149,21 @@ def test_a_worker_killed_mid_cell_makes_that_cell_inconclusive_and_the_rest_comp
     others = [c for cid, c in by_id.items() if cid != lost["id"]]
     assert others and all(c["outcome"] == "pass" and c["exchange"]["worker"] for c in others), others
     assert matrix.returncode == 1, output[-3000:]
+
+
+@covering(RUN_BOUND)
+def test_role_suites_run_on_the_workers_and_their_reports_reach_the_store(cluster: Cluster, tmp_path: Path) -> None:
+    """The envelope table (writer x reader, about 8 s per role suite): the suites' report folders come back to
+    ``--out`` and ``--results-db`` records them as for a local run."""
+    registry = write_registry(tmp_path, shipped("aiomoqt", "kvconform-image"))
+    db = tmp_path / "results.sqlite"
+    code, doc, output = run_matrix(registry, tmp_path / "out", "--roles", "tlkv-writer,tlkv-reader", "--scheduler",
+                                   cluster.address, "--results-db", f"sqlite:///{db}", timeout=RUN_BOUND)
+    validate(doc)
+    assert code == 0, output[-3000:]
+    assert {(s["suite"], s["outcome"]) for s in doc["suites"]} == {("tlkv-writer", "pass"), ("tlkv-reader", "pass")}
+    for suite in doc["suites"]:
+        assert (tmp_path / "out" / suite["report"]).is_file() and (tmp_path / "out" / suite["coverage"]).is_file()
+    (cell,) = doc["cells"]
+    assert cell["outcome"] == "pass" and set(cell["suites"]) == {"tlkv-writer", "tlkv-reader"}, cell["reason"]
+    assert "recorded as run" in output and "its role suites as runs" in output, output[-3000:]
