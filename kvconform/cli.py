@@ -422,6 +422,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
         description="Conformance harness for KV-cache transport protocols.",
         epilog="also: kvconform serve --help, kvconform vectors {list,check,generate} ..., "
                "kvconform matrix --registry FILE (the plugfest matrix), "
+               "kvconform worker tcp://HOST:PORT --resources R (a host of kvconform matrix --scheduler), "
                "kvconform gate --baseline B --report-dir DIR (fail CI on what is new), "
                "kvconform history --results-db URL --out DIR (pages of the stored runs), "
                "kvconform <protocol> ... (protocol tools, e.g. kvconform tlkv export)",
@@ -497,22 +498,25 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+# The commands that are whole tools of their own, each loaded only when named: command -> its module.
+_SUBTOOLS: dict[str, str] = {
+    "vectors": "kvconform.vectortool",
+    "fuzz": "kvconform.fuzz.tool",
+    "matrix": "kvconform.matrix.tool",  # the plugfest matrix
+    "gate": "kvconform.gate.tool",  # judge a run against a baseline
+    "history": "kvconform.history.tool",  # the results store as pages
+    "worker": "kvconform.matrix.worker",  # a Dask worker of the distributed matrix
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvconform`` console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         if args_list and args_list[0] == "serve":
             return _serve(args_list[1:])
-        if args_list and args_list[0] == "vectors":
-            return _dispatch("kvconform.vectortool", "main", args_list[1:], "vectors")
-        if args_list and args_list[0] == "fuzz":
-            return _dispatch("kvconform.fuzz.tool", "main", args_list[1:], "fuzz")
-        if args_list and args_list[0] == "matrix":  # issue 14, the plugfest matrix
-            return _dispatch("kvconform.matrix.tool", "main", args_list[1:], "matrix")
-        if args_list and args_list[0] == "gate":  # issue 25: judge a run against a baseline
-            return _dispatch("kvconform.gate.tool", "main", args_list[1:], "gate")
-        if args_list and args_list[0] == "history":  # issue 25: the results store as pages
-            return _dispatch("kvconform.history.tool", "main", args_list[1:], "history")
+        if args_list and args_list[0] in _SUBTOOLS:
+            return _dispatch(_SUBTOOLS[args_list[0]], "main", args_list[1:], args_list[0])
         if args_list and not args_list[0].startswith("-") and args_list[0] not in _COMMANDS:
             proto = args_list[0]
             if proto.isidentifier():

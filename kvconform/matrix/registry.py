@@ -116,6 +116,8 @@ class RoleEntry:
     suite_run: RunForm  # how the role's suite reaches it (the cells' form unless the registry says otherwise)
     pics: dict[str, Any]
     notes: str = ""
+    # what a host must offer to run it beyond what its run form implies (kvconform.matrix.resources)
+    resources: dict[str, float] = field(default_factory=dict)
 
     @property
     def suite(self) -> str:
@@ -132,6 +134,8 @@ class RoleEntry:
             out["suite_run"] = self.suite_run.as_dict()
         if self.notes:
             out["notes"] = self.notes
+        if self.resources:
+            out["resources"] = self.resources
         return out
 
 
@@ -321,7 +325,8 @@ def load_registry(path: str | os.PathLike[str]) -> Registry:
                 suite_form = RunForm.of(role_entry["suite"]) if "suite" in role_entry else form
                 _check_form(file, f"{where}.suite", suite, suite_form)
                 roles[suite] = RoleEntry(name, protocol, role, tuple(role_entry["versions"]), form, suite_form,
-                                         dict(role_entry.get("pics", {})), str(role_entry.get("notes", "")))
+                                         dict(role_entry.get("pics", {})), str(role_entry.get("notes", "")),
+                                         {str(k): float(v) for k, v in role_entry.get("resources", {}).items()})
                 if entry.get("reference"):
                     if suite in references:
                         raise RegistryError(f"{file}: implementations.{name}.reference: {references[suite]} is "

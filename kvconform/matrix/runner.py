@@ -12,6 +12,11 @@ exchange fails is named, with that exchange's evidence; when every isolation pas
 disagree only with each other and all of them are named ("an interoperability failure"). Without a
 reference for a role, the exchange's own evidence names the suspects (who exited, hung, refused).
 A participant whose role suite fails is named with the requirements it broke.
+
+**Where cells run**: ``n`` at once on this machine (the default), or, with ``MatrixOptions.scheduler``, each cell
+and role suite as a task of a Dask distributed cluster on a worker offering the resources it needs
+(``kvconform.matrix.dask_executor``, ``kvconform.matrix.resources``); the same folders and result either way. A
+task that could not run to a result there (no worker offers a resource, its worker was lost) is inconclusive.
 """
 
 from __future__ import annotations
@@ -28,15 +33,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from kvconform.matrix.dask_executor import DaskExecutor, NotRun
 from kvconform.matrix.participants import remove_containers
 from kvconform.matrix.plan import KINDS, CellPlan, Plan, combination, make_plan
 from kvconform.matrix.registry import Registry, RoleEntry
-from kvconform.matrix.suites import SuiteRun, run_suite
+from kvconform.matrix.resources import role_resources, unite
+from kvconform.matrix.suites import GRACE_S, SuiteRun, run_suite
 from kvconform.reports.matrix import write_matrix
 from kvconform.targets.process import run_process
 
@@ -67,6 +75,7 @@ class MatrixOptions:
     consumer_budget_s: float = 30.0
     command_line: list[str] = field(default_factory=list)
     progress: Callable[[str], None] | None = None
+    scheduler: str | None = None  # tcp://HOST:PORT of a Dask scheduler: cells and suites run on its workers
 
 
 def _env() -> dict[str, str]:
@@ -138,6 +147,25 @@ def _run_cell(cell: CellPlan, registry: Registry, opts: MatrixOptions, env: dict
         doc.setdefault("steps", []).append({"t": doc.get("duration_s"), "what": "containers the worker left were "
                                             "removed by the runner", "containers": left})
     return doc
+
+
+def _not_run(cell: CellPlan, folder: Path, message: str) -> dict[str, Any]:
+    """The result of a cell whose worker never produced one (a verdict on nobody)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"id": cell.id, "kind": cell.kind, "outcome": "inconclusive", "suspects": [], "unavailable": None,
+            "message": message, "steps": [], "exchanged": {}, "identifiers": {}, "logs": {}, "transcript": None,
+            "traceback": None, "duration_s": None}
+
+
+def _cell_at(cell: CellPlan, registry: Registry, opts: MatrixOptions, run_id: str, out: Path) -> dict[str, Any]:
+    """A cell run into ``out`` (a Dask worker's folder), in this process's environment."""
+    return _run_cell(cell, registry, replace(opts, out=out), _env(), run_id)
+
+
+def _suite_at(entry: RoleEntry, registry: Registry, opts: MatrixOptions, run_id: str, out: Path) -> SuiteRun:
+    """A role suite run into ``out`` (a Dask worker's folder), in this process's environment."""
+    return run_suite(entry, registry, out, out / "suites" / entry.implementation / entry.suite,
+                     budget_s=opts.suite_budget_s, check_timeout_s=opts.check_timeout_s, env=_env(), run_id=run_id)
 
 
 def _isolation_needs(cell: CellPlan, registry: Registry) -> dict[str, tuple[str, dict[str, str]] | None]:
@@ -242,7 +270,10 @@ def _cell_entry(cell: CellPlan, result: dict[str, Any], registry: Registry, suit
                      "unavailable": ({"role": unavailable,
                                       "implementation": cell.participants[unavailable].implementation}
                                      if unavailable in cell.participants else None),
-                     "duration_s": result.get("duration_s"), "window": result.get("window")},
+                     "duration_s": result.get("duration_s"), "window": result.get("window"),
+                     **({"worker": result.get("worker"), "resources": result.get("resources", {}),
+                         "missing_resources": result.get("missing_resources", [])}
+                        if "resources" in result else {})},
         "suites": part_suites,
         "blame": blame,
         "identifiers": result.get("identifiers", {}),
@@ -284,9 +315,25 @@ def run_matrix(registry: Registry, opts: MatrixOptions) -> dict[str, Any]:
         say(f"cell {cell.id}: {result['outcome']}: {result['message'][:200]}")
         return result
 
+    executor = (DaskExecutor(opts.scheduler, run_id, opts.out, progress=say) if opts.scheduler is not None
+                else None)
+    pool = ThreadPoolExecutor(max_workers=max(1, opts.workers)) if executor is None else None
+    submit_suite: Callable[[tuple[str, str]], Future[SuiteRun]]
+    submit_cell: Callable[[CellPlan], Future[dict[str, Any]]]
+    if pool is not None:
+        local = pool
+        submit_suite = lambda key: local.submit(suite_task, key)  # noqa: E731
+        submit_cell = lambda cell: local.submit(cell_task, cell)  # noqa: E731
+    else:
+        assert executor is not None
+        submit_suite, submit_cell = _on_dask(executor, registry, opts, run_id, suite_entries)
     try:
-        extra, isolation = _run_all(plan, registry, opts, suite_entries, suite_task, cell_task, results, suites)
+        extra, isolation = _run_all(plan, registry, opts, suite_entries, submit_suite, submit_cell, results, suites)
     finally:
+        if pool is not None:
+            pool.shutdown()
+        if executor is not None:
+            executor.close()
         left = _remove_left(run_id)
     if left:
         say(f"matrix: removed containers left running: {', '.join(left)}")
@@ -296,46 +343,99 @@ def run_matrix(registry: Registry, opts: MatrixOptions) -> dict[str, Any]:
     doc = _document(registry, plan, cells, suites, opts, started)
     doc["meta"]["run_id"] = run_id
     doc["meta"]["containers_left"] = left
+    doc["meta"]["executor"] = ({"kind": "local"} if executor is None else
+                               {"kind": "dask", "scheduler": executor.address, "workers": executor.offers()})
     write_matrix(doc, {c["id"]: c["result"] for c in cells}, opts.out)
     return doc
 
 
+def _on_dask(executor: DaskExecutor, registry: Registry, opts: MatrixOptions, run_id: str,
+             suite_entries: dict[tuple[str, str], RoleEntry]
+             ) -> tuple[Callable[[tuple[str, str]], Future[SuiteRun]], Callable[[CellPlan], Future[dict[str, Any]]]]:
+    """Submitting a suite and a cell as tasks of ``executor``; what did not run to a result is inconclusive."""
+    say = opts.progress or (lambda text: None)
+    bare = replace(opts, progress=None)  # what is shipped to the workers (the progress callback stays here)
+
+    def submit_suite(key: tuple[str, str]) -> Future[SuiteRun]:
+        entry = suite_entries[key]
+        rel = f"suites/{entry.implementation}/{entry.suite}"
+        remote = executor.submit(f"suite-{entry.implementation}-{entry.suite}",
+                                 partial(_suite_at, entry, registry, bare, run_id), rel,
+                                 role_resources(entry, suite=True), opts.suite_budget_s + GRACE_S)
+        done: Future[SuiteRun] = Future()
+
+        def finished(f: Future[SuiteRun]) -> None:
+            try:
+                run = f.result()
+            except NotRun as exc:
+                run = SuiteRun(entry.implementation, entry.suite, "inconclusive", f"the suite did not run: {exc}",
+                               target=entry.suite_run.describe())
+            say(f"suite {entry.suite} of {entry.implementation}: {run.outcome}: {run.message[:200]}")
+            done.set_result(run)
+
+        remote.add_done_callback(finished)
+        return done
+
+    def submit_cell(cell: CellPlan) -> Future[dict[str, Any]]:
+        need = unite(role_resources(e) for e in cell.participants.values())
+        key = f"cell-{cell.id}"
+        remote = executor.submit(key, partial(_cell_at, cell, registry, bare, run_id), f"cells/{cell.id}", need,
+                                 opts.cell_timeout_s)
+        done: Future[dict[str, Any]] = Future()
+
+        def finished(f: Future[dict[str, Any]]) -> None:
+            try:
+                result, absent = f.result(), []
+            except NotRun as exc:
+                result = _not_run(cell, opts.out / "cells" / cell.id, f"the cell did not run: {exc}; not a verdict "
+                                  "on any participant")
+                absent = exc.resources
+            result.update(worker=executor.where(key), resources=need, missing_resources=absent)
+            say(f"cell {cell.id}: {result['outcome']}: {result['message'][:200]}")
+            done.set_result(result)
+
+        remote.add_done_callback(finished)
+        return done
+
+    return submit_suite, submit_cell
+
+
 def _run_all(plan: Plan, registry: Registry, opts: MatrixOptions, suite_entries: dict[tuple[str, str], RoleEntry],
-             suite_task: Callable[[tuple[str, str]], SuiteRun], cell_task: Callable[[CellPlan], dict[str, Any]],
+             submit_suite: Callable[[tuple[str, str]], Future[SuiteRun]],
+             submit_cell: Callable[[CellPlan], Future[dict[str, Any]]],
              results: dict[str, dict[str, Any]], suites: dict[tuple[str, str], SuiteRun]
              ) -> tuple[dict[str, CellPlan], dict[str, str]]:
-    """The suites, the cells and the isolation cells of failed ones, ``opts.workers`` at once; into ``results``
+    """The suites, the cells and the isolation cells of failed ones, as ``submit_*`` runs them; into ``results``
     and ``suites``; (the isolation cells, failed cell's role -> its isolation cell)."""
     say = opts.progress or (lambda text: None)
-    with ThreadPoolExecutor(max_workers=max(1, opts.workers)) as pool:
-        suite_futures: dict[tuple[str, str], Future[SuiteRun]] = {k: pool.submit(suite_task, k) for k in suite_entries}
-        cell_futures = {cid: pool.submit(cell_task, cell) for cid, cell in plan.cells.items()}
-        for cid, future in cell_futures.items():
-            results[cid] = future.result()
-        # Isolation: each failed cell's non-reference participants, with the reference in every other role.
-        isolation: dict[str, str] = {}
-        extra: dict[str, CellPlan] = {}
-        for cid, result in list(results.items()):
-            if result["outcome"] != "fail":
+    suite_futures: dict[tuple[str, str], Future[SuiteRun]] = {k: submit_suite(k) for k in suite_entries}
+    cell_futures = {cid: submit_cell(cell) for cid, cell in plan.cells.items()}
+    for cid, future in cell_futures.items():
+        results[cid] = future.result()
+    # Isolation: each failed cell's non-reference participants, with the reference in every other role.
+    isolation: dict[str, str] = {}
+    extra: dict[str, CellPlan] = {}
+    for cid, result in list(results.items()):
+        if result["outcome"] != "fail":
+            continue
+        cell = plan.cells[cid]
+        kind = next(k for k in KINDS if k.name == cell.kind)
+        for suite, need in _isolation_needs(cell, registry).items():
+            if need is None:
                 continue
-            cell = plan.cells[cid]
-            kind = next(k for k in KINDS if k.name == cell.kind)
-            for suite, need in _isolation_needs(cell, registry).items():
-                if need is None:
-                    continue
-                iso, _ = combination(registry, kind, need[1], None)
-                if iso is None:
-                    continue
-                isolation[f"{suite}@{cid}"] = iso.id
-                if iso.id not in results and iso.id not in extra:
-                    extra[iso.id] = iso
-        if extra:
-            say(f"matrix: {len(extra)} isolation exchanges for failed cells")
-        iso_futures = {cid: pool.submit(cell_task, cell) for cid, cell in extra.items()}
-        for cid, future in iso_futures.items():
-            results[cid] = future.result()
-        for key, sfuture in suite_futures.items():
-            suites[key] = sfuture.result()
+            iso, _ = combination(registry, kind, need[1], None)
+            if iso is None:
+                continue
+            isolation[f"{suite}@{cid}"] = iso.id
+            if iso.id not in results and iso.id not in extra:
+                extra[iso.id] = iso
+    if extra:
+        say(f"matrix: {len(extra)} isolation exchanges for failed cells")
+    iso_futures = {cid: submit_cell(cell) for cid, cell in extra.items()}
+    for cid, future in iso_futures.items():
+        results[cid] = future.result()
+    for key, sfuture in suite_futures.items():
+        suites[key] = sfuture.result()
     return extra, isolation
 
 

@@ -2,12 +2,15 @@
 
     kvconform matrix [--registry FILE] [--roles ROLE,...] [--out DIR] [-n N|auto] [--seed S] [--no-suites]
                      [--suite-budget S] [--cell-timeout S] [--consumer-budget S] [--results-db [URL]]
+                     [--scheduler tcp://HOST:PORT]
 
 Runs every compatible cell (KVCS publisher x relay x consumer, TLKV prefill x decode and writer x reader, KBTP
 initiator x target) and every participant's role suite, and writes ``DIR/matrix.html``, ``DIR/matrix.json``,
 ``DIR/cells/<cell>/`` (each cell's evidence) and ``DIR/suites/<implementation>/<suite>/`` (the suites' reports).
 With ``--results-db`` the matrix (its cells as checks) and every role suite's run are recorded in the results
 store, each marked with DIR; ``kvconform gate --report-dir DIR`` judges a matrix as it judges a run.
+With ``--scheduler`` the cells and suites run on the workers of a Dask scheduler (``kvconform worker``), each on
+one offering the resources it needs (``kvconform.matrix.resources``); the folder and the result are the same.
 Exit status: 0 when every cell passed, 1 when one failed or was inconclusive, 2 on a usage error.
 """
 
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+from kvconform.matrix.dask_executor import DaskUnavailable
 from kvconform.matrix.plan import selected_suites
 from kvconform.matrix.registry import RegistryError, default_registry_path, load_registry
 from kvconform.matrix.runner import MatrixOptions, run_matrix
@@ -75,6 +79,9 @@ def _parser() -> OneLineParser:
                    help="bound of one cell's worker, every exchange step bounded inside (default 240)")
     p.add_argument("--consumer-budget", type=positive_float, default=30.0, metavar="S",
                    help="the budget a KVCS consumer gets to retrieve the cell's cache (default 30)")
+    p.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                   help="run each cell and role suite as a task of this Dask scheduler, on a worker offering the "
+                        "resources it needs (kvconform worker; needs the dask extra); -n is then unused")
     p.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
                    help="record the matrix and each role suite's run in the results store: sqlite:///PATH, "
                         "postgresql://..., a file path, or nothing for results.sqlite beside --out")
@@ -145,11 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = MatrixOptions(out=out.resolve(), suites=suites, workers=args.workers, run_suites=not args.no_suites,
                          suite_budget_s=args.suite_budget, cell_timeout_s=args.cell_timeout,
                          consumer_budget_s=args.consumer_budget, command_line=["kvconform", "matrix", *args_list],
-                         progress=progress)
+                         progress=progress, scheduler=args.scheduler)
     if args.seed is not None:
         opts.seed = args.seed
     try:
-        doc = run_matrix(registry, opts)
+        try:
+            doc = run_matrix(registry, opts)
+        except DaskUnavailable as exc:
+            print(f"kvconform matrix: error: {exc}", file=sys.stderr)
+            return USAGE_ERROR
         if store is not None:
             _record(store, out.resolve(), doc)
     finally:
