@@ -201,9 +201,10 @@ class Partition:
         return got
 
 
-def open_partition(bed: Bed, name: str, need: Features, reqs: Reqs | None = None) -> Gen:
-    """A session granted ``need`` (DIRECT_ALLOC at least) and its Partition; not-applicable when the declared
-    quota leaves a partition too small to hold a ticket while a block of it is freed (F < 2)."""
+def open_partition(bed: Bed, name: str, need: Features, reqs: Reqs | None = None, *, hold: bool = True) -> Gen:
+    """A session granted ``need`` (DIRECT_ALLOC at least) and its Partition; with ``hold`` (a check that holds a
+    ticket while it frees another block of the ring) not-applicable when the quota makes the partition too small
+    for that (F < 2)."""
     ini = bed.initiator(name)
     ack = yield from bed.open(ini, need)
     if (ack.features & need) != need:
@@ -212,7 +213,7 @@ def open_partition(bed: Bed, name: str, need: Features, reqs: Reqs | None = None
     da = ack.direct_alloc
     f, n = ack.allocation_quota, da.ring.count
     evidence.note(f"{name}: DIRECT_ALLOC partition of F {f} blocks on a ring of N {n} slots (HELLO_ACK)")
-    if f < 2:
+    if hold and f < 2:
         not_applicable(f"the Allocation Quota {f} announced in HELLO_ACK makes a DIRECT_ALLOC partition of {f} block: "
                        "the harness cannot hold a ticket and free another block of the ring at once")
     return Partition(ini, f, n, reqs or Reqs())

@@ -57,17 +57,12 @@ def test_shared_ring_geometries(geometry: tuple[int, int] | None, kbtp_target: T
     another bound handle holds."""
     p = kbtp_target.params
     declared = (p.shared_count, p.ring_slots)
-    if geometry is None:
-        if p.ring_slots is None:
-            inconclusive("PICS kbtp.target.pool declares no ring_slots: the shared ring's N is not known")
-        _shared_ring(kbtp_target, seed, p.shared_count, int(p.ring_slots), reconfigure=False)
+    if geometry is None or (kbtp_target.fixed_geometry and geometry == declared):
+        _declared_shared_ring(kbtp_target, seed)
         return
     f, n = geometry
     if not kbtp_target.fixed_geometry:
         _shared_ring(kbtp_target, seed, f, n, reconfigure=True)
-        return
-    if geometry == declared:
-        _shared_ring(kbtp_target, seed, f, n, reconfigure=False)
         return
     serves = f"shared ring F {declared[0]}, N {declared[1]} (PICS kbtp.target.pool)"
     if not kbtp_target.has(Features.DIRECT_ALLOC) or p.partition_count < max(1, p.quota):
@@ -78,6 +73,19 @@ def test_shared_ring_geometries(geometry: tuple[int, int] | None, kbtp_target: T
                        f"quota {p.quota} (PICS kbtp.target.quota); the point F {f}, N {n} ({boundary(f, n)}) is "
                        "neither")
     _partition_ring(kbtp_target, seed, f, n, serves)
+
+
+def _declared_shared_ring(kbtp_target: TargetUnderTest, seed: int) -> None:
+    """The declared shared ring, held whole by as many initiators as the declared geometry serves at once;
+    not-applicable when their quotas cannot hold all of it."""
+    p = kbtp_target.params
+    if p.ring_slots is None:
+        inconclusive("PICS kbtp.target.pool declares no ring_slots: the shared ring's N is not known")
+    sessions = p.capacity()[0] if p.quota else 0
+    if sessions * p.quota < p.shared_count:
+        not_applicable(f"the declared geometry cannot hold its shared ring whole: {sessions} initiator(s) at once x "
+                       f"quota {p.quota} < F {p.shared_count} ({p.describe_capacity()})")
+    _shared_ring(kbtp_target, seed, p.shared_count, int(p.ring_slots), reconfigure=False)
 
 
 def _shared_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, *, reconfigure: bool) -> None:
@@ -152,7 +160,8 @@ def _partition_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, ser
 
     def scenario() -> Gen:
         part: Partition = yield from open_partition(bed, "P", Features.DIRECT_ALLOC,
-                                                    Reqs(wait=R_RING, bind="KBTP-BIND-VERIFY", free=R_RING))
+                                                    Reqs(wait=R_RING, bind="KBTP-BIND-VERIFY", free=R_RING),
+                                                    hold=False)
         seen.update(f=part.quota, n=part.slots)
         if (part.quota, part.slots) != (f, n):
             return
