@@ -320,11 +320,16 @@ def _deferred_free_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
                 window_block = y.block
                 break
         seq, blk = yield from part.read_slot(slot_t, "KBTP-FREE-NO-OVERWRITE")
+        if bed.fabric.now - started >= timeout_s:
+            # a target may hold a deferred FREE's completion until the slot is consumed, reclaiming the ticket
+            windows.attempt(False, ticket=t, why=f"ticket {t}'s Ticket Timeout ({timeout_s:g} s) passed before the "
+                                                 "slot was read: the target may have reclaimed the ticket")
+            return False
         check((seq, blk) == (t % TICKETS, block_t),
               f"a FREE with Tail ticket {u} (slot {slot_t}) completed while ticket {t}, which owns that slot, was "
-              f"taken and not yet bound; the slot then read Sequence {seq}, Block Offset {blk:#x}: the free overwrote "
-              "a slot not yet consumed instead of deferring its write", req="KBTP-FREE-NO-OVERWRITE",
-              seen=(seq, hex(blk)), expected=(t, hex(block_t)))
+              f"taken and not yet bound (within its Ticket Timeout); the slot then read Sequence {seq}, Block Offset "
+              f"{blk:#x}: the free overwrote a slot not yet consumed instead of deferring its write",
+              req="KBTP-FREE-NO-OVERWRITE", seen=(seq, hex(blk)), expected=(t, hex(block_t)))
         data_x = bytes([0x58, tag & 0xFF, 1]) * 6
         held_x = yield from part.bind(part.free_handle(), t, block_t, data_x, abandoned_after=timeout_s,
                                       started=started)
