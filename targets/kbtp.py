@@ -79,7 +79,7 @@ class TargetParams:
     # A race judged from outside (a black box: no race points to hold) passes only when its window opened at
     # least ``race_windows`` times, within ``race_budget_s`` seconds of attempts; else inconclusive with the count.
     race_windows: int = 3
-    race_budget_s: float = 10.0
+    race_budget_s: float = 20.0
     # Per-Initiator-ID quotas a scenario asks for (the text's deferred-free example: X 1, Y 3); a target
     # that cannot honour them raises TargetUnavailable and the check is inconclusive.
     quotas: tuple[tuple[bytes, int], ...] = field(default=())

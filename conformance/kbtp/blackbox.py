@@ -36,7 +36,7 @@ __all__ = ["Crowd", "Held", "Partition", "Probe", "Windows", "open_partition"]
 TICKETS = 1 << 32
 PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
 PROBE_WAIT_S = 5.0  # a probe read that never completes
-MAX_ATTEMPTS_PER_WINDOW = 10  # attempts per window asked for, at most (a budget that ends sooner ends them sooner)
+MAX_ATTEMPTS_PER_WINDOW = 20  # attempts per window asked for, at most (the budget usually ends them first)
 
 
 @dataclass
