@@ -25,7 +25,7 @@ from kvconform import evidence
 from kvconform.conformance.kbtp import expect
 from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Status
 from kvconform.kbtp.messages import Free, Load
-from kvconform.rdma import Access, Op, wait_completion_for
+from kvconform.rdma import Access, Op, pause, wait_completion_for
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot
@@ -309,6 +309,8 @@ class Probe:
                                    tag=f"probe-{kind}")
                     flight.append((idx, cell))
                     posted += 1
+                # a round per turn of the harness's loop: the rounds leave (and reach the target) spread out
+                yield from pause("probe-round")
             if not flight:
                 break
             self.ini.waiting = (req, "an RDMA Read of the probe")

@@ -453,8 +453,9 @@ def _entry_first_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
                 check(written is None or not bound,
                       f"slot {slot} (the FREE's Tail ticket {u}) already read Sequence {written[0] if written else 0}, "
                       f"Block Offset {written[1] if written else 0:#x}, but the entry of handle {held.handle:#x}, read "
-                      f"after it, still showed Flags {flags!r}, Generation {gen} (bound): the block went back to the "
-                      "ring before the entry was updated", req="KBTP-FREE-TABLE-FIRST", seen=(repr(flags), gen),
+                      f"after it, still showed Flags {flags!r}, Generation {gen} (bound): the slot was written (the "
+                      "FREE's Tail FetchAdd had run, the block was going back to the ring) before the entry was "
+                      "updated", req="KBTP-FREE-TABLE-FIRST", seen=(repr(flags), gen),
                       expected=f"not VALID, Generation != {held.generation}")
                 if not bound and i + 1 < len(reads) and reads[i + 1][1] == before:
                     opened = True
