@@ -6,7 +6,9 @@ it knows every ticket of that ring that is taken and not yet bound (the target c
 processes BIND), and can predict the Tail ticket of each FREE (the ring holds all F blocks of the partition when
 the session starts, so Tail = the first Head ticket + F, and each FREE of one of its blocks advances it by one).
 With that it opens the windows of the text deterministically (a FREE whose Tail ticket lands on the slot of a
-ticket it holds) or watches them with reads kept back to back around the target's writes (`Probe`).
+ticket it holds) or watches them with a steady stream of reads spread over the target's writes (`Probe`), while
+other sessions keep the target busy (`Crowd`). An attempt counts as opened only on a read that proves it fell
+inside the window.
 
 `Windows` keeps the count: a check passes only when its window opened at least PICS kbtp.target.race_windows
 times within kbtp.target.race_budget_s with every invariant intact, and the pass says "black box: window opened
@@ -31,7 +33,7 @@ from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot
 from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
 
-__all__ = ["Crowd", "Held", "Partition", "Probe", "Windows", "open_partition"]
+__all__ = ["TICKETS", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows", "open_partition"]
 
 TICKETS = 1 << 32
 PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
