@@ -277,6 +277,10 @@ class Probe:
 
     ini: HarnessInitiator
     where: list[tuple[str, int, int, int]]  # (kind 'slot' | 'entry', stag, tagged offset, length)
+    # A target in its own process: a round per turn of the harness's loop, so the rounds leave (and reach it)
+    # spread out rather than in one burst per round trip. A target in the harness's own loop (--kbtp-wire)
+    # interleaves its steps with the harness's: rounds posted back to back reach it between them.
+    spread: bool = True
     rounds: list[list[Any]] = field(default_factory=list)
 
     @classmethod
@@ -311,8 +315,8 @@ class Probe:
                                    tag=f"probe-{kind}")
                     flight.append((idx, cell))
                     posted += 1
-                # a round per turn of the harness's loop: the rounds leave (and reach the target) spread out
-                yield from pause("probe-round")
+                if self.spread:
+                    yield from pause("probe-round")
             if not flight:
                 break
             self.ini.waiting = (req, "an RDMA Read of the probe")

@@ -248,7 +248,7 @@ def _crowd(kbtp_target: TargetUnderTest, bed: Bed) -> Gen:
     return crowd
 
 
-def _watched_free(part: Partition, crowd: Crowd, held: Held, *, with_entry: bool, req: str) -> Gen:
+def _watched_free(part: Partition, crowd: Crowd, held: Held, *, with_entry: bool, spread: bool, req: str) -> Gen:
     """FREE of ``held``'s handle (with the crowd's burst) while a probe reads its Tail slot, after the entry when
     ``with_entry`` (entry, then slot: each round, sent together, is a snapshot of both in the order that shows the
     window; the slot of one round and the entry of the next, read in that order, show a violation); returns the
@@ -262,7 +262,7 @@ def _watched_free(part: Partition, crowd: Crowd, held: Held, *, with_entry: bool
         crowd.burst()
         part.send_free(held.handle)
 
-    probe = Probe(part.ini, [*where, Probe.slot(part, slot)])
+    probe = Probe(part.ini, [*where, Probe.slot(part, slot)], spread=spread)
     rounds = yield from probe.run(lambda rs: bool(rs[-1][-1] == final), PROBE_ROUNDS, req=req, kick=kick)
     yield from part.finish_free(held.handle, u)
     yield from crowd.drain()
@@ -405,8 +405,9 @@ def _slot_order_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
         crowd = yield from _crowd(kbtp_target, bed)
         while windows.more():
             held = yield from part.alloc(bytes([0x53, windows.attempts & 0xFF]) * 8)
-            u, slot, final, rounds = yield from _watched_free(part, crowd, held, with_entry=False,
-                                                              req="KBTP-FREE-SLOT-ORDER")
+            u, slot, final, rounds = yield from _watched_free(
+                part, crowd, held, with_entry=False,
+                spread=kbtp_target.fixed_geometry, req="KBTP-FREE-SLOT-ORDER")
             states = [r[0] for r in rounds]
             torn = [s for s in states if s[0] == u and s[1] != held.block]
             check(not torn, f"a read of slot {slot} while the FREE of Tail ticket {u} wrote it showed Sequence {u} "
@@ -438,8 +439,9 @@ def _entry_first_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
         crowd = yield from _crowd(kbtp_target, bed)
         while windows.more():
             held = yield from part.alloc(bytes([0x57, windows.attempts & 0xFF]) * 8)
-            u, slot, final, rounds = yield from _watched_free(part, crowd, held, with_entry=True,
-                                                              req="KBTP-FREE-TABLE-FIRST")
+            u, slot, final, rounds = yield from _watched_free(
+                part, crowd, held, with_entry=True,
+                spread=kbtp_target.fixed_geometry, req="KBTP-FREE-TABLE-FIRST")
             before = rounds[0][1]
             reads = [(kind, value) for r in rounds for kind, value in zip(("entry", "slot"), r, strict=True)]
             written = None  # the first slot read that shows the slot changed since before the FREE
