@@ -30,7 +30,7 @@ from kvconform.kbtp.messages import Free, Load
 from kvconform.rdma import Access, Op, pause, wait_completion_for
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_bed import Bed
-from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot, precise
 from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
 
 __all__ = ["TICKETS", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows", "open_partition"]
@@ -38,7 +38,7 @@ __all__ = ["TICKETS", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows", 
 TICKETS = 1 << 32
 PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
 PROBE_WAIT_S = 5.0  # a probe read that never completes
-MAX_ATTEMPTS_PER_WINDOW = 20  # attempts per window asked for, at most (the budget usually ends them first)
+MAX_ATTEMPTS_PER_WINDOW = 50  # attempts per window asked for, at most (the budget usually ends them first)
 
 
 @dataclass
@@ -94,13 +94,20 @@ class Held:
 
 @dataclass
 class Reqs:
-    """The requirement each step of a direct allocation answers to, as the running check cites them."""
+    """The requirement each step of a direct allocation answers to."""
 
     atomics: str = "KBTP-RDMAP-ATOMICS"  # the Head takes FetchAdd
     wait: str = "KBTP-RING-ALLOC-WAIT"  # the ticket's slot fills
     bind: str = "KBTP-BIND-VERIFY"  # the write into the partition and the BIND
     unique: str = "KBTP-RING-NO-LOSS"  # no block handed out twice
     free: str = "KBTP-FREE-RETURN"  # a FREE completes
+
+    @classmethod
+    def cited(cls, fallback: str) -> Reqs:
+        """Each step's own requirement where the running check cites it, else ``fallback`` (the requirement of
+        the check that the step serves): a check cites only what every path of it asserts."""
+        d = cls()
+        return cls(*(precise(named, fallback) for named in (d.atomics, d.wait, d.bind, d.unique, d.free)))
 
 
 @dataclass
@@ -218,7 +225,7 @@ def open_partition(bed: Bed, name: str, need: Features, reqs: Reqs | None = None
     if hold and f < 2:
         not_applicable(f"the Allocation Quota {f} announced in HELLO_ACK makes a DIRECT_ALLOC partition of {f} block: "
                        "the harness cannot hold a ticket and free another block of the ring at once")
-    return Partition(ini, f, n, reqs or Reqs())
+    return Partition(ini, f, n, reqs or Reqs.cited("KBTP-HELLO-FIRST"))
 
 
 @dataclass
@@ -237,15 +244,18 @@ class Crowd:
 
     @classmethod
     def join(cls, bed: Bed, count: int, block_size: int, *, req: str) -> Gen:
-        """Up to ``count`` sessions on the shared ring, each with one sealed block of ``block_size`` octets."""
-        crowd = cls(length=block_size, req=req)
+        """Up to ``count`` sessions on the shared ring, each with one sealed block of ``block_size`` octets. Their
+        allocation and LOADs answer to their own requirements where the running check cites them, else to ``req``
+        (the check's: the target failing them fails the check)."""
+        crowd = cls(length=block_size, req=precise("KBTP-LOAD-COMPLETE", req))
+        alloc_req = precise("KBTP-QUOTA-ALLOC-BOUNDED", req)
         data = bytes(range(256)) * (block_size // 256) + bytes(block_size % 256)
         for k in range(count):
             ini = bed.initiator(f"C{k}")
             ack = yield from bed.open(ini, Features(0))
             src = ini.buffer(block_size, Access.REMOTE_READ, data)
-            r = yield from ini.alloc_store(ini.handle(0), data, source=src, req=req)
-            expect.status_is(r, Status.OK, req=req, what=f"{ini.name}'s ALLOC_STORE of the block it loads")
+            r = yield from ini.alloc_store(ini.handle(0), data, source=src, req=alloc_req)
+            expect.status_is(r, Status.OK, req=alloc_req, what=f"{ini.name}'s ALLOC_STORE of the block it loads")
             crowd.inis.append(ini)
             crowd.handles.append(ini.handle(0))
             crowd.sent.append(0)

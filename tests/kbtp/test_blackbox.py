@@ -41,5 +41,5 @@ def test_attempts_stop_at_the_cap_or_the_budget() -> None:
     w = _windows(1)
     while w.more():
         w.attempt(False)
-    assert w.attempts == 20  # MAX_ATTEMPTS_PER_WINDOW per opening asked for
+    assert w.attempts == 50  # MAX_ATTEMPTS_PER_WINDOW per opening asked for
     assert not _windows(1, budget_s=0.0).more()

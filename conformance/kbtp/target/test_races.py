@@ -29,7 +29,7 @@ import pytest
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.blackbox import TICKETS, Crowd, Held, Partition, Probe, Windows, open_partition
+from kvconform.conformance.kbtp.blackbox import TICKETS, Crowd, Held, Partition, Probe, Reqs, Windows, open_partition
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, EntryFlags, Features, RequestFlags, Status
 from kvconform.rdma import Access, pause, wait_until
@@ -66,8 +66,7 @@ def _scripted(bed: Bed, script: ScriptScheduler, **actors: Gen) -> dict[str, Any
 
 
 @pytest.mark.req("KBTP-EX-DEFER", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE", "KBTP-ALLOC-RING", "KBTP-RING-NO-LOSS",
-                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN", "KBTP-RDMAP-ATOMICS",
-                 "KBTP-RING-ALLOC-WAIT", "KBTP-BIND-VERIFY")
+                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
 def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N = F = 4, blocks handed out in ring order: X's allocation takes ticket 0 and is held before it
     reads slot 0; Y takes tickets 1-3 and frees its first block, whose Tail ticket 4 lands on the
@@ -133,9 +132,7 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
                  got["y0"], req="KBTP-FREE-DEFER")
 
 
-@pytest.mark.req("KBTP-FREE-TABLE-FIRST", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN",
-                 "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT", "KBTP-BIND-VERIFY", "KBTP-RING-NO-LOSS",
-                 "KBTP-LOAD-COMPLETE")
+@pytest.mark.req("KBTP-FREE-TABLE-FIRST", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN")
 def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A FREE held just before its Tail FetchAdd (the reference's ``tail.<ring>`` race point): a direct
     read of the entry at that moment already shows it unbound with a new Generation. A black box:
@@ -181,7 +178,7 @@ def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int)
 
 
 @pytest.mark.req("KBTP-FREE-SLOT-ORDER", "KBTP-HELLO-FIRST", "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT",
-                 "KBTP-BIND-VERIFY", "KBTP-FREE-RETURN", "KBTP-RING-NO-LOSS", "KBTP-LOAD-COMPLETE")
+                 "KBTP-BIND-VERIFY", "KBTP-FREE-RETURN")
 def test_free_writes_block_before_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A FREE held between its two slot writes (the reference's ``slot-seq.<ring>.<ticket>`` race point):
     a read of the Tail slot at that moment never shows the new Sequence with the old Block Offset. A black
@@ -238,13 +235,12 @@ SLOT_POLLS = 50  # reads of a slot after the BIND that consumed it, for the defe
 PROBE_ROUNDS = 200  # rounds of back-to-back reads around one FREE
 
 
-def _crowd(kbtp_target: TargetUnderTest, bed: Bed) -> Gen:
+def _crowd(kbtp_target: TargetUnderTest, bed: Bed, req: str) -> Gen:
     """Sessions on the shared ring that keep the target busy around a watched FREE (as many as the declared
     geometry serves beside the watching partition session, at most 3)."""
     p = kbtp_target.params
     shared, _ = p.capacity()
-    crowd = yield from Crowd.join(bed, max(0, min(3, shared, p.max_initiators - 1)), p.block_size,
-                                  req="KBTP-LOAD-COMPLETE")
+    crowd = yield from Crowd.join(bed, max(0, min(3, shared, p.max_initiators - 1)), p.block_size, req=req)
     return crowd
 
 
@@ -379,7 +375,7 @@ def _deferred_free_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
 
     def scenario() -> Gen:
         nonlocal timeout_s
-        part = yield from open_partition(bed, "X", DA)
+        part = yield from open_partition(bed, "X", DA, Reqs.cited("KBTP-ALLOC-RING"))
         timeout_s = part.ini.ack.ticket_timeout_ms / 1000
         while windows.more():
             go_on = yield from attempt(part)
@@ -401,8 +397,8 @@ def _slot_order_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
     bed = kbtp_target.bed(seed, label="slot-order-black-box")
 
     def scenario() -> Gen:
-        part = yield from open_partition(bed, "A", DA)
-        crowd = yield from _crowd(kbtp_target, bed)
+        part = yield from open_partition(bed, "A", DA, Reqs.cited("KBTP-FREE-SLOT-ORDER"))
+        crowd = yield from _crowd(kbtp_target, bed, "KBTP-FREE-SLOT-ORDER")
         while windows.more():
             held = yield from part.alloc(bytes([0x53, windows.attempts & 0xFF]) * 8)
             u, slot, final, rounds = yield from _watched_free(
@@ -435,8 +431,8 @@ def _entry_first_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
     bed = kbtp_target.bed(seed, label="free-entry-first-black-box")
 
     def scenario() -> Gen:
-        part = yield from open_partition(bed, "W", Features(DA | DL))
-        crowd = yield from _crowd(kbtp_target, bed)
+        part = yield from open_partition(bed, "W", Features(DA | DL), Reqs.cited("KBTP-QUOTA-ALLOC-BOUNDED"))
+        crowd = yield from _crowd(kbtp_target, bed, "KBTP-FREE-TABLE-FIRST")
         while windows.more():
             held = yield from part.alloc(bytes([0x57, windows.attempts & 0xFF]) * 8)
             u, slot, final, rounds = yield from _watched_free(

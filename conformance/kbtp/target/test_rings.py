@@ -50,7 +50,7 @@ def boundary(f: int, n: int) -> str:
 
 @pytest.mark.parametrize("geometry", [pytest.param(g, id=DECLARED if g is None else f"F{g[0]}-N{g[1]}")
                                       for g in GEOMETRIES])
-@pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-HELLO-FIRST", "KBTP-RDMAP-ATOMICS", "KBTP-BIND-VERIFY")
+@pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-HELLO-FIRST")
 def test_shared_ring_geometries(geometry: tuple[int, int] | None, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A ring of F blocks and N slots, all of it held at once: every block bound, then one handle freed and
     rebound until more than 2N tickets went round; every allocation completes, and never with a Block Offset
@@ -160,7 +160,7 @@ def _partition_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, ser
 
     def scenario() -> Gen:
         part: Partition = yield from open_partition(bed, "P", Features.DIRECT_ALLOC,
-                                                    Reqs(wait=R_RING, bind="KBTP-BIND-VERIFY", free=R_RING),
+                                                    Reqs.cited(R_RING),
                                                     hold=False)
         seen.update(f=part.quota, n=part.slots)
         if (part.quota, part.slots) != (f, n):
