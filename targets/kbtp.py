@@ -76,6 +76,10 @@ class TargetParams:
     # Bind/free cycles the Generation-wrap check may drive on one handle (2 Generation steps each): 32768
     # reach 0xFFFF -> next from any starting Generation; fewer make the check inconclusive when it misses it.
     generation_cycles: int = 32768
+    # A race judged from outside (a black box: no race points to hold) passes only when its window opened at
+    # least ``race_windows`` times, within ``race_budget_s`` seconds of attempts; else inconclusive with the count.
+    race_windows: int = 3
+    race_budget_s: float = 20.0
     # Per-Initiator-ID quotas a scenario asks for (the text's deferred-free example: X 1, Y 3); a target
     # that cannot honour them raises TargetUnavailable and the check is inconclusive.
     quotas: tuple[tuple[bytes, int], ...] = field(default=())
@@ -106,6 +110,8 @@ class TargetParams:
             cross_initiator_load=bool(raw.get("cross_initiator_load", d.cross_initiator_load)),
             interleavings=int(raw.get("interleavings", d.interleavings)),
             generation_cycles=int(raw.get("generation_cycles", d.generation_cycles)),
+            race_windows=int(raw.get("race_windows", d.race_windows)),
+            race_budget_s=float(raw.get("race_budget_s", d.race_budget_s)),
             untrusted_initiators=tuple(bytes.fromhex(str(i)) for i in raw.get("untrusted_initiators", ())),
         )
 

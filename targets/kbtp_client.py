@@ -67,8 +67,8 @@ from kvconform.rdma import (
 from kvconform.verdicts import HarnessBug, check, current_check, violation
 
 Gen = Generator[Command, Any, Any]
-__all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "header_only",
-           "precise"]
+__all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "decode_entry",
+           "decode_slot", "header_only", "precise"]
 
 RECV_SIZE = 4096 + 512  # largest message the harness expects: a HELLO_ACK or a COMPLETION
 RECV_DEPTH = 16
@@ -436,9 +436,7 @@ class HarnessInitiator:
         wc, raw = yield from self.rdma_read(dl.table.stag, to, TABLE_ENTRY_SIZE, req=req, tag=f"entry-{handle:#x}")
         if not wc.ok:
             return None
-        flags, gen, length = struct.unpack_from(">HHI", raw)
-        (offset,) = struct.unpack_from("<Q" if s.addr_le else ">Q", raw, 8)
-        return EntryFlags(flags), gen, length, offset
+        return decode_entry(raw, s.addr_le)
 
     def read_slot(self, ring_stag: int, ring_to: int, slot_offset: int, *, req: str) -> Gen:
         """Direct read of a ring slot; (sequence, block offset), or None on an RDMA error."""
@@ -447,9 +445,7 @@ class HarnessInitiator:
                                             tag=f"slot-{slot_offset}")
         if not wc.ok:
             return None
-        (seq,) = struct.unpack_from(">I", raw)
-        (offset,) = struct.unpack_from("<Q" if s.addr_le else ">Q", raw, 8)
-        return seq, offset
+        return decode_slot(raw, s.addr_le)
 
     def take_ticket(self, *, req: str = R_ATOMICS) -> Gen:
         """FetchAdd on this initiator's DIRECT_ALLOC Head; returns (ticket, slot offset)."""
@@ -516,6 +512,20 @@ class HarnessInitiator:
     @property
     def broken(self) -> bool:
         return self.conn.state is not ConnState.CONNECTED
+
+
+def decode_entry(raw: bytes, addr_le: bool) -> tuple[EntryFlags, int, int, int]:
+    """A table entry as read: (Flags, Generation, Data Length, Block Offset); Block Offset per ADDR_LE."""
+    flags, gen, length = struct.unpack_from(">HHI", raw)
+    (offset,) = struct.unpack_from("<Q" if addr_le else ">Q", raw, 8)
+    return EntryFlags(flags), gen, length, offset
+
+
+def decode_slot(raw: bytes, addr_le: bool) -> tuple[int, int]:
+    """A ring slot as read: (Sequence, Block Offset); Block Offset per ADDR_LE."""
+    (seq,) = struct.unpack_from(">I", raw)
+    (offset,) = struct.unpack_from("<Q" if addr_le else ">Q", raw, 8)
+    return seq, offset
 
 
 def header_only(opcode: int, *, version: int = 1, flags: int = 0, request_id: int = 0, handle: int = 0,

@@ -109,3 +109,55 @@ def _run_wire(suite: str, target: str, tmp_path: Path, wire: str, pics: tuple[st
               checks: tuple[str, ...] = ()) -> object:
     return run_suite(suite, target, tmp_path, pics=pics, checks=checks, timeout=WIRE_RUN_TIMEOUT_S,
                      extra=("--kbtp-wire", wire))
+
+
+# Issue 23: the named free-path races and the ring geometries judged from outside, against targets served in their
+# own process. A bounded sample: two openings of each window (the certification default is three) within 30 s.
+RACE_CHECKS = ("test_deferred_free_example", "test_free_updates_entry_before_ring",
+               "test_free_writes_block_before_sequence", "test_shared_ring_geometries")
+RACE_PICS = ("kbtp.target.race_windows=2", "kbtp.target.race_budget_s=30")
+BLACK_BOX_RUN_TIMEOUT_S = 300
+# Served over RoCEv2, each must fail on the rule it breaks (tests/mutants/kbtp.py; its ReferenceTarget subclass is
+# what `kvconform serve kbtp-target --target-class` runs)
+RACE_MUTANTS = ("OverwritesUnconsumedSlot", "FreeReturnsBeforeEntryUpdate", "SequenceBeforeBlock")
+
+
+@pytest.mark.slow
+@covering(BLACK_BOX_RUN_TIMEOUT_S)
+@pytest.mark.parametrize("served_target", [(w, _features(w)) for w in WIRES], indirect=True, ids=WIRES)
+def test_served_reference_passes_the_races_and_rings_from_outside(served_target: str, tmp_path: Path) -> None:
+    wire = served_target.split("+", 1)[1].split(":", 1)[0]
+    run = run_suite("kbtp-target", served_target, tmp_path, pics=(*_pics("target", wire, _features(wire)), *RACE_PICS),
+                    checks=RACE_CHECKS, timeout=BLACK_BOX_RUN_TIMEOUT_S)
+    tests = run.coverage.get("tests", [])  # type: ignore[attr-defined]
+    assert tests, run.output  # type: ignore[attr-defined]
+    verdicts = {t["nodeid"].split("::")[-1]: (t["verdict"], t.get("message", "")) for t in tests}
+    bad = {k: v for k, v in verdicts.items() if v[0] in ("fail", "inconclusive")}
+    assert not bad, f"{served_target}: {bad}"
+    for check in RACE_CHECKS[:3]:
+        verdict, message = verdicts[check]
+        assert verdict == "pass" and message.startswith("black box: window opened"), (check, verdict, message)
+    # the declared geometry: its shared ring (F 6 < N 8) and its partitions (F == N == 2) reached, the rest N/A
+    assert verdicts["test_shared_ring_geometries[declared]"][0] == "pass"
+    assert verdicts["test_shared_ring_geometries[F2-N2]"] == (
+        "pass", "geometry reached: DIRECT_ALLOC partition ring F 2, N 2 (F == N, n = 1), announced in HELLO_ACK")
+    assert verdicts["test_shared_ring_geometries[F3-N4]"][0] == "not-applicable"
+    assert verdicts["test_shared_ring_geometries[F4-N4]"][0] == "not-applicable"
+
+
+@pytest.mark.slow
+@covering(BLACK_BOX_RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", RACE_MUTANTS)
+def test_race_mutant_served_over_roce_fails_on_its_rule(name: str, tmp_path: Path) -> None:
+    m = kbtp_mutants.MUTANTS[name]
+    cls = getattr(kbtp_mutants, name).target_class
+    with served("kbtp-target", "--binding", "roce", "--port", "0", "--udp-port", "0", "--profile", _profile("roce"),
+                f"--features={','.join(_features('roce'))}", "--ticket-timeout-ms", str(TICKET_TIMEOUT_MS),
+                "--target-class", f"{cls.__module__}:{cls.__name__}") as address:
+        run = run_suite(m.suite, f"kbtp+roce://{address}", tmp_path,
+                        pics=(*_pics("target", "roce", _features("roce")), "kbtp.target.race_budget_s=20"),
+                        checks=m.checks, timeout=BLACK_BOX_RUN_TIMEOUT_S)
+    doc = run.coverage  # type: ignore[attr-defined]
+    assert doc, run.output  # type: ignore[attr-defined]
+    failed = {t["nodeid"].split("::")[-1]: t.get("blamed") for t in doc["tests"] if t["verdict"] == "fail"}
+    assert failed == {m.checks[0]: m.requirement}, f"{name} over kbtp+roce://: {failed}\n{run.output}"  # type: ignore

@@ -9,6 +9,13 @@ Every failure names the fabric seed and the schedule; ``kvconform run kbtp-targe
 with a ScriptScheduler even after the code changed. The scripted checks hold the reference target at its
 named race points; a target without them cannot be forced into the interleaving and is inconclusive.
 
+A target the harness cannot schedule (over a wire, on a device: ``TargetUnderTest.black_box``) gets the same three
+named races opened from outside instead (conformance/kbtp/blackbox.py): the harness, a DIRECT_ALLOC initiator on its
+own partition, is the delayed allocation of the text's example, and reads the ring and the table back to back
+around the target's writes; each such check passes only when its window opened at least PICS
+kbtp.target.race_windows times (within kbtp.target.race_budget_s), and says "black box: window opened n of N
+attempts".
+
 The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kvconform-kbtp-interleavings).
 """
 
@@ -22,6 +29,7 @@ import pytest
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp.blackbox import TICKETS, Crowd, Held, Partition, Probe, Reqs, Windows, open_partition
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, EntryFlags, Features, RequestFlags, Status
 from kvconform.rdma import Access, pause, wait_until
@@ -63,7 +71,10 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N = F = 4, blocks handed out in ring order: X's allocation takes ticket 0 and is held before it
     reads slot 0; Y takes tickets 1-3 and frees its first block, whose Tail ticket 4 lands on the
     unconsumed slot 0 and must wait; X then gets slot 0's block, and Y's next allocation (ticket 4) gets
-    exactly the block Y freed. No block is lost or handed out twice."""
+    exactly the block Y freed. No block is lost or handed out twice. A black box: `_deferred_free_black_box`."""
+    if kbtp_target.black_box:
+        _deferred_free_black_box(kbtp_target, seed)
+        return
     if kbtp_target.params.max_initiators < 2:
         not_applicable("PICS kbtp.target.max_initiators is 1: the example needs initiators X and Y at once")
     x_id, y_id = secrets.token_bytes(16), secrets.token_bytes(16)
@@ -124,8 +135,12 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
 @pytest.mark.req("KBTP-FREE-TABLE-FIRST", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN")
 def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A FREE held just before its Tail FetchAdd (the reference's ``tail.<ring>`` race point): a direct
-    read of the entry at that moment already shows it unbound with a new Generation."""
+    read of the entry at that moment already shows it unbound with a new Generation. A black box:
+    `_entry_first_black_box`."""
     kbtp_target.require(DL)
+    if kbtp_target.black_box:
+        _entry_first_black_box(kbtp_target, seed)
+        return
     plan = kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
     script = ScriptScheduler(["R:entry-read", "target@W-conn.target:tail.*"])
     bed = kbtp_target.bed(seed, scheduler=script, label="free-entry-first")
@@ -166,8 +181,12 @@ def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int)
                  "KBTP-BIND-VERIFY", "KBTP-FREE-RETURN")
 def test_free_writes_block_before_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A FREE held between its two slot writes (the reference's ``slot-seq.<ring>.<ticket>`` race point):
-    a read of the Tail slot at that moment never shows the new Sequence with the old Block Offset."""
+    a read of the Tail slot at that moment never shows the new Sequence with the old Block Offset. A black
+    box: `_slot_order_black_box`."""
     kbtp_target.require(DA)
+    if kbtp_target.black_box:
+        _slot_order_black_box(kbtp_target, seed)
+        return
     script = ScriptScheduler(["R:slot-read", "R:slot-seen", "target@A-conn.target:slot-seq.*"])
     bed = kbtp_target.bed(seed, scheduler=script, label="slot-order")
     a = bed.initiator("A")
@@ -208,6 +227,243 @@ def test_free_writes_block_before_sequence(kbtp_target: TargetUnderTest, seed: i
     check(not (seq == seen["u"] and offset == EMPTY_BLOCK_OFFSET),
           f"between the FREE's two slot writes the slot read Sequence {seq} (the new one) with Block Offset all ones "
           f"[{bed.replay_hint()}]", req="KBTP-FREE-SLOT-ORDER", seen=slot, expected=(seen["u"], seen["block"]))
+
+
+# ---- the same three races judged from outside (a black box) ---------------------------------------------------
+
+SLOT_POLLS = 50  # reads of a slot after the BIND that consumed it, for the deferred free's write
+PROBE_ROUNDS = 200  # rounds of back-to-back reads around one FREE
+
+
+def _crowd(kbtp_target: TargetUnderTest, bed: Bed, req: str) -> Gen:
+    """Sessions on the shared ring that keep the target busy around a watched FREE (as many as the declared
+    geometry serves beside the watching partition session, at most 3)."""
+    p = kbtp_target.params
+    shared, _ = p.capacity()
+    crowd = yield from Crowd.join(bed, max(0, min(3, shared, p.max_initiators - 1)), p.block_size, req=req)
+    return crowd
+
+
+def _watched_free(part: Partition, crowd: Crowd, held: Held, *, with_entry: bool, spread: bool, req: str) -> Gen:
+    """FREE of ``held``'s handle (with the crowd's burst) while a probe reads its Tail slot, after the entry when
+    ``with_entry`` (entry, then slot: each round, sent together, is a snapshot of both in the order that shows the
+    window; the slot of one round and the entry of the next, read in that order, show a violation); returns the
+    Tail ticket, its slot, the slot's final state and the probe's rounds (the slot last in each)."""
+    u = part.next_tail
+    slot = part.slot_of(u)
+    final = (u, held.block)
+    where = [Probe.entry(part.ini, held.handle)] if with_entry else []
+
+    def kick() -> None:
+        crowd.burst()
+        part.send_free(held.handle)
+
+    probe = Probe(part.ini, [*where, Probe.slot(part, slot)], spread=spread)
+    rounds = yield from probe.run(lambda rs: bool(rs[-1][-1] == final), PROBE_ROUNDS, req=req, kick=kick)
+    yield from part.finish_free(held.handle, u)
+    yield from crowd.drain()
+    return u, slot, final, rounds
+
+
+def _runs(states: list[Any]) -> list[str]:
+    """What a probe saw, as runs of equal states ("before x7", ...), for the evidence."""
+    out: list[str] = []
+    for st in states:
+        label = str(st)
+        if out and out[-1].rsplit(" x", 1)[0] == label:
+            head, _, n = out[-1].rpartition(" x")
+            out[-1] = f"{head} x{int(n) + 1}"
+        else:
+            out.append(f"{label} x1")
+    return out
+
+
+def _need_ring(kbtp_target: TargetUnderTest) -> None:
+    """A black box shows its ring only through DIRECT_ALLOC (the partition ring the initiator allocates from)."""
+    if not kbtp_target.has(DA):
+        inconclusive("the target is a black box (the harness cannot schedule it) and does not declare DIRECT_ALLOC: "
+                     "it executes every allocation itself and exposes no ring, so the harness can neither hold an "
+                     "allocation between its ticket and its slot nor see the ring's slots")
+    kbtp_target.require(DA)
+
+
+def _deferred_free_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
+    """The text's example with the harness as the delayed allocation X: on its own DIRECT_ALLOC partition (F
+    blocks, N slots) it takes ticket t with its own FetchAdd and withholds the BIND (the target consumes a slot
+    only when it processes BIND), while as Y it allocates and frees blocks of the same ring until a FREE's Tail
+    ticket is t + N, whose slot is t's: that free must be deferred (slot t still shows ticket t and X's block),
+    and once X's BIND consumed the slot, the deferred write fills it with Sequence t + N and the freed block,
+    which the allocation of ticket t + N gets. The window opened when that write is seen after the BIND."""
+    _need_ring(kbtp_target)
+    windows = Windows.of(kbtp_target.params, "a FREE whose Tail ticket lands on the slot of a ticket taken and not "
+                                             "yet bound")
+    bed = kbtp_target.bed(seed, label="deferred-free-black-box")
+    timeout_s = 0.0
+
+    def attempt(part: Partition) -> Gen:
+        tag = windows.attempts
+        t, slot_t = yield from part.take()  # X: the ticket is taken ...
+        started = bed.fabric.now
+        block_t = yield from part.await_block(t, slot_t)  # ... and the BIND withheld: slot t stays unconsumed
+        target_u = (t + part.slots) % TICKETS
+        u, window_block = None, None
+        for _ in range(2 * part.slots):  # Y: allocate and free until a FREE gets Tail ticket t + N
+            y = yield from part.alloc(bytes([0x59, tag & 0xFF, 0]) * 6)
+            check(y.block != block_t, f"ticket {y.ticket} got Block Offset {y.block:#x}, which ticket {t} (taken, not "
+                  "yet bound) holds in its slot", req="KBTP-EX-DEFER", seen=f"{y.block:#x}")
+            u = yield from part.free(y.handle)
+            if u == target_u:
+                window_block = y.block
+                break
+        seq, blk = yield from part.read_slot(slot_t, "KBTP-FREE-NO-OVERWRITE")
+        if bed.fabric.now - started >= timeout_s:
+            # a target may hold a deferred FREE's completion until the slot is consumed, reclaiming the ticket
+            windows.attempt(False, ticket=t, why=f"ticket {t}'s Ticket Timeout ({timeout_s:g} s) passed before the "
+                                                 "slot was read: the target may have reclaimed the ticket")
+            return False
+        check((seq, blk) == (t % TICKETS, block_t),
+              f"a FREE with Tail ticket {u} (slot {slot_t}) completed while ticket {t}, which owns that slot, was "
+              f"taken and not yet bound (within its Ticket Timeout); the slot then read Sequence {seq}, Block Offset "
+              f"{blk:#x}: the free overwrote a slot not yet consumed instead of deferring its write",
+              req="KBTP-FREE-NO-OVERWRITE", seen=(seq, hex(blk)), expected=(t, hex(block_t)))
+        data_x = bytes([0x58, tag & 0xFF, 1]) * 6
+        held_x = yield from part.bind(part.free_handle(), t, block_t, data_x, abandoned_after=timeout_s,
+                                      started=started)
+        if held_x is None:
+            windows.attempt(False, ticket=t, why=f"the Ticket Timeout ({timeout_s:g} s) ran out while the ticket "
+                                                 "was held")
+            return False
+        opened = False
+        for _ in range(SLOT_POLLS):
+            seq, blk = yield from part.read_slot(slot_t, "KBTP-FREE-DEFER")
+            if seq == target_u:
+                opened = True
+                break
+        if not opened or window_block is None:
+            windows.attempt(False, ticket=t, tail_ticket=u, slot=slot_t,
+                            why=f"no deferred write of Tail ticket {target_u} seen in slot {slot_t} after the BIND "
+                                f"consumed it (last read: Sequence {seq}, Block Offset {blk:#x})")
+            yield from part.free_all()
+            return True
+        check(blk == window_block, f"the deferred free of Tail ticket {target_u} wrote Block Offset {blk:#x} into slot "
+              f"{slot_t}, not the block it freed", req="KBTP-FREE-DEFER", seen=hex(blk), expected=hex(window_block))
+        for _ in range(part.slots + 1):  # the allocation of ticket t + N gets exactly the freed block
+            ticket, slot = yield from part.take()
+            block = yield from part.await_block(ticket, slot)
+            data = bytes([0x5A, tag & 0xFF, ticket & 0xFF]) * 6
+            if ticket == target_u:
+                check(block == window_block, f"the allocation of ticket {ticket} got Block Offset {block:#x}, not the "
+                      f"block {window_block:#x} whose free was deferred onto its slot", req="KBTP-FREE-DEFER",
+                      seen=hex(block), expected=hex(window_block))
+                held = yield from part.bind(part.free_handle(), ticket, block, data)
+                break
+            other = yield from part.bind(part.free_handle(), ticket, block, data)
+            yield from part.free(other.handle)
+        else:
+            inconclusive(f"the Head never gave ticket {target_u} within {part.slots + 1} allocations after ticket {t}: "
+                         "the harness's ticket bookkeeping does not match the target's ring")
+        for h in (held_x, held):
+            # a BIND leaves the block unsealed: loaded with ALLOW_UNSEALED
+            r, got = yield from part.ini.load(h.handle, len(h.data), flags=RequestFlags.ALLOW_UNSEALED,
+                                              req="KBTP-LOAD-COMPLETE")
+            expect.status_is(r, Status.OK, req="KBTP-LOAD-COMPLETE", what=f"LOAD of handle {h.handle:#x}")
+            expect.equal(f"data of handle {h.handle:#x} (ticket {h.ticket})", got, h.data, req="KBTP-RING-NO-LOSS")
+        windows.attempt(True, ticket=t, slot=slot_t, tail_ticket=target_u, held_block=hex(block_t),
+                        deferred_block=hex(window_block))
+        yield from part.free_all()
+        return True
+
+    def scenario() -> Gen:
+        nonlocal timeout_s
+        part = yield from open_partition(bed, "X", DA, Reqs.cited("KBTP-ALLOC-RING"))
+        timeout_s = part.ini.ack.ticket_timeout_ms / 1000
+        while windows.more():
+            go_on = yield from attempt(part)
+            if not go_on:
+                break
+
+    bed.run_one(scenario())
+    windows.judge()
+
+
+def _slot_order_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
+    """As the allocations of its own partition, the harness binds a block and frees it while it reads the FREE's
+    Tail slot in a steady stream: no read shows the new Sequence with any Block Offset but the freed block's (the
+    consumed slot's all ones). The window opened when a read fell between the two writes: it shows the freed
+    block with the slot's old Sequence (a target that writes both at once never opens it: inconclusive)."""
+    _need_ring(kbtp_target)
+    windows = Windows.of(kbtp_target.params, "a read of a FREE's Tail slot between its Block Offset and its Sequence "
+                                             "write")
+    bed = kbtp_target.bed(seed, label="slot-order-black-box")
+
+    def scenario() -> Gen:
+        part = yield from open_partition(bed, "A", DA, Reqs.cited("KBTP-FREE-SLOT-ORDER"))
+        crowd = yield from _crowd(kbtp_target, bed, "KBTP-FREE-SLOT-ORDER")
+        while windows.more():
+            held = yield from part.alloc(bytes([0x53, windows.attempts & 0xFF]) * 8)
+            u, slot, final, rounds = yield from _watched_free(
+                part, crowd, held, with_entry=False,
+                spread=kbtp_target.fixed_geometry, req="KBTP-FREE-SLOT-ORDER")
+            states = [r[0] for r in rounds]
+            torn = [s for s in states if s[0] == u and s[1] != held.block]
+            check(not torn, f"a read of slot {slot} while the FREE of Tail ticket {u} wrote it showed Sequence {u} "
+                  f"(the new one) with Block Offset {torn[0][1] if torn else 0:#x}, not the freed block: the Sequence "
+                  "was written before the block", req="KBTP-FREE-SLOT-ORDER", seen=[(q, hex(b)) for q, b in torn[:3]],
+                  expected=f"Sequence {u} only with Block Offset {held.block:#x}")
+            between = [s for s in states[1:] if s[0] != u and s[1] == held.block]
+            windows.attempt(bool(between) and states[-1] == final, tail_ticket=u, slot=slot, reads=len(states),
+                            seen=_runs(["before" if st == states[0] else "returned" if st == final else "block only"
+                                        if st in between else f"Sequence {st[0]}, Block Offset {st[1]:#x}"
+                                        for st in states]))
+
+    bed.run_one(scenario())
+    windows.judge()
+
+
+def _entry_first_black_box(kbtp_target: TargetUnderTest, seed: int) -> None:
+    """As the allocations of its own partition (DIRECT_ALLOC) that may read the table (DIRECT_LOAD), the harness
+    binds a block and frees it while it reads the FREE's Tail slot and the entry, alternately, in a steady stream:
+    no entry read that follows a slot read showing the slot written (changed since before the FREE) shows the
+    handle still bound. The window opened when a read fell between the two: an entry read shows the handle unbound
+    and the slot read after it the slot as before the FREE."""
+    _need_ring(kbtp_target)
+    windows = Windows.of(kbtp_target.params, "reads between a FREE's entry update and its write of the Tail slot")
+    bed = kbtp_target.bed(seed, label="free-entry-first-black-box")
+
+    def scenario() -> Gen:
+        part = yield from open_partition(bed, "W", Features(DA | DL), Reqs.cited("KBTP-QUOTA-ALLOC-BOUNDED"))
+        crowd = yield from _crowd(kbtp_target, bed, "KBTP-FREE-TABLE-FIRST")
+        while windows.more():
+            held = yield from part.alloc(bytes([0x57, windows.attempts & 0xFF]) * 8)
+            u, slot, final, rounds = yield from _watched_free(
+                part, crowd, held, with_entry=True,
+                spread=kbtp_target.fixed_geometry, req="KBTP-FREE-TABLE-FIRST")
+            before = rounds[0][1]
+            reads = [(kind, value) for r in rounds for kind, value in zip(("entry", "slot"), r, strict=True)]
+            written = None  # the first slot read that shows the slot changed since before the FREE
+            opened = False
+            for i, (kind, value) in enumerate(reads):
+                if kind == "slot":
+                    written = written or (value if value != before else None)
+                    continue
+                flags, gen = value[0], value[1]
+                bound = bool(flags & EntryFlags.VALID) and gen == held.generation
+                check(written is None or not bound,
+                      f"slot {slot} (the FREE's Tail ticket {u}) already read Sequence {written[0] if written else 0}, "
+                      f"Block Offset {written[1] if written else 0:#x}, but the entry of handle {held.handle:#x}, read "
+                      f"after it, still showed Flags {flags!r}, Generation {gen} (bound): the slot was written (the "
+                      "FREE's Tail FetchAdd had run, the block was going back to the ring) before the entry was "
+                      "updated", req="KBTP-FREE-TABLE-FIRST", seen=(repr(flags), gen),
+                      expected=f"not VALID, Generation != {held.generation}")
+                if not bound and i + 1 < len(reads) and reads[i + 1][1] == before:
+                    opened = True
+            windows.attempt(opened and rounds[-1][1] == final, tail_ticket=u, slot=slot, rounds=len(rounds),
+                            seen=_runs([("bound" if e[0] & EntryFlags.VALID else "unbound",
+                                         "before" if sl == before else "returned" if sl == final else "written")
+                                        for e, sl in rounds]))
+
+    bed.run_one(scenario())
+    windows.judge()
 
 
 # ---- seeded interleavings of many initiators ------------------------------------------------------------

@@ -1,0 +1,359 @@
+"""Races on the free-block ring judged from outside (KBTP "Free-Block Ring", "Direct Modes", "Examples").
+
+A target the harness cannot schedule (over a wire, on a device) has no race points to hold. The harness then owns
+the race from outside: as a DIRECT_ALLOC initiator it executes its own allocations on its own partition ring, so
+it knows every ticket of that ring that is taken and not yet bound (the target consumes a slot only when it
+processes BIND), and can predict the Tail ticket of each FREE (the ring holds all F blocks of the partition when
+the session starts, so Tail = the first Head ticket + F, and each FREE of one of its blocks advances it by one).
+With that it opens the windows of the text deterministically (a FREE whose Tail ticket lands on the slot of a
+ticket it holds) or watches them with a steady stream of reads spread over the target's writes (`Probe`), while
+other sessions keep the target busy (`Crowd`). An attempt counts as opened only on a read that proves it fell
+inside the window.
+
+`Windows` keeps the count: a check passes only when its window opened at least PICS kbtp.target.race_windows
+times within kbtp.target.race_budget_s with every invariant intact, and the pass says "black box: window opened
+n of N attempts"; fewer openings are inconclusive, naming the count. A window that did not open is never a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvconform import evidence
+from kvconform.conformance.kbtp import expect
+from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Status
+from kvconform.kbtp.messages import Free, Load
+from kvconform.rdma import Access, Op, pause, wait_completion_for
+from kvconform.targets.kbtp import TargetParams
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot, precise
+from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
+
+__all__ = ["TICKETS", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows", "open_partition"]
+
+TICKETS = 1 << 32
+PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
+PROBE_WAIT_S = 5.0  # a probe read that never completes
+MAX_ATTEMPTS_PER_WINDOW = 50  # attempts per window asked for, at most (the budget usually ends them first)
+
+
+@dataclass
+class Windows:
+    """Attempts at one race window and how many of them opened it."""
+
+    what: str
+    needed: int
+    budget_s: float
+    attempts: int = 0
+    opened: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of(cls, params: TargetParams, what: str) -> Windows:
+        return cls(what, max(1, params.race_windows), params.race_budget_s)
+
+    def more(self) -> bool:
+        """Whether to make another attempt: too few openings, attempts and time left."""
+        return (self.opened < self.needed and self.attempts < MAX_ATTEMPTS_PER_WINDOW * self.needed
+                and time.monotonic() - self.started < self.budget_s)
+
+    def attempt(self, opened: bool, **detail: Any) -> None:
+        self.attempts += 1
+        self.opened += int(opened)
+        evidence.record("note", "kbtp-race-window", {"window": self.what, "attempt": self.attempts,
+                                                     "opened": opened, **detail})
+
+    @property
+    def summary(self) -> str:
+        return f"black box: window opened {self.opened} of {self.attempts} attempts ({self.what})"
+
+    def judge(self) -> None:
+        """Pass (saying how) when the window opened often enough; else inconclusive with the count."""
+        evidence.note(self.summary)
+        if self.opened < self.needed:
+            inconclusive(f"{self.summary}; PICS kbtp.target.race_windows asks for {self.needed} within "
+                         f"kbtp.target.race_budget_s {self.budget_s:g} s: the race was not observed often enough "
+                         "to judge it")
+        pass_basis(self.summary)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A block this initiator bound through its partition."""
+
+    handle: int
+    ticket: int
+    block: int
+    data: bytes
+    generation: int
+
+
+@dataclass
+class Reqs:
+    """The requirement each step of a direct allocation answers to."""
+
+    atomics: str = "KBTP-RDMAP-ATOMICS"  # the Head takes FetchAdd
+    wait: str = "KBTP-RING-ALLOC-WAIT"  # the ticket's slot fills
+    bind: str = "KBTP-BIND-VERIFY"  # the write into the partition and the BIND
+    unique: str = "KBTP-RING-NO-LOSS"  # no block handed out twice
+    free: str = "KBTP-FREE-RETURN"  # a FREE completes
+
+    @classmethod
+    def cited(cls, fallback: str) -> Reqs:
+        """Each step's own requirement where the running check cites it, else ``fallback`` (the requirement of
+        the check that the step serves): a check cites only what every path of it asserts."""
+        d = cls()
+        return cls(*(precise(named, fallback) for named in (d.atomics, d.wait, d.bind, d.unique, d.free)))
+
+
+@dataclass
+class Partition:
+    """The harness as the DIRECT_ALLOC allocations of its own partition ring (see the module docstring)."""
+
+    ini: HarnessInitiator
+    quota: int  # F: the partition's blocks (= the Allocation Quota)
+    slots: int  # N: its ring's slots
+    reqs: Reqs = field(default_factory=Reqs)
+    tail: int | None = None  # the Tail ticket the next FREE of this partition's blocks gets
+    bound: dict[int, Held] = field(default_factory=dict)  # handle -> what it holds
+
+    def slot_of(self, ticket: int) -> int:
+        """Slot Offset of a ticket on this ring."""
+        return RING_SLOT_SIZE * (ticket % self.slots)
+
+    def take(self) -> Gen:
+        """FetchAdd on the Head: (ticket, slot offset); the first one also fixes the Tail prediction."""
+        ticket, slot = yield from self.ini.take_ticket(req=self.reqs.atomics)
+        if self.tail is None:
+            self.tail = (ticket + self.quota) % TICKETS
+        return ticket, slot
+
+    def await_block(self, ticket: int, slot: int) -> Gen:
+        """The block of a taken ticket, from its slot (re-read until it shows the ticket with a block)."""
+        block = yield from self.ini.await_slot(ticket, slot, req=self.reqs.wait)
+        holders = [h for h, held in self.bound.items() if held.block == block]
+        check(not holders, f"{self.ini.name}: ticket {ticket}'s slot {slot} holds Block Offset {block:#x}, which bound "
+              f"handle {holders[0] if holders else 0:#x} still holds", req=self.reqs.unique, seen=f"{block:#x}")
+        return block
+
+    def bind(self, handle: int, ticket: int, block: int, data: bytes, *, abandoned_after: float | None = None,
+             started: float = 0.0) -> Gen:
+        """Write ``data`` into ``block`` and BIND ``handle`` to it with ``ticket``; the Held. ``abandoned_after``: a
+        ticket held on purpose since ``started`` (fabric time) may be reclaimed once that many seconds (the Ticket
+        Timeout) have passed: then TICKET_ABANDONED is right, and the result is None."""
+        wc = yield from self.ini.write_block(block, data, req=self.reqs.bind)
+        check(wc.ok, f"{self.ini.name}: the RDMA Write into the partition at {block:#x} failed: {wc.status.name}",
+              req=self.reqs.bind)
+        r = yield from self.ini.bind(handle, ticket, len(data), block, req=self.reqs.bind)
+        if (abandoned_after is not None and r.status == Status.TICKET_ABANDONED
+                and self.ini.fabric.now - started >= abandoned_after):
+            return None
+        expect.status_is(r, Status.OK, req=self.reqs.bind, what=f"BIND of ticket {ticket} (Block Offset {block:#x})")
+        held = Held(handle, ticket, block, data, r.generation)
+        self.bound[handle] = held
+        return held
+
+    def alloc(self, data: bytes) -> Gen:
+        """One whole direct allocation into the lowest free handle: ticket, slot, write, BIND."""
+        handle = self.free_handle()
+        ticket, slot = yield from self.take()
+        block = yield from self.await_block(ticket, slot)
+        held = yield from self.bind(handle, ticket, block, data)
+        return held
+
+    def free_handle(self) -> int:
+        for i in range(self.ini.ack.handle_count):
+            if self.ini.handle(i) not in self.bound:
+                return self.ini.handle(i)
+        inconclusive(f"{self.ini.name}: every handle of its range is bound")
+
+    @property
+    def next_tail(self) -> int:
+        """The Tail ticket the next FREE of this partition's blocks gets."""
+        assert self.tail is not None, "no ticket taken yet"
+        return self.tail
+
+    def send_free(self, handle: int) -> int:
+        """Send FREE of ``handle`` without waiting; the Tail ticket it will get."""
+        assert self.tail is not None, "a FREE before any ticket was taken"
+        u = self.tail
+        self.tail = (u + 1) % TICKETS
+        self.ini.send(self.ini.enc(Free(request_id=self.ini.next_id(), handle=handle)))
+        return u
+
+    def finish_free(self, handle: int, u: int) -> Gen:
+        """The COMPLETION of a FREE sent by `send_free`."""
+        r = yield from self.ini.receive(req=self.reqs.free, what=f"COMPLETION of FREE of handle {handle:#x} (Tail "
+                                        f"ticket {u})")
+        expect.status_is(r, Status.OK, req=self.reqs.free, what=f"FREE of handle {handle:#x} (Tail ticket {u})")
+        del self.bound[handle]
+        return r
+
+    def free(self, handle: int) -> Gen:
+        u = self.send_free(handle)
+        yield from self.finish_free(handle, u)
+        return u
+
+    def free_all(self) -> Gen:
+        for h in list(self.bound):
+            yield from self.free(h)
+
+    def read_slot(self, slot: int, req: str) -> Gen:
+        da = self.ini.da
+        got = yield from self.ini.read_slot(da.ring.stag, da.ring.tagged_offset, slot, req=req)
+        if got is None:
+            inconclusive(f"{self.ini.name}: the RDMA Read of its ring slot {slot} failed, so it could not be observed")
+        return got
+
+
+def open_partition(bed: Bed, name: str, need: Features, reqs: Reqs | None = None, *, hold: bool = True) -> Gen:
+    """A session granted ``need`` (DIRECT_ALLOC at least) and its Partition; with ``hold`` (a check that holds a
+    ticket while it frees another block of the ring) not-applicable when the quota makes the partition too small
+    for that (F < 2)."""
+    ini = bed.initiator(name)
+    ack = yield from bed.open(ini, need)
+    if (ack.features & need) != need:
+        inconclusive(f"{name} was granted {Features(ack.features)!r}, not the {need!r} PICS declare and the check "
+                     "needs")
+    da = ack.direct_alloc
+    f, n = ack.allocation_quota, da.ring.count
+    evidence.note(f"{name}: DIRECT_ALLOC partition of F {f} blocks on a ring of N {n} slots (HELLO_ACK)")
+    if hold and f < 2:
+        not_applicable(f"the Allocation Quota {f} announced in HELLO_ACK makes a DIRECT_ALLOC partition of {f} block: "
+                       "the harness cannot hold a ticket and free another block of the ring at once")
+    return Partition(ini, f, n, reqs or Reqs.cited("KBTP-HELLO-FIRST"))
+
+
+@dataclass
+class Crowd:
+    """Other sessions of the harness that keep the target busy while a probe watches it: each holds one whole
+    block and, at ``burst``, sends LOADs of it back to back. A target serving them interleaves their steps with
+    the watched operation's, so the harness's reads reach it between that operation's writes more often (the
+    window widens; whether it opened is still judged from what the reads show)."""
+
+    inis: list[HarnessInitiator] = field(default_factory=list)
+    handles: list[int] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    length: int = 0
+    req: str = "KBTP-LOAD-COMPLETE"
+    per: int = 1  # LOADs per session and burst (within its Request Credits)
+
+    @classmethod
+    def join(cls, bed: Bed, count: int, block_size: int, *, req: str) -> Gen:
+        """Up to ``count`` sessions on the shared ring, each with one sealed block of ``block_size`` octets. Their
+        allocation and LOADs answer to their own requirements where the running check cites them, else to ``req``
+        (the check's: the target failing them fails the check)."""
+        crowd = cls(length=block_size, req=precise("KBTP-LOAD-COMPLETE", req))
+        alloc_req = precise("KBTP-QUOTA-ALLOC-BOUNDED", req)
+        data = bytes(range(256)) * (block_size // 256) + bytes(block_size % 256)
+        for k in range(count):
+            ini = bed.initiator(f"C{k}")
+            ack = yield from bed.open(ini, Features(0))
+            src = ini.buffer(block_size, Access.REMOTE_READ, data)
+            r = yield from ini.alloc_store(ini.handle(0), data, source=src, req=alloc_req)
+            expect.status_is(r, Status.OK, req=alloc_req, what=f"{ini.name}'s ALLOC_STORE of the block it loads")
+            crowd.inis.append(ini)
+            crowd.handles.append(ini.handle(0))
+            crowd.sent.append(0)
+            crowd.per = max(1, min(8, ack.request_credits))
+        return crowd
+
+    def burst(self) -> None:
+        for k, ini in enumerate(self.inis):
+            for _ in range(self.per):
+                ini.send(ini.enc(Load(request_id=ini.next_id(), handle=self.handles[k],
+                                      data=ini.descriptor(ini.buffer(self.length), self.length))))
+            self.sent[k] += self.per
+
+    def drain(self) -> Gen:
+        for k, ini in enumerate(self.inis):
+            while self.sent[k]:
+                r = yield from ini.receive(req=self.req, what=f"COMPLETION of a LOAD of {ini.name}")
+                expect.status_is(r, Status.OK, req=self.req, what=f"{ini.name}'s LOAD of its own block")
+                self.sent[k] -= 1
+
+
+@dataclass
+class Probe:
+    """RDMA Reads of a few locations of the target, over and over, in a steady stream (``PROBE_IN_FLIGHT`` in
+    flight, one posted as each completes), while the target works: each round is one read of every location in
+    order, and RDMA Reads on one connection are executed in order, so each read was executed after the one
+    before it. ``kick`` (what starts the target's work, a FREE) is sent once the first round is back: the
+    stream is already flowing when the target starts, so reads reach it throughout its work."""
+
+    ini: HarnessInitiator
+    where: list[tuple[str, int, int, int]]  # (kind 'slot' | 'entry', stag, tagged offset, length)
+    # A target in its own process: a round per turn of the harness's loop, so the rounds leave (and reach it)
+    # spread out rather than in one burst per round trip. A target in the harness's own loop (--kbtp-wire)
+    # interleaves its steps with the harness's: rounds posted back to back reach it between them.
+    spread: bool = True
+    rounds: list[list[Any]] = field(default_factory=list)
+
+    @classmethod
+    def slot(cls, part: Partition, slot: int) -> tuple[str, int, int, int]:
+        da = part.ini.da
+        return ("slot", da.ring.stag, da.ring.tagged_offset + slot, RING_SLOT_SIZE)
+
+    @classmethod
+    def entry(cls, ini: HarnessInitiator, handle: int) -> tuple[str, int, int, int]:
+        dl = ini.dl
+        return ("entry", dl.table.stag, dl.table.tagged_offset + TABLE_ENTRY_SIZE * (handle - dl.table_base_handle),
+                TABLE_ENTRY_SIZE)
+
+    def run(self, done: Callable[[list[list[Any]]], bool], max_rounds: int, *, req: str,
+            kick: Callable[[], None] | None = None) -> Gen:
+        """Read round after round until ``done(rounds)`` holds (then one more round) or ``max_rounds``; the reads
+        still in flight are drained before it returns. A read that fails ends the probe inconclusive."""
+        conn, per = self.ini.conn, len(self.where)
+        size = max(length for _, _, _, length in self.where)
+        depth = max(per, PROBE_IN_FLIGHT - PROBE_IN_FLIGHT % per)
+        buf = self.ini.buffer(size * depth, Access.LOCAL_WRITE)
+        flight: deque[tuple[int, int]] = deque()  # (index in the round, buffer cell)
+        posted = 0
+        last_round = max_rounds
+        current: list[Any] = []
+        while True:
+            # whole rounds at a time: a round's reads travel together and reach the target in the same instant
+            while len(flight) + per <= depth and posted < last_round * per:
+                for idx, (kind, stag, to, length) in enumerate(self.where):
+                    cell = posted % depth
+                    conn.post_read(buf.sge(cell * size, length), stag, to, wr_id=0x7F00_0000 + cell,
+                                   tag=f"probe-{kind}")
+                    flight.append((idx, cell))
+                    posted += 1
+                if self.spread:
+                    yield from pause("probe-round")
+            if not flight:
+                break
+            self.ini.waiting = (req, "an RDMA Read of the probe")
+            try:
+                wc = yield from wait_completion_for(conn.cq, PROBE_WAIT_S,
+                                                    lambda c: c.op is Op.RDMA_READ or not c.ok)
+            finally:
+                self.ini.waiting = None
+            if wc is None or not wc.ok:
+                inconclusive(f"{self.ini.name}: an RDMA Read of the probe did not complete "
+                             f"({'none within' if wc is None else wc.status.name} {PROBE_WAIT_S} s): the window "
+                             "could not be observed")
+            idx, cell = flight.popleft()
+            kind, _, _, length = self.where[idx]
+            raw = buf.read(cell * size, length)
+            current.append(decode_slot(raw, self.ini.addr_le) if kind == "slot" else
+                           decode_entry(raw, self.ini.addr_le))
+            if idx < per - 1:
+                continue
+            self.rounds.append(current)
+            current = []
+            if kick is not None:
+                kick()
+                kick = None
+            elif last_round == max_rounds and done(self.rounds):
+                last_round = min(max_rounds, len(self.rounds) + 1)  # one more round, then drain
+        evidence.record("note", "kbtp-probe", {"initiator": self.ini.name, "rounds": len(self.rounds)})
+        return self.rounds
+
+
