@@ -94,12 +94,15 @@ class Tcpdump:
         try:
             for frame in read_pcap_stream(stream):  # type: ignore[arg-type]
                 ports = frame_ports(frame.data)
-                if ports is not None and ports[0] == 17 and ports[2] == self.mark_port:
+                # a mark is a datagram a capture's socket sends itself: ours or another capture's on this host
+                # (tests and runs capture loopback side by side), never traffic under test
+                if ports is not None and ports[0] == 17 and ports[1] == ports[2]:
                     payload = udp_payload(frame.data) or b""
                     if payload.startswith(_MAGIC):
-                        with self._cond:
-                            self._seen_marks.add(payload)
-                            self._cond.notify_all()
+                        if ports[2] == self.mark_port:
+                            with self._cond:
+                                self._seen_marks.add(payload)
+                                self._cond.notify_all()
                         continue
                 self.on_frame(frame)
         except (PcapFormatError, OSError, ValueError) as exc:
