@@ -15,7 +15,10 @@ WIRE = ("race points", "only the emulated fabric records", "cannot list the STag
         "the check needs the whole ring", "the validity rule was not exercised", "exposes no ring")
 # ... and on a verbs device (docs/interop-rdma.md): the device executes one-sided operations and builds every
 # packet without the process seeing them, and siw reports no remote invalidation in a receive completion.
-VERBS = ("without the harness seeing them", "builds every packet itself", "does not report a Send with Invalidate")
+# A target in the harness's own process on the device writes a FREE's entry, block and slot in one turn of its
+# loop while the kernel serves the reads: the black-box race windows never open there.
+VERBS = ("without the harness seeing them", "builds every packet itself", "does not report a Send with Invalidate",
+         "the race was not observed often enough")
 # ... and across the testbed VM's links (one TCG vCPU on one side): the Generation drive cannot reach the 16-bit wrap
 # in its wall-clock budget, so the lane gives it none (the in-VM runs, harness and target in one process, reach it)
 SLOW_TARGET = ("the wrap was not observed",)
