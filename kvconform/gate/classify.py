@@ -6,23 +6,28 @@ A check *fails* when its verdict is fail or inconclusive (the harness could not 
 unexpected pass (an expectation said it fails, it passed) always gates, so the expectations file is kept true.
 A check whose verdict differed across the stored runs of the same identity and inputs is *flaky*: listed, never
 gating, whatever it did this time; the judged run itself is not part of that history, so a check that always
-passed before and fails now is a new failure, not a flake.
+passed before and fails now is a new failure, not a flake. Added and removed checks (the judged run has a check the
+baseline had not, or lacks one it had; an expectations entry matching no check is removed) are listed and do not
+gate, unless the gate is asked to (``gate_added_removed``: ``kvconform gate --fail-on-added-removed``), as h2spec
+fails on a change in the number of cases.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvconform.gate.expectations import Expectation, Expectations
 from kvconform.store.record import CheckRecord, RunRecord
 from kvconform.verdicts import gates
 
-__all__ = ["FAILING", "Finding", "GateResult", "compare_expectations", "compare_runs", "flaky_checks"]
+__all__ = ["FAILING", "Finding", "GateResult", "compare_expectations", "compare_runs", "flaky_checks",
+           "gate_added_removed"]
 
 FAILING = frozenset({"fail", "inconclusive"})
 CATEGORIES = ("new_failures", "unexpected_passes", "flaky", "fixed", "still_failing", "added", "removed")
+GATING_CATEGORIES = ("new_failures", "unexpected_passes", "added", "removed")  # where a finding may gate
 
 
 @dataclass(frozen=True)
@@ -56,20 +61,31 @@ class GateResult:
         found: list[Finding] = getattr(self, name)
         return found
 
+    def gating_in(self, name: str) -> list[Finding]:
+        """The findings of one category that make the gate fail."""
+        return [f for f in self.category(name) if f.gating] if name in GATING_CATEGORIES else []
+
     @property
     def gating(self) -> list[Finding]:
         """What makes the gate fail."""
-        return [f for f in self.new_failures + self.unexpected_passes if f.gating]
+        return [f for name in GATING_CATEGORIES for f in self.gating_in(name)]
 
     @property
     def exit_code(self) -> int:
-        """0: nothing new; 1: a gating new failure or an unexpected pass."""
+        """0: nothing new; 1: a gating new failure, an unexpected pass, or (gate_added_removed) a check added or
+        removed."""
         return 1 if self.gating else 0
 
 
 def flaky_checks(history: Mapping[str, Sequence[tuple[int, str]]]) -> dict[str, list[tuple[int, str]]]:
     """The checks whose verdict differs across the given runs (store.ResultsStore.history)."""
     return {check: list(runs) for check, runs in history.items() if len({v for _, v in runs}) > 1}
+
+
+def gate_added_removed(result: GateResult) -> GateResult:
+    """The same findings, with every added and removed check gating (kvconform gate --fail-on-added-removed)."""
+    return replace(result, added=[replace(f, gating=True) for f in result.added],
+                   removed=[replace(f, gating=True) for f in result.removed])
 
 
 def _flaky_note(runs: Sequence[tuple[int, str]]) -> str:

@@ -29,14 +29,22 @@ def _cell(text: str | None, limit: int = _MESSAGE) -> str:
     return flat.replace("|", "\\|").replace("<", "&lt;")
 
 
+_COUNTED = {  # a gating category's count in the headline: singular, plural
+    "new_failures": ("new failure", "new failures"),
+    "unexpected_passes": ("unexpected pass", "unexpected passes"),
+    "added": ("added check", "added checks"),
+    "removed": ("removed check", "removed checks"),
+}
+
+
 def _headline(result: GateResult) -> str:
-    gating = result.gating
-    if not gating:
+    if not result.gating:
         return "PASSED: nothing new"
-    new = sum(1 for f in gating if f in result.new_failures)
-    unexpected = len(gating) - new
-    parts = [f"{new} new failure{'s' * (new != 1)}"] if new else []
-    parts += [f"{unexpected} unexpected pass{'es' * (unexpected != 1)}"] if unexpected else []
+    parts = []
+    for name, (one, many) in _COUNTED.items():
+        n = len(result.gating_in(name))
+        if n:
+            parts.append(f"{n} {one if n == 1 else many}")
     return "FAILED: " + ", ".join(parts)
 
 
@@ -65,12 +73,15 @@ def markdown(result: GateResult) -> str:
 
 
 def console_lines(result: GateResult) -> list[str]:
-    """What the terminal shows: the headline, the counts, and each finding that gates or is flaky."""
+    """What the terminal shows: the headline, the counts, each new failure, unexpected pass and flaky check, and
+    each added or removed check that gates."""
     lines = [f"kvconform gate: {_headline(result)} (judged {result.judged} against {result.baseline})",
              "  " + ", ".join(f"{len(result.category(n))} {t.lower()}" for n, t in TITLES.items())]
-    for name in ("new_failures", "unexpected_passes", "flaky"):
+    for name in ("new_failures", "unexpected_passes", "flaky", "added", "removed"):
         for f in result.category(name):
+            if name in ("added", "removed") and not f.gating:
+                continue  # listed in the summary; on the terminal only when they gate
             mark = "GATES" if f.gating else "     "
-            lines.append(f"  {mark} {TITLES[name].lower()}: {f.check}: {f.verdict} (baseline {f.expected or '—'})"
-                         + (f"; {_cell(f.note, 200)}" if f.note else ""))
+            lines.append(f"  {mark} {TITLES[name].lower()}: {f.check}: {f.verdict or '—'} "
+                         f"(baseline {f.expected or '—'})" + (f"; {_cell(f.note, 200)}" if f.note else ""))
     return lines

@@ -1,11 +1,11 @@
 """``kvconform gate``: compare a run with a baseline and fail on what is new.
 
     kvconform gate --baseline <run id | latest | report dir | expectations file> --report-dir DIR
-                   [--results-db [URL]] [--summary-md PATH]
+                   [--results-db [URL]] [--summary-md PATH] [--fail-on-added-removed]
 
-Exit status: 0 nothing new; 1 a new failure of a gating check, or an unexpected pass; 2 a usage error (a baseline
-or report folder that cannot be read, an expectations file that does not fit its schema, a database that cannot
-be opened).
+Exit status: 0 nothing new; 1 a new failure of a gating check, or an unexpected pass (and, with
+--fail-on-added-removed, a check added or removed); 2 a usage error (a baseline or report folder that cannot be
+read, an expectations file that does not fit its schema, a database that cannot be opened).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser
-from kvconform.gate.classify import GateResult, compare_expectations, compare_runs, flaky_checks
+from kvconform.gate.classify import GateResult, compare_expectations, compare_runs, flaky_checks, gate_added_removed
 from kvconform.gate.expectations import ExpectationsError, load_expectations
 from kvconform.gate.summary import console_lines, markdown
 from kvconform.store import ReportError, ResultsStore, RunRecord, StoreError, StoreURLError, open_store, read_run_dir
@@ -36,10 +36,15 @@ baseline (--baseline):
                   (format kvconform-expectations/1, kvconform/gate/expectations.schema.json)
 
 With --results-db, a check whose verdict differs across the stored runs of the judged run's implementation and
-inputs is reported flaky and does not gate. --results-db without a URL: results.sqlite beside --report-dir.
+inputs is reported flaky and does not gate (it changed while nothing it depends on did: its verdict says nothing
+about the change being judged). --results-db without a URL: results.sqlite beside --report-dir.
+
+Added and removed checks (in the judged run and not the baseline, or the other way round; an expectations entry
+that matches no check is removed) are listed and do not gate, unless --fail-on-added-removed.
 
 Exit status: 0 nothing new; 1 a new failure (of a check that gates: MUST, MUST NOT, RULE; SHOULD too when the
-run was --strict) or an unexpected pass; 2 a usage error."""
+run was --strict) or an unexpected pass, and with --fail-on-added-removed a check added or removed;
+2 a usage error."""
 
 
 class GateUsageError(Exception):
@@ -60,6 +65,9 @@ def _parser() -> OneLineParser:
     p.add_argument("--summary-md", default=None, metavar="PATH",
                    help="write the Markdown summary there (a pull-request comment); it is also appended to "
                         f"${GITHUB_SUMMARY_ENV} when that is set")
+    p.add_argument("--fail-on-added-removed", action="store_true",
+                   help="exit 1 on a check added or removed too (the set of checks changed: a new version of "
+                        "kvconform, a -k filter, a PICS change); by default they are listed and do not gate")
     return p
 
 
@@ -144,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.results_db is not None:
             store = open_store(args.results_db, beside=args.report_dir)
         result = judge(args.baseline, args.report_dir, store, dt.date.today())
+        if args.fail_on_added_removed:
+            result = gate_added_removed(result)
         _write_summary(markdown(result), args.summary_md)
     except (GateUsageError, StoreURLError, StoreError) as exc:
         print(f"kvconform gate: error: {exc}", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""The gate's categories on runs written as data: added and removed checks, a failure that does not gate, flaky
-from the store's history, check entries before requirement entries, an expectation matching nothing."""
+"""The gate's categories on runs written as data: added and removed checks (gating only when asked), a failure
+that does not gate, flaky from the store's history, check entries before requirement entries, an expectation
+matching nothing."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import dataclasses
 import datetime as dt
 from pathlib import Path
 
-from kvconform.gate.classify import Finding, compare_expectations, compare_runs, flaky_checks
+from kvconform.gate.classify import Finding, compare_expectations, compare_runs, flaky_checks, gate_added_removed
 from kvconform.gate.expectations import load_expectations
-from kvconform.gate.summary import markdown
+from kvconform.gate.summary import console_lines, markdown
 from kvconform.store import ResultsStore, open_store
 from tests.store.synthetic import check, run
 
@@ -35,6 +36,28 @@ def test_every_category_against_a_run() -> None:
     assert strict.new_failures[-1].gating
     text = markdown(result)
     assert "| New failures | 3 |" in text and "a \\| fail" in text  # a | in a message does not break the table
+
+
+def test_added_and_removed_checks_gate_only_when_asked(tmp_path: Path) -> None:
+    before = run(check("a", "pass"), check("gone", "pass"))
+    now = run(check("a", "pass"), check("new", "pass"))
+    result = compare_runs(now, before, "before", "now")
+    assert (names(result.added), names(result.removed)) == (["new"], ["gone"])
+    assert result.exit_code == 0 and markdown(result).startswith("## kvconform gate: PASSED: nothing new")
+    assert not any("added checks:" in line or "removed checks:" in line for line in console_lines(result))
+    strict = gate_added_removed(result)
+    assert strict.exit_code == 1 and result.exit_code == 0  # a copy: the result itself is left as it was
+    assert markdown(strict).startswith("## kvconform gate: FAILED: 1 added check, 1 removed check\n")
+    lines = console_lines(strict)
+    assert "  GATES added checks: new: pass (baseline —)" in lines
+    assert "  GATES removed checks: gone: — (baseline pass)" in lines
+    # nothing added or removed: the option changes nothing
+    assert gate_added_removed(compare_runs(before, before, "before", "before")).exit_code == 0
+    # an expectations entry that matches no check of the run is a removed check
+    stale = load_expectations(_file(tmp_path, "  - check: never-run\n    verdict: fail\n    reason: stale\n"))
+    judged = compare_expectations(now, stale, "now", TODAY)
+    assert names(judged.removed) == ["never-run"] and judged.exit_code == 0
+    assert gate_added_removed(judged).exit_code == 1
 
 
 def test_a_flaky_check_is_listed_and_does_not_gate() -> None:

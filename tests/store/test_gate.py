@@ -4,8 +4,10 @@ report runs, tests/report_runs.py), and a target whose CRC checks flip between r
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ from kvconform.gate.expectations import ExpectationsError, load_expectations
 from kvconform.gate.tool import GITHUB_SUMMARY_ENV
 from kvconform.yamlload import safe_load
 from tests.mutants.runner import SEED, TESTBED
-from tests.report_runs import BROKEN_REQUIREMENT, ReportRun
+from tests.report_runs import BROKEN_REQUIREMENT, BROKEN_TARGET, ReportRun
 from tests.spawn import covering, kvconform, spawn_env
 from tests.store.flipping import SKIP_CRC_ENV, TARGET
 
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "ci"
 FLIP_BOUND = 120.0  # seconds one run of two checks may take
 ACTION_BOUND = 60.0
+GITLAB_BOUND = 120.0  # the job's run of two checks, and its gate
 
 
 def gate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -112,6 +115,24 @@ def test_usage_errors_exit_2(tmp_path: Path, reference: ReportRun, capsys: pytes
     assert code == 2 and "coverage.json: cannot read" in err
 
 
+def test_added_and_removed_checks_fail_the_gate_only_with_the_option(reference: ReportRun, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    fewer = tmp_path / "fewer"
+    shutil.copytree(reference.report_dir, fewer)
+    doc = json.loads((fewer / "coverage.json").read_text())
+    dropped = doc["tests"].pop(0)["nodeid"]
+    (fewer / "coverage.json").write_text(json.dumps(doc))
+    for baseline, judged, category in ((fewer, reference.report_dir, "added"), (reference.report_dir, fewer,
+                                                                                  "removed")):
+        args = ("--baseline", str(baseline), "--report-dir", str(judged))
+        code, out, _ = gate(capsys, *args)
+        assert code == 0 and "PASSED: nothing new" in out and f"1 {category} checks" in out, out
+        code, out, _ = gate(capsys, *args, "--fail-on-added-removed", "--summary-md", str(tmp_path / "s.md"))
+        assert code == 1 and f"FAILED: 1 {category} check " in out, out
+        assert f"  GATES {category} checks: {dropped}: " in out
+        assert (tmp_path / "s.md").read_text().startswith(f"## kvconform gate: FAILED: 1 {category} check\n")
+
+
 def _flip_run(report_dir: Path, db: str, skip_crc: bool) -> None:
     env = {**spawn_env(), SKIP_CRC_ENV: "1" if skip_crc else ""}
     proc = kvconform(["run", "tlkv-reader", "--target", TARGET, "--testbed", str(TESTBED), "--report-dir",
@@ -138,6 +159,12 @@ def test_a_check_that_flips_across_stored_runs_is_flaky_and_a_regression_is_not(
     assert code == 1 and f"GATES new failures: {crc}: fail" in out and "0 flaky" in out
 
 
+def _bash(script: str, env: dict[str, str], cwd: Path, bound: float) -> subprocess.CompletedProcess[str]:
+    """``script`` as a CI runner runs it: bash, stopping at the first command that fails."""
+    return subprocess.run(["bash", "-eo", "pipefail", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=bound, stdin=subprocess.DEVNULL, cwd=cwd)
+
+
 def _action_step() -> tuple[str, dict[str, str], dict[str, str]]:
     """The gate step's script and environment, and the action's inputs with their defaults."""
     action = safe_load((EXAMPLES / "action.yml").read_text())
@@ -150,7 +177,7 @@ def _expand(value: str, inputs: dict[str, str]) -> str:
     return re.sub(r"\$\{\{\s*inputs\.([\w-]+)\s*\}\}", lambda m: inputs[m.group(1)], value)
 
 
-@covering(ACTION_BOUND)
+@covering(ACTION_BOUND, ACTION_BOUND, ACTION_BOUND, ACTION_BOUND)
 def test_the_example_action_runs_its_gate_command(reference: ReportRun, broken: ReportRun, tmp_path: Path) -> None:
     script, env, defaults = _action_step()
     inputs = {**defaults, "baseline": str(EXAMPLES / "kvconform-expectations.yaml"),
@@ -159,23 +186,72 @@ def test_the_example_action_runs_its_gate_command(reference: ReportRun, broken: 
     step_summary.write_text("earlier step\n")
     run_env = {**os.environ, **{k: _expand(v, inputs) for k, v in env.items()}, GITHUB_SUMMARY_ENV: str(step_summary),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run(["bash", "-eo", "pipefail", "-c", script], env=run_env, capture_output=True, text=True,
-                          timeout=ACTION_BOUND, stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert run_env["KVCONFORM_FAIL_ON_ADDED_REMOVED"] == "false"  # the input's default
+    proc = _bash(script, run_env, tmp_path, ACTION_BOUND)
     # the example file excuses TLKV-READ-CRC until mid-2027 and the mutant fails only that requirement
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASSED: nothing new" in proc.stdout
     assert (tmp_path / "gate.md").read_text().startswith("## kvconform gate: PASSED")
     assert step_summary.read_text().startswith("earlier step\n## kvconform gate: PASSED")
-    proc = subprocess.run(["bash", "-eo", "pipefail", "-c", script], capture_output=True, text=True,
-                          timeout=ACTION_BOUND, stdin=subprocess.DEVNULL, cwd=tmp_path,
-                          env={**run_env, "KVCONFORM_REPORT_DIR": str(reference.report_dir)})
+    proc = _bash(script, {**run_env, "KVCONFORM_REPORT_DIR": str(reference.report_dir)}, tmp_path, ACTION_BOUND)
     assert proc.returncode == 1 and "unexpected passes" in proc.stdout
+    # an entry for a check the run no longer has: listed; failing the job only with fail-on-added-removed: true
+    stale = tmp_path / "stale.yaml"
+    stale.write_text((EXAMPLES / "kvconform-expectations.yaml").read_text()
+                     + '  - check: "tlkv/reader/test_gone.py::test_gone"\n    verdict: fail\n    reason: gone\n')
+    proc = _bash(script, {**run_env, "KVCONFORM_BASELINE": str(stale)}, tmp_path, ACTION_BOUND)
+    assert proc.returncode == 0 and "1 removed checks" in proc.stdout, proc.stdout + proc.stderr
+    proc = _bash(script, {**run_env, "KVCONFORM_BASELINE": str(stale), "KVCONFORM_FAIL_ON_ADDED_REMOVED": "true"},
+                 tmp_path, ACTION_BOUND)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED: 1 removed check" in proc.stdout
+    assert "GATES removed checks: tlkv/reader/test_gone.py::test_gone: — (baseline fail)" in proc.stdout
 
 
-def test_the_example_expectations_and_gitlab_job_fit(tmp_path: Path) -> None:
+def test_the_example_expectations_fit() -> None:
     assert load_expectations(EXAMPLES / "kvconform-expectations.yaml").entries
+
+
+INSTALL = "pip install kvconform"  # the one line of the GitLab job a test does not run: kvconform is installed
+
+
+def _gitlab_job() -> tuple[list[str], dict[str, str]]:
+    """The GitLab job's script lines (but the install) and its variables."""
     job = safe_load((EXAMPLES / "gitlab-ci.yml").read_text())["kvconform-gate"]
-    assert any(line.startswith("kvconform gate --baseline ") for line in job["script"])
+    lines = [str(line) for line in job["script"]]
+    assert lines[0] == INSTALL and not any("pip" in line for line in lines[1:]), lines
+    return lines[1:], {k: str(v) for k, v in job["variables"].items()}
+
+
+@covering(GITLAB_BOUND, GITLAB_BOUND)
+def test_the_example_gitlab_job_runs_its_script(tmp_path: Path) -> None:
+    """The job's script in a vendor's repository (tmp_path, with the example expectations file in ci/): a real
+    run of the mutant reader that skips the CRC, two checks of it (-k), then the gate. The example file excuses
+    TLKV-READ-CRC, and its allocation entry matches no check of this run: a removed check, which fails the job only
+    with KVCONFORM_FAIL_ON_ADDED_REMOVED=true."""
+    (tmp_path / "ci").mkdir()
+    shutil.copy(EXAMPLES / "kvconform-expectations.yaml", tmp_path / "ci")
+    lines, variables = _gitlab_job()
+    # the job splits KVCONFORM_RUN_OPTIONS into words: a -k without spaces (test_rule's, not test_rule_allocates_...)
+    env = {**spawn_env(), **variables, "KVCONFORM_TARGET": BROKEN_TARGET, "KVCONFORM_SUITE": "tlkv-reader",
+           "KVCONFORM_RUN_OPTIONS": f"--testbed {TESTBED} --seed {SEED} -q -k rule[crc-field-v1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = _bash("\n".join(lines), env, tmp_path, GITLAB_BOUND)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / variables["KVCONFORM_REPORT_DIR"] / "coverage.json").read_text())
+    assert {(t["nodeid"], t["verdict"]) for t in report["tests"]} == {
+        ("tlkv/reader/test_rules.py::test_rule[crc-field-v1]", "fail")}
+    assert "PASSED: nothing new" in proc.stdout and "1 still failing" in proc.stdout
+    summary = (tmp_path / "out" / "kvconform-gate.md").read_text()
+    assert summary.startswith("## kvconform gate: PASSED: nothing new\n")
+    assert "| Still failing | 1 |" in summary and "| Removed checks | 1 |" in summary
+    assert "test_rule_allocates_nothing[crc-*]" in summary  # the entry that matched nothing, named
+    # the job with the opt-in: its gate line again, on the same run
+    proc = _bash(lines[-1], {**env, "KVCONFORM_FAIL_ON_ADDED_REMOVED": "true"}, tmp_path, GITLAB_BOUND)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "GATES removed checks: tlkv/reader/test_rules.py::test_rule_allocates_nothing[crc-*]" in proc.stdout
+    summary = (tmp_path / "out" / "kvconform-gate.md").read_text()
+    assert summary.startswith("## kvconform gate: FAILED: 1 removed check\n")
 
 
 def test_gate_help_names_the_baselines_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -183,4 +259,6 @@ def test_gate_help_names_the_baselines_and_exit_codes(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "FILE.yaml" in out and "latest" in out and "RUN_ID" in out
     assert "Exit status: 0 nothing new; 1 a new failure" in out and "2 a usage error" in out
+    assert "--fail-on-added-removed" in out and "with --fail-on-added-removed a check added or removed" in out
+    assert "is reported flaky and does not gate" in out
     assert main(["--help"]) == 0 and "kvconform gate --baseline" in " ".join(capsys.readouterr().out.split())
