@@ -1,5 +1,6 @@
 """A real Dask cluster on 127.0.0.1 for the distributed matrix's tests: ``dask scheduler`` and ``kvconform worker``
-processes, started and stopped by the tests, every wait bounded (the scheduler file, then the scheduler's own
+processes (or a plain ``dask worker ... --preload kvconform.matrix.worker``, the other way docs/matrix.md gives of
+starting a host), started and stopped by the tests, every wait bounded (the scheduler file, then the scheduler's own
 list of workers, polled until a deadline; never a sleep standing for "it is up by now").
 
 Each process runs in a session of its own, so stopping it (or killing it, as a lost host) takes everything it
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.spawn import ROOT, spawn_env
 START_BOUND_S = 60.0  # a scheduler or worker up, on a loaded 2-core machine
 STOP_BOUND_S = 15.0
 POLL_S = 0.1
+DASK = Path(sys.executable).parent / "dask"  # the dask extra's command
 
 
 @dataclass
@@ -61,13 +63,19 @@ class Cluster:
     scheduler: Proc
     workers: dict[str, Proc] = field(default_factory=dict)
 
-    def add_worker(self, name: str, resources: str, *, nthreads: int = 2) -> Proc:
-        """``kvconform worker`` offering ``resources``; returns once the scheduler lists it (bounded)."""
+    def add_worker(self, name: str, resources: str, *, nthreads: int = 2, plain: bool = False) -> Proc:
+        """``kvconform worker`` offering ``resources`` (``plain``: ``dask worker`` with kvconform's preload); returns
+        once the scheduler lists it (bounded)."""
         log = self.folder / f"worker-{name}.log"
-        argv = [sys.executable, "-m", "kvconform", "worker", self.address, "--name", name, "--nthreads",
-                str(nthreads), *(["--resources", resources] if resources else []),
-                "--", "--host", "127.0.0.1", "--no-dashboard", "--no-nanny",
-                "--local-directory", str(self.folder / f"scratch-{name}")]
+        options = ["--host", "127.0.0.1", "--no-dashboard", "--no-nanny",
+                   "--local-directory", str(self.folder / f"scratch-{name}")]
+        offered = ["--resources", resources] if resources else []
+        if plain:
+            argv = [str(DASK), "worker", self.address, "--name", name, "--nthreads", str(nthreads), *offered,
+                    "--preload", "kvconform.matrix.worker", *options]
+        else:
+            argv = [sys.executable, "-m", "kvconform", "worker", self.address, "--name", name, "--nthreads",
+                    str(nthreads), *offered, "--", *options]
         proc = _start(name, argv, log, {"TMPDIR": str(self._tmp(name))})
         self.workers[name] = proc
         self.wait_for(lambda info: name in {w.get("name") for w in info["workers"].values()}, f"worker {name}", proc)
@@ -110,13 +118,13 @@ def _start(name: str, argv: list[str], log: Path, env: dict[str, str] | None = N
 
 
 @contextmanager
-def dask_cluster(folder: Path, workers: dict[str, str]) -> Iterator[Cluster]:
+def dask_cluster(folder: Path, workers: dict[str, str], plain: Collection[str] = ()) -> Iterator[Cluster]:
     """A ``dask scheduler`` on 127.0.0.1 (a port it picks, read from its scheduler file) and one ``kvconform
-    worker`` per ``workers`` entry (name -> resources), all stopped on exit."""
+    worker`` per ``workers`` entry (name -> resources), a plain ``dask worker`` with the preload for the names in
+    ``plain``, all stopped on exit."""
     folder.mkdir(parents=True, exist_ok=True)
     info = folder / "scheduler.json"
-    dask = Path(sys.executable).parent / "dask"
-    scheduler = _start("scheduler", [str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0",
+    scheduler = _start("scheduler", [str(DASK), "scheduler", "--host", "127.0.0.1", "--port", "0",
                                      "--dashboard-address", "127.0.0.1:0", "--no-show", "--scheduler-file", str(info)],
                        folder / "scheduler.log")
     cluster: Cluster | None = None
@@ -134,7 +142,7 @@ def dask_cluster(folder: Path, workers: dict[str, str]) -> Iterator[Cluster]:
         cluster = Cluster(address, folder, scheduler)
         cluster.wait_for(lambda i: True, "dask scheduler", scheduler)
         for name, resources in workers.items():
-            cluster.add_worker(name, resources)
+            cluster.add_worker(name, resources, plain=name in plain)
         yield cluster
     finally:
         if cluster is not None:

@@ -1,5 +1,6 @@
-"""``kvconform matrix --scheduler``: the matrix on a real Dask cluster on 127.0.0.1 (a ``dask scheduler`` and
-``kvconform worker`` processes with different resources, tests/matrix/dask_cluster.py).
+"""``kvconform matrix --scheduler``: the matrix on a real Dask cluster on 127.0.0.1 (a ``dask scheduler``, a
+``kvconform worker`` and a plain ``dask worker --preload kvconform.matrix.worker``, with different resources,
+tests/matrix/dask_cluster.py).
 
 - The shipped registry's matrix through the cluster gives every cell the verdict the local executor gives it.
   The subset, to keep CI's cost at seconds: the implementations that need no docker (the docker images' cells
@@ -30,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from kvconform.store import open_store
 from tests.spawn import ROOT, covering, spawn_env
 
 from .dask_cluster import Cluster, dask_cluster
@@ -41,11 +43,12 @@ RUN_BOUND = 120.0  # one `kvconform matrix` of a few cells here
 DECODE_PICS = {"tlkv": {"decode": {"versions": [1, 2], "geometry": {
     "block_tokens": 16, "n_layers": 3, "n_kv_heads": 2, "head_dim": 8}}}}
 WORKERS = {"w1": "docker=1", "w2": "nic.mlx5_pair=1"}
+PLAIN = {"w2"}  # started as `dask worker ... --preload kvconform.matrix.worker`, w1 as `kvconform worker`
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with dask_cluster(tmp_path_factory.mktemp("dask"), WORKERS) as running:
+    with dask_cluster(tmp_path_factory.mktemp("dask"), WORKERS, PLAIN) as running:
         yield running
 
 
@@ -65,6 +68,8 @@ def test_shipped_registry_on_two_workers_matches_the_local_run(cluster: Cluster,
     assert doc["meta"]["executor"] == {"kind": "dask", "scheduler": cluster.address,
                                        "workers": {"w1": {"docker": 1.0}, "w2": {"nic.mlx5_pair": 1.0}}}
     assert len(local["cells"]) == 4, sorted(cells(local))
+    for name, resources in WORKERS.items():  # each worker's preload ran, whichever way it was started
+        assert f"kvconform worker {name}: offers {resources}" in cluster.workers[name].log.read_text("utf-8")
     assert outcomes(doc) == outcomes(local), output[-3000:]
     assert code == local_code == 0, output[-3000:]
     for cell in doc["cells"]:
@@ -167,3 +172,15 @@ def test_role_suites_run_on_the_workers_and_their_reports_reach_the_store(cluste
     (cell,) = doc["cells"]
     assert cell["outcome"] == "pass" and set(cell["suites"]) == {"tlkv-writer", "tlkv-reader"}, cell["reason"]
     assert "recorded as run" in output and "its role suites as runs" in output, output[-3000:]
+    with open_store(f"sqlite:///{db}") as store:  # the coordinator's store holds what the workers ran
+        runs = [store.run(i) for i in store.run_ids()]
+    matrix_runs = [r for r in runs if r is not None and r.target_kind == "matrix"]
+    suite_runs = {r.suites: r for r in runs if r is not None and r.target_kind != "matrix"}
+    assert [{c.nodeid: c.verdict for c in r.checks} for r in matrix_runs] == [{f"cell:{cell['id']}": "pass"}]
+    assert set(suite_runs) == {("tlkv-writer",), ("tlkv-reader",)}
+    for suite in doc["suites"]:
+        stored = suite_runs[(suite["suite"],)]
+        assert stored.matrix_dir and Path(stored.matrix_dir).resolve() == (tmp_path / "out").resolve()
+        report_dir = (tmp_path / "out" / suite["coverage"]).parent.resolve()
+        assert Path(stored.report_dir) == report_dir and stored.checks
+        assert all((report_dir / c.evidence).is_file() for c in stored.checks if c.evidence)

@@ -143,8 +143,9 @@ def _flip_run(report_dir: Path, db: str, skip_crc: bool) -> None:
 
 @covering(FLIP_BOUND, FLIP_BOUND, FLIP_BOUND)
 def test_a_check_that_flips_across_stored_runs_is_flaky_and_a_regression_is_not(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    db = f"sqlite:///{tmp_path / 'results.sqlite'}"
+        store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On each backend: `kvconform run --results-db` records the runs, `kvconform gate --results-db` reads them."""
+    db = store_url
     for name, skip_crc in (("one", False), ("two", True), ("three", False)):
         _flip_run(tmp_path / name, db, skip_crc)
     crc = "tlkv/reader/test_rules.py::test_rule[crc-field-v1]"

@@ -110,7 +110,8 @@ def _edited(source: Path, dest: Path, edit: dict[str, object]) -> Path:
     return dest
 
 
-def test_binding_draft_and_image_digest_come_from_the_run(reference: ReportRun, tmp_path: Path) -> None:
+def test_binding_draft_and_image_digest_come_from_the_run(reference: ReportRun, tmp_path: Path,
+                                                          store: ResultsStore) -> None:
     kbtp = read_report_dir(_edited(reference.report_dir, tmp_path / "kbtp", {
         "identity.run.suites": ["kbtp-target"],
         "identity.pics.values": [{"path": "kbtp.target.binding", "value": "ib-rc", "defaulted": False,
@@ -122,6 +123,8 @@ def test_binding_draft_and_image_digest_come_from_the_run(reference: ReportRun, 
         "meta.target": {"value": "docker:vendor/relay@sha256:" + "ab" * 32}}))
     assert (kvcs.binding, kvcs.draft, kvcs.image_digest) == (None, MOQT_DRAFT, "sha256:" + "ab" * 32)
     assert kvcs.identity_key != read_report_dir(reference.report_dir).identity_key
+    for run in (kbtp, kvcs):  # and the store keeps them, on each backend
+        assert dataclasses.replace(_stored(store, run), run_id=None, recorded=None) == run
 
 
 def test_a_folder_without_a_report_is_named(tmp_path: Path) -> None:
