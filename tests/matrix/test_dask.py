@@ -3,9 +3,10 @@
 tests/matrix/dask_cluster.py).
 
 - The shipped registry's matrix through the cluster gives every cell the verdict the local executor gives it.
-  The subset, to keep CI's cost at seconds: the implementations that need no docker (the docker images' cells
-  and every role suite run in .ci/interop's shipped-matrix test, minutes), and ``--no-suites`` on both runs,
-  so what is compared is every cell's exchange (the whole kvconform row: KVCS, TLKV transfer and envelope, KBTP).
+  In README's run the subset that needs no docker, to keep CI's cost at seconds; the interop lane (``-m interop``,
+  dockerd and the images) compares the whole registry, its docker cells placed on the worker offering docker.
+  ``--no-suites`` on both runs, so what is compared is every cell's exchange (the role suites run in .ci/interop's
+  shipped-matrix test).
 - A cell needing a resource no worker offers is inconclusive at once, naming it; one needing a resource only one
   worker offers runs there.
 - A worker killed while it runs a cell makes that cell inconclusive, naming the worker; the rest completes.
@@ -35,11 +36,12 @@ from kvconform.store import open_store
 from tests.spawn import ROOT, covering, spawn_env
 
 from .dask_cluster import Cluster, dask_cluster
-from .helpers import cells, run_matrix, shipped, validate, write_registry
+from .helpers import cells, containers_of_run, run_matrix, shipped, validate, write_registry
 
 pytest.importorskip("distributed", reason="the dask extra (pip install -e '.[dask]'; .ci/run installs it)")
 
 RUN_BOUND = 120.0  # one `kvconform matrix` of a few cells here
+DOCKER_RUN_BOUND = 400.0  # the same with containers (images prepared by .ci/interop)
 DECODE_PICS = {"tlkv": {"decode": {"versions": [1, 2], "geometry": {
     "block_tokens": 16, "n_layers": 3, "n_kv_heads": 2, "head_dim": 8}}}}
 WORKERS = {"w1": "docker=1", "w2": "nic.mlx5_pair=1"}
@@ -78,6 +80,28 @@ def test_shipped_registry_on_two_workers_matches_the_local_run(cluster: Cluster,
         assert {"index.html", "result.json", "transcript.json", "worker.log"} <= {p.name for p in folder.iterdir()}
         for suite, name in cell["participants"].items():
             assert (folder / f"{suite}.{name}.log").is_file()
+
+
+@pytest.mark.interop
+@covering(DOCKER_RUN_BOUND, DOCKER_RUN_BOUND)
+def test_the_whole_shipped_registry_with_its_docker_cells_matches_the_local_run(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The interop lane's half of the comparison above (it has dockerd and the images): the whole shipped
+    registry, aiomoqt's relay and the reference image included. Their cells need ``docker=1``, which only w1
+    offers, so they run there; every cell's verdict is the local executor's."""
+    registry = write_registry(tmp_path, shipped())
+    local_code, local, _ = run_matrix(registry, tmp_path / "local", "--no-suites", "-n", "2", "--seed", "7",
+                                      timeout=DOCKER_RUN_BOUND)
+    code, doc, output = run_matrix(registry, tmp_path / "dask", "--no-suites", "--seed", "7", "--scheduler",
+                                   cluster.address, timeout=DOCKER_RUN_BOUND)
+    validate(doc)
+    in_docker = [c for c in doc["cells"] if c["exchange"].get("resources", {}).get("docker")]
+    assert len(in_docker) == 2, [(c["id"], c["exchange"].get("resources")) for c in doc["cells"]]
+    assert all(c["exchange"]["worker"] == "w1" for c in in_docker), [c["exchange"] for c in in_docker]
+    assert all(c["outcome"] != "inconclusive" for c in doc["cells"]), [(c["id"], c["reason"]) for c in doc["cells"]]
+    assert outcomes(doc) == outcomes(local), output[-3000:]
+    assert code == local_code, output[-3000:]
+    assert doc["meta"]["containers_left"] == [] and containers_of_run(doc["meta"]["run_id"]) == []
 
 
 @covering(RUN_BOUND)
