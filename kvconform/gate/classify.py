@@ -4,12 +4,13 @@ expectations file): new failures, fixed, still failing, unexpected passes, flaky
 A check *fails* when its verdict is fail or inconclusive (the harness could not vouch for it). A new failure gates
 (exit 1) when the check's level gates the judged run (MUST, MUST NOT, RULE; SHOULD too under --strict); an
 unexpected pass (an expectation said it fails, it passed) always gates, so the expectations file is kept true.
-A check whose verdict differed across the stored runs of the same identity and inputs is *flaky*: listed, never
-gating, whatever it did this time; the judged run itself is not part of that history, so a check that always
-passed before and fails now is a new failure, not a flake. Added and removed checks (the judged run has a check the
-baseline had not, or lacks one it had; an expectations entry matching no check is removed) are listed and do not
-gate, unless the gate is asked to (``gate_added_removed``: ``kvconform gate --fail-on-added-removed``), as h2spec
-fails on a change in the number of cases.
+A check whose verdict differed across the newest stored runs (a window, ten by default) of the same identity and
+inputs is *flaky*: listed, never gating, whatever it did this time; the judged run itself is not part of that
+history, so a check that always passed before and fails now is a new failure, not a flake.
+Added and removed checks (the judged run has a check the baseline had not, or lacks one it had; an expectations
+entry matching no check is removed) are listed and do not gate, unless the gate is asked to
+(``gate_added_removed``: ``kvconform gate --fail-on-added-removed``), as h2spec fails on a change in the number of
+cases.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvconform.gate.expectations import Expectation, Expectations
 from kvconform.store.record import CheckRecord, RunRecord
 from kvconform.verdicts import gates
 
-__all__ = ["FAILING", "Finding", "GateResult", "compare_expectations", "compare_runs", "flaky_checks",
+__all__ = ["FAILING", "FLAKY_WINDOW", "Finding", "GateResult", "compare_expectations", "compare_runs", "flaky_checks",
            "gate_added_removed"]
 
 FAILING = frozenset({"fail", "inconclusive"})
@@ -77,9 +78,18 @@ class GateResult:
         return 1 if self.gating else 0
 
 
-def flaky_checks(history: Mapping[str, Sequence[tuple[int, str]]]) -> dict[str, list[tuple[int, str]]]:
-    """The checks whose verdict differs across the given runs (store.ResultsStore.history)."""
-    return {check: list(runs) for check, runs in history.items() if len({v for _, v in runs}) > 1}
+FLAKY_WINDOW = 10  # the stored runs a flip is looked for in (kvconform gate --flaky-window)
+
+
+def flaky_checks(history: Mapping[str, Sequence[tuple[int, str]]],
+                 window: int = FLAKY_WINDOW) -> dict[str, list[tuple[int, str]]]:
+    """The checks whose verdict differs across the newest ``window`` of the given runs
+    (store.ResultsStore.history). Bounded so that one flip long ago does not excuse a check for ever: a check that
+    flipped once and has failed in every run since becomes a failure that gates again once the flip leaves the
+    window."""
+    newest = set(sorted({run_id for runs in history.values() for run_id, _ in runs})[-window:])
+    recent = {check: [(i, v) for i, v in runs if i in newest] for check, runs in history.items()}
+    return {check: runs for check, runs in recent.items() if len({v for _, v in runs}) > 1}
 
 
 def gate_added_removed(result: GateResult) -> GateResult:

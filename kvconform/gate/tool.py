@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvconform.argtypes import USAGE_ERROR, OneLineParser
-from kvconform.gate.classify import GateResult, compare_expectations, compare_runs, flaky_checks, gate_added_removed
+from kvconform.gate.classify import (
+    FLAKY_WINDOW,
+    GateResult,
+    compare_expectations,
+    compare_runs,
+    flaky_checks,
+    gate_added_removed,
+)
 from kvconform.gate.expectations import ExpectationsError, load_expectations
 from kvconform.gate.summary import console_lines, markdown
 from kvconform.store import ReportError, ResultsStore, RunRecord, StoreError, StoreURLError, open_store, read_run_dir
@@ -27,7 +34,7 @@ __all__ = ["EPILOG", "GITHUB_SUMMARY_ENV", "main"]
 
 GITHUB_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 EXPECTATION_SUFFIXES = (".yaml", ".yml")
-EPILOG = """\
+EPILOG = f"""\
 baseline (--baseline):
   RUN_ID          a run recorded in --results-db (kvconform run ... --results-db prints its id)
   latest          the newest run in --results-db of the judged run's implementation and inputs
@@ -35,9 +42,10 @@ baseline (--baseline):
   FILE.yaml       an expectations file: the verdicts you expect, with reasons and optional expiry
                   (format kvconform-expectations/1, kvconform/gate/expectations.schema.json)
 
-With --results-db, a check whose verdict differs across the stored runs of the judged run's implementation and
-inputs is reported flaky and does not gate (it changed while nothing it depends on did: its verdict says nothing
-about the change being judged). --results-db without a URL: results.sqlite beside --report-dir.
+With --results-db, a check whose verdict differs across the newest stored runs (--flaky-window, default
+{FLAKY_WINDOW}) of the judged run's implementation and inputs is reported flaky and does not gate (it changed while
+nothing it depends on did: its verdict says nothing about the change being judged); a flip older than the window
+excuses nothing. --results-db without a URL: results.sqlite beside --report-dir.
 
 Added and removed checks (in the judged run and not the baseline, or the other way round; an expectations entry
 that matches no check is removed) are listed and do not gate, unless --fail-on-added-removed.
@@ -65,6 +73,8 @@ def _parser() -> OneLineParser:
     p.add_argument("--summary-md", default=None, metavar="PATH",
                    help="write the Markdown summary there (a pull-request comment); it is also appended to "
                         f"${GITHUB_SUMMARY_ENV} when that is set")
+    p.add_argument("--flaky-window", type=int, default=FLAKY_WINDOW, metavar="N",
+                   help="how many of the newest stored runs a flip is looked for in (default %(default)s)")
     p.add_argument("--fail-on-added-removed", action="store_true",
                    help="exit 1 on a check added or removed too (the set of checks changed: a new version of "
                         "kvconform, a -k filter, a PICS change); by default they are listed and do not gate")
@@ -94,7 +104,8 @@ def _stored(store: ResultsStore | None, judged: RunRecord, baseline: str) -> tup
     return run, f"run #{run_id} ({run.implementation}, seed {run.seed}, recorded {run.recorded})"
 
 
-def judge(baseline: str, report_dir: str, store: ResultsStore | None, today: dt.date) -> GateResult:
+def judge(baseline: str, report_dir: str, store: ResultsStore | None, today: dt.date,
+          flaky_window: int = FLAKY_WINDOW) -> GateResult:
     """Compare the run in ``report_dir`` with ``baseline``; flaky checks from ``store`` when given."""
     try:
         judged = read_run_dir(report_dir)
@@ -103,7 +114,8 @@ def judge(baseline: str, report_dir: str, store: ResultsStore | None, today: dt.
     flaky = {}
     if store is not None:
         own = store.id_of(judged.coverage_sha256)
-        flaky = flaky_checks(store.history(judged.identity_key, exclude=[own] if own is not None else []))
+        flaky = flaky_checks(store.history(judged.identity_key, exclude=[own] if own is not None else []),
+                             flaky_window)
     name = _judged_name(judged, report_dir)
     path = Path(baseline)
     if baseline == "latest" or baseline.isdigit():
@@ -151,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.results_db is not None:
             store = open_store(args.results_db, beside=args.report_dir)
-        result = judge(args.baseline, args.report_dir, store, dt.date.today())
+        if args.flaky_window < 2:
+            raise GateUsageError(f"--flaky-window {args.flaky_window}: a flip needs at least 2 runs")
+        result = judge(args.baseline, args.report_dir, store, dt.date.today(), args.flaky_window)
         if args.fail_on_added_removed:
             result = gate_added_removed(result)
         _write_summary(markdown(result), args.summary_md)

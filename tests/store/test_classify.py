@@ -69,6 +69,17 @@ def test_a_flaky_check_is_listed_and_does_not_gate() -> None:
     assert "#1 pass, #2 fail" in result.flaky[0].note
 
 
+def test_a_flip_older_than_the_window_excuses_nothing() -> None:
+    """A check that flipped once long ago and has failed since is not flaky for ever: once the flip leaves the
+    window, its failure gates again."""
+    history = {"a": [(1, "pass"), (2, "fail"), (3, "pass"), *((i, "fail") for i in range(4, 14))]}
+    assert list(flaky_checks(history, window=11)) == ["a"]
+    assert flaky_checks(history, window=10) == {}  # runs 4..13, all fail
+    result = compare_runs(run(check("a", "fail")), run(check("a", "pass")), "before", "now",
+                          flaky_checks(history))
+    assert names(result.new_failures) == ["a"] and result.exit_code == 1
+
+
 def test_history_is_per_identity_and_leaves_out_the_judged_run(tmp_path: Path) -> None:
     with open_store(f"sqlite:///{tmp_path / 'r.sqlite'}") as store:
         assert isinstance(store, ResultsStore)

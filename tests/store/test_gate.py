@@ -113,6 +113,9 @@ def test_usage_errors_exit_2(tmp_path: Path, reference: ReportRun, capsys: pytes
     assert code == 2 and "a stored run needs --results-db" in err
     code, _, err = gate(capsys, "--baseline", str(reference.report_dir), "--report-dir", str(tmp_path))
     assert code == 2 and "coverage.json: cannot read" in err
+    code, _, err = gate(capsys, "--baseline", str(reference.report_dir), "--report-dir", str(reference.report_dir),
+                        "--flaky-window", "1")
+    assert code == 2 and "--flaky-window 1: a flip needs at least 2 runs" in err
 
 
 def test_added_and_removed_checks_fail_the_gate_only_with_the_option(reference: ReportRun, tmp_path: Path,
