@@ -35,6 +35,7 @@ from tests.mutants.kbtp_wire_attacks import (  # noqa: F401 - issue 23's wire at
     WireDuplicateSendDelivered,
     WireIgnoresMsn,
     WirePsnGapExecuted,
+    WireReadPastBoundsAnswered,
     WireUnmaskedAtomics,
     WireWriteStartChecked,
 )
@@ -1403,6 +1404,7 @@ MUTANTS: dict[str, Mutant] = {
     "WireAtomicLowBitsIgnored": Mutant("kbtp-target", "KBTP-WIRE-ATOMIC-ALIGN", ("test_misaligned_atomic",), _IB),
     "WireAtomicBoundsAnswered": Mutant("kbtp-target", "KBTP-WIRE-ATOMIC-BOUNDS", ("test_atomic_out_of_bounds",)),
     "WireWriteStartChecked": Mutant("kbtp-target", "KBTP-WIRE-WRITE-BOUNDS", ("test_write_outside_partition",)),
+    "WireReadPastBoundsAnswered": Mutant("kbtp-target", "KBTP-WIRE-READ-BOUNDS", ("test_read_past_the_pool",)),
     "WirePsnGapExecuted": Mutant("kbtp-target", "KBTP-WIRE-IB-PSN-GAP", ("test_roce_psn_gap",), _IB),
     "WireDuplicateAtomicExecuted": Mutant("kbtp-target", "KBTP-WIRE-IB-DUPLICATE", ("test_roce_duplicate_atomic",),
                                           _IB),

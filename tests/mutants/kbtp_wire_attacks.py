@@ -10,7 +10,7 @@ import dataclasses
 from kvconform.rdma.fabric import Access, DdpEType, Layer, RdmapEType, Terminate
 from kvconform.rdma.iwarp import ddp, mpa
 from kvconform.rdma.iwarp.engine import IwarpEngine
-from kvconform.rdma.iwarp.rdmap import AtomicOp, AtomicRequest, AtomicResponse
+from kvconform.rdma.iwarp.rdmap import AtomicOp, AtomicRequest, AtomicResponse, ReadRequest
 from kvconform.rdma.iwarp.rdmap import Opcode as RdmapOpcode
 from kvconform.rdma.roce.engine import RoceEngine, psn_diff
 from kvconform.rdma.roce.headers import SEND_OPS, Opcode, Packet
@@ -119,6 +119,23 @@ class _WriteStartChecked(IwarpEngine):
         super()._write(seg)
 
 
+class _ReadPastBoundsAnswered(IwarpEngine):
+    def _read_request(self, seg: ddp.Segment) -> None:
+        try:
+            req = ReadRequest.decode(seg.payload)
+        except ValueError:
+            req = None
+        if req is not None and req.size:
+            got = self.memory.resolve(req.source_stag, req.source_to, req.size, Access.REMOTE_READ, tagged=False)
+            if isinstance(got, Terminate) and got.etype == RdmapEType.REMOTE_PROTECTION and got.code == BASE_BOUNDS:
+                for s in ddp.segments(tagged=True, opcode=RdmapOpcode.READ_RESPONSE, data=bytes(req.size),
+                                      max_payload=self.max_ulpdu - ddp.TAGGED_LEN, stag=req.sink_stag,
+                                      to=req.sink_to):
+                    self._emit(s)
+                return  # answered with zeros, not terminated
+        super()._read_request(seg)
+
+
 class _BadKeyAccepted(IwarpEngine):
     def _start_frame(self) -> bool:
         inbox = self.setup.inbox
@@ -165,6 +182,13 @@ class WireWriteStartChecked(_WireDriver):
     iwarp_class = _WriteStartChecked
 
 
+class WireReadPastBoundsAnswered(_WireDriver):
+    """KBTP-WIRE-READ-BOUNDS: the target's RNIC answers an RDMA Read Request past the buffer its STag names with
+    zeros instead of a Terminate (base or bounds violation)."""
+
+    iwarp_class = _ReadPastBoundsAnswered
+
+
 class WireAcceptsBadMpaKey(_WireDriver):
     """KBTP-WIRE-MPA-START: the target accepts an MPA Request whatever its Key."""
 
@@ -193,6 +217,7 @@ __all__ = [
     "WireDuplicateSendDelivered",
     "WireIgnoresMsn",
     "WirePsnGapExecuted",
+    "WireReadPastBoundsAnswered",
     "WireUnmaskedAtomics",
     "WireWriteStartChecked",
 ]

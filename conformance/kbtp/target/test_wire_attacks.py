@@ -42,6 +42,7 @@ ANSWER_S = 3.0  # how long the harness waits for the target's answer to an attac
 SILENCE_S = 1.0  # ... and how long a request that must not be executed stays without its COMPLETION
 VICTIM_DATA = b"victim block, stored before the attack" * 4
 DA = Features.DIRECT_ALLOC
+DL = Features.DIRECT_LOAD
 NO_FEATURES = Features(0)
 ATTACK_REQUEST_ID = 0xA77AC5
 TICKET = 0x0000_0001_0000_0000  # the IB binding's unmasked FetchAdd: one ticket
@@ -49,6 +50,7 @@ TICKET = 0x0000_0001_0000_0000  # the IB binding's unmasked FetchAdd: one ticket
 R_ALIGN = "KBTP-WIRE-ATOMIC-ALIGN"
 R_ATOMIC_BOUNDS = "KBTP-WIRE-ATOMIC-BOUNDS"
 R_WRITE_BOUNDS = "KBTP-WIRE-WRITE-BOUNDS"
+R_READ_BOUNDS = "KBTP-WIRE-READ-BOUNDS"
 R_PSN_GAP = "KBTP-WIRE-IB-PSN-GAP"
 R_DUPLICATE = "KBTP-WIRE-IB-DUPLICATE"
 R_MPA_START = "KBTP-WIRE-MPA-START"
@@ -253,6 +255,40 @@ def test_write_outside_partition(kbtp_target: TargetUnderTest, seed: int, case: 
         _refusal(wc, f"an RDMA Write of 16 octets at Tagged Offset {to:#x} ({case}; the partition is "
                  f"[{part.tagged_offset:#x}, +{part.count * p.block_size:#x}))", nak={NAK_REMOTE_ACCESS},
                  term=({1}, {1}, {0x01}), binding=fabric.binding, req=R_WRITE_BOUNDS, terminate=a.conn.terminate)
+        yield from _intact(bed, victim)
+
+    bed.run_one(scenario())
+
+
+READ_CASES = {
+    "straddling-the-pool-end": (-8, 16),  # the pool's last 8 octets and 8 past them
+    "past-the-pool-end": (0, 8),  # the first 8 octets after the F blocks the Pool descriptor names
+}
+
+
+@pytest.mark.req(R_READ_BOUNDS, R_INTACT, "KBTP-HELLO-FIRST")
+@pytest.mark.parametrize("case", sorted(READ_CASES))
+def test_read_past_the_pool(kbtp_target: TargetUnderTest, seed: int, case: str) -> None:
+    """An RDMA Read Request through the Pool STag beyond the F blocks the Pool descriptor advertises is refused,
+    not answered: on RoCEv2 a NAK remote access error, on iWARP a Terminate of RDMAP Remote Protection, base or
+    bounds violation (rdma-bindings §2.2, §2.6, §4.5)."""
+    kbtp_target.require(DL)
+    p = kbtp_target.params
+    bed = kbtp_target.bed(seed, label=f"wire-read-{case}")
+    fabric = _wire(bed)
+
+    def scenario() -> Gen:
+        victim = yield from _victim(bed)
+        a = yield from _session(bed, "A", DL)
+        pool = a.dl.pool
+        delta, length = READ_CASES[case]
+        to = pool.tagged_offset + pool.count * p.block_size + delta
+        dst = a.buffer(length, Access.LOCAL_WRITE)
+        a.conn.post_read(dst.sge(0, length), pool.stag, to, tag=case)
+        wc = yield from _wc(a, Op.RDMA_READ, R_READ_BOUNDS)
+        _refusal(wc, f"an RDMA Read of {length} octets at Tagged Offset {to:#x} ({case}; the pool is "
+                 f"[{pool.tagged_offset:#x}, +{pool.count * p.block_size:#x}))", nak={NAK_REMOTE_ACCESS},
+                 term=({0}, {1}, {0x01}), binding=fabric.binding, req=R_READ_BOUNDS)
         yield from _intact(bed, victim)
 
     bed.run_one(scenario())
