@@ -27,6 +27,18 @@ from tests.mutants.kbtp_wire import (  # noqa: F401 - the wire mutants, reached 
     WireSilentOnBadStag,
     WireTakesUnaskedReadResponse,
 )
+from tests.mutants.kbtp_wire_attacks import (  # noqa: F401 - issue 23's wire attacks, reached the same way
+    WireAcceptsBadMpaKey,
+    WireAtomicBoundsAnswered,
+    WireAtomicLowBitsIgnored,
+    WireDuplicateAtomicExecuted,
+    WireDuplicateSendDelivered,
+    WireIgnoresMsn,
+    WirePsnGapExecuted,
+    WireReadPastBoundsAnswered,
+    WireUnmaskedAtomics,
+    WireWriteStartChecked,
+)
 
 Steps = Generator[Command, Any, Any]
 
@@ -1388,6 +1400,19 @@ MUTANTS: dict[str, Mutant] = {
     "WireTakesUnaskedReadResponse": Mutant("kbtp-target", "KBTP-WIRE-RDMAP-UNEXPECTED", ("test_iwarp_attack",)),
     "WireIgnoresIcrc": Mutant("kbtp-target", "KBTP-WIRE-IB-DROP", ("test_roce_packet_dropped",), _IB),
     "WireErrorSpreads": Mutant("kbtp-target", "KBTP-WIRE-INTACT", ("test_iwarp_attack",)),
+    # issue 23: the wire attacks of conformance/kbtp/target/test_wire_attacks.py (tests/mutants/kbtp_wire_attacks.py)
+    "WireAtomicLowBitsIgnored": Mutant("kbtp-target", "KBTP-WIRE-ATOMIC-ALIGN", ("test_misaligned_atomic",), _IB),
+    "WireAtomicBoundsAnswered": Mutant("kbtp-target", "KBTP-WIRE-ATOMIC-BOUNDS", ("test_atomic_out_of_bounds",)),
+    "WireWriteStartChecked": Mutant("kbtp-target", "KBTP-WIRE-WRITE-BOUNDS", ("test_write_outside_partition",)),
+    "WireReadPastBoundsAnswered": Mutant("kbtp-target", "KBTP-WIRE-READ-BOUNDS", ("test_read_past_the_pool",)),
+    "WirePsnGapExecuted": Mutant("kbtp-target", "KBTP-WIRE-IB-PSN-GAP", ("test_roce_psn_gap",), _IB),
+    "WireDuplicateAtomicExecuted": Mutant("kbtp-target", "KBTP-WIRE-IB-DUPLICATE", ("test_roce_duplicate_atomic",),
+                                          _IB),
+    "WireDuplicateSendDelivered": Mutant("kbtp-target", "KBTP-WIRE-IB-DUPLICATE", ("test_roce_duplicate_send",),
+                                         _IB),
+    "WireAcceptsBadMpaKey": Mutant("kbtp-target", "KBTP-WIRE-MPA-START", ("test_iwarp_bad_mpa_request",)),
+    "WireIgnoresMsn": Mutant("kbtp-target", "KBTP-WIRE-DDP-UNTAGGED", ("test_iwarp_untagged_errors",)),
+    "WireUnmaskedAtomics": Mutant("kbtp-target", "KBTP-WIRE-RDMAP-MASKED", ("test_iwarp_masked_atomics",)),
     # kbtp-target: session establishment
     "HelloAckWithGeneration": Mutant("kbtp-target", "KBTP-HELLO-HEADER-ZERO", ("test_hello_ack",)),
     "NeverOffersDirectLoad": Mutant("kbtp-target", "KBTP-ACK-FEATURES", ("test_ack_features_match_pics",),

@@ -16,6 +16,12 @@ KNOWN: dict[str, dict[str, str]] = {
         # CRC error), but writes the octet as 0x02 instead of 0x20 (its Terminate bitfields put Layer in the low
         # nibble on a little-endian host): read per RFC 5040 it is Layer RDMAP, EType 2
         "test_iwarp_attack[bad-fpdu-crc]": "siw: Terminate Layer and EType swapped (RFC 5040 §7.3.1)",
+        # the same swap in issue 23's attacks: siw's code is right (base or bounds violation, invalid MO, invalid MSN
+        # range), its Layer (RDMAP, DDP) and EType (Remote Protection, untagged buffer) arrive swapped
+        "test_read_past_the_pool[past-the-pool-end]": "siw: Terminate Layer and EType swapped (RFC 5040 §7.3.1)",
+        "test_read_past_the_pool[straddling-the-pool-end]": "siw: Terminate Layer and EType swapped (RFC 5040 §7.3.1)",
+        "test_iwarp_untagged_errors[mo-past-the-buffer]": "siw: Terminate Layer and EType swapped (RFC 5040 §7.3.1)",
+        "test_iwarp_untagged_errors[msn-out-of-range]": "siw: Terminate Layer and EType swapped (RFC 5040 §7.3.1)",
     },
     "rxe1-to-host-roce": {},
     "siw1-to-host-iwarp": {},

@@ -134,6 +134,7 @@ class WireConnection(EmuConnection):
         self.peer_addr: tuple[str, int] = ("127.0.0.1", 0)
         self.setup: Any = None  # binding-specific setup state (the RoCE QP exchange)
         self.closing = False
+        self.watched: list[bytes] | None = None  # what arrives for it, once watched (WireFabric.watch)
 
     @property
     def state(self) -> ConnState:
@@ -452,6 +453,14 @@ class WireFabric(EmuFabric):
         else:
             conn.setup.send([raw])
 
+    def watch(self, conn: WireConnection) -> list[bytes]:
+        """Everything that arrives for ``conn`` from now on, as it arrived and before its engine sees it: each
+        datagram (RoCEv2) or each chunk of the stream (iWARP). The wire attacks read the target's answers here
+        (a NAK, an ACK of a duplicate) that the connection's own engine consumes."""
+        if conn.watched is None:
+            conn.watched = []
+        return conn.watched
+
     def _memory(self, conn: WireConnection) -> _Memory:
         return _Memory(self, conn.node, conn.name)
 
@@ -751,6 +760,8 @@ class WireFabric(EmuFabric):
         if not data:
             self._lost(conn, "the peer closed the connection")
             return
+        if conn.watched is not None:
+            conn.watched.append(data)
         if self.binding == "iwarp":
             assert conn.engine is not None
             if conn.tap is not None:
@@ -777,6 +788,8 @@ class WireFabric(EmuFabric):
                 continue  # no such QP: silently dropped, as an RNIC does
             if conn.tap is not None:
                 conn.tap.datagram(addr[:2], (self.roce_address, self.udp_port), data, received=True)
+            if conn.watched is not None:
+                conn.watched.append(data)
             # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
             source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
             self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx")
