@@ -71,6 +71,17 @@ class RelayAccess:
     authorization: bool
     prefix: TrackNamespace
     tokens: dict[str, bytes]
+    # PICS moqt.name_bytes: utf8 (a declared deviation from MOQT-CTRL-NAMESPACE-BYTES): the relay takes only
+    # UTF-8 namespace fields, so the suite's fresh fields are text (``field``) except where that rule is checked.
+    utf8_names: bool = False
+
+    def field(self, rng: Any, size: int) -> bytes:
+        """A fresh ``size``-byte Track Namespace field from ``rng`` (a numpy Generator): random bytes, or, for a
+        relay that declares ``moqt.name_bytes: utf8``, the hex text of ``size // 2`` random bytes (same size)."""
+        if not self.utf8_names:
+            return bytes(rng.bytes(size))
+        text = bytes(rng.bytes((size + 1) // 2)).hex().encode("ascii")
+        return text[:size]
 
     def token(self, role: str) -> tuple[AuthToken, ...]:
         """The AUTHORIZATION_TOKEN parameters a request of ``role`` carries (none without authorization)."""
@@ -99,7 +110,10 @@ def relay_access(pics: Pics) -> RelayAccess:
         if not isinstance(raw_prefix, list) or not raw_prefix:
             raise DriverError(f"PICS moqt.relay.prefix: got {raw_prefix!r}, expected a list of 1..28 fields")
         prefix = TrackNamespace(tuple(_field(f, f"moqt.relay.prefix[{i}]") for i, f in enumerate(raw_prefix)))
-    return RelayAccess(authorization, prefix, tokens)
+    name_bytes = pics.get("moqt.name_bytes", "any")
+    if name_bytes not in ("any", "utf8"):
+        raise DriverError(f"PICS moqt.name_bytes: got {name_bytes!r}, expected 'any' or 'utf8'")
+    return RelayAccess(authorization, prefix, tokens, utf8_names=name_bytes == "utf8")
 
 
 def _yaml_field(value: bytes) -> object:

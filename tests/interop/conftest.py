@@ -1,4 +1,5 @@
-"""Fixtures of the interop lane: docker, the aiomoqt image, aiomoqt's relay, our relay, aiomoqt's client.
+"""Fixtures of the interop lane: docker, the aiomoqt image, aiomoqt's relay, our relay, aiomoqt's client, and
+moq-rs's relay (a host process of .venv-moqrs, tests/interop/moqrs_peers.py).
 
 The lane runs only when selected with ``-m interop`` (``.ci/interop``, ``tox -e interop``): otherwise its
 tests are deselected, so the README's plain ``pytest`` neither starts containers nor runs them twice in
@@ -19,6 +20,7 @@ from kvconform.targets.testbed import Testbed
 from kvconform.verdicts import TargetUnavailable, inconclusive
 from tests.lanes import deselect_lane
 
+from .moqrs_peers import moqrs_problem, moqrs_relay, moqrs_testbed
 from .peers import (
     RelayEndpoint,
     aiomoqt_relay,
@@ -103,3 +105,22 @@ def aiomoqt_client(docker_images: list[str], interop_testbed: Testbed) -> Callab
         return run_aiomoqt_client(interop_testbed, testcase, relay_url)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def moqrs_bed() -> Testbed:
+    """The moq-rs testbed, once its environment (.venv-moqrs) imports moq-rs."""
+    problem = moqrs_problem()
+    if problem:
+        inconclusive(f"moq-rs is not available: {problem}")
+    return moqrs_testbed()
+
+
+@pytest.fixture(scope="module")
+def moqrs_relay_endpoint(moqrs_bed: Testbed) -> Iterator[RelayEndpoint]:
+    """moq-rs's relay (moq.Server), one process per test module."""
+    try:
+        with moqrs_relay(moqrs_bed) as endpoint:
+            yield endpoint
+    except TargetUnavailable as exc:
+        inconclusive(f"moq-rs relay: {exc}")

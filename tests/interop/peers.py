@@ -46,6 +46,7 @@ __all__ = [
     "aiomoqt_testcases",
     "our_relay",
     "run_aiomoqt_client",
+    "spawned_relay",
     "suite_report_dir",
     "suite_verdicts",
 ]
@@ -63,10 +64,11 @@ def suite_report_dir(base: str | None, name: str, tmp_path: Path) -> Path:
     return Path(base) / name if base else tmp_path / "report"
 
 
-def suite_verdicts(suite: str, url: str, report: Path, timeout: float) -> dict[str, dict[str, Any]]:
-    """Run ``kvconform run <suite>`` against ``url`` in the aiomoqt testbed, bounded: check function -> its
-    coverage entry (the spawn and the suite's output go into the evidence)."""
-    argv = [sys.executable, "-m", "kvconform", "run", suite, "--testbed", str(TESTBED_FILE), "--target", url,
+def suite_verdicts(suite: str, url: str, report: Path, timeout: float,
+                   testbed_file: Path = TESTBED_FILE) -> dict[str, dict[str, Any]]:
+    """Run ``kvconform run <suite>`` against ``url`` in a testbed (default: aiomoqt's), bounded: check function ->
+    its coverage entry (the spawn and the suite's output go into the evidence)."""
+    argv = [sys.executable, "-m", "kvconform", "run", suite, "--testbed", str(testbed_file), "--target", url,
             "--report-dir", str(report), "-q"]
     evidence.record("sent", "spawn", {"argv": argv})
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -168,11 +170,20 @@ def our_relay(testbed: Testbed, extra_args: tuple[str, ...] = ()) -> Iterator[Re
     if argv[:1] == ["kvconform"]:
         argv[:1] = [sys.executable, "-m", "kvconform"]  # this checkout's, not whatever is on PATH
     argv += extra_args
+    with spawned_relay(argv, "kvconform", port) as endpoint:
+        yield endpoint
+
+
+@contextlib.contextmanager
+def spawned_relay(argv: list[str], name: str, port: int, cwd: Path | None = None) -> Iterator[RelayEndpoint]:
+    """A relay process on ``port`` of 127.0.0.1, ready when it prints ``listening on``; its output goes into the
+    evidence; SIGTERM (then SIGKILL) on exit, every wait bounded."""
     evidence.record("sent", "spawn", {"argv": argv})
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, cwd=cwd,
+                            stdin=subprocess.DEVNULL)
     lines: queue.Queue[str | None] = queue.Queue()
     assert proc.stdout is not None
-    reader = threading.Thread(target=_follow, args=(proc.stdout, lines, "kvconform"), daemon=True)
+    reader = threading.Thread(target=_follow, args=(proc.stdout, lines, name), daemon=True)
     reader.start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -189,7 +200,7 @@ def our_relay(testbed: Testbed, extra_args: tuple[str, ...] = ()) -> Iterator[Re
             seen.append(line)
             if line.startswith("listening on"):
                 break
-        yield RelayEndpoint("kvconform", port)
+        yield RelayEndpoint(name, port)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -199,4 +210,4 @@ def our_relay(testbed: Testbed, extra_args: tuple[str, ...] = ()) -> Iterator[Re
                 proc.kill()
                 proc.wait(timeout=5)
         reader.join(timeout=5)
-        evidence.record("note", "relay-exit", {"relay": "kvconform", "returncode": proc.returncode})
+        evidence.record("note", "relay-exit", {"relay": name, "returncode": proc.returncode})

@@ -1,18 +1,24 @@
-"""The lane's own parts that need no docker: TAP parsing, testbed -> container spec, readiness probes.
+"""The lane's own parts that need no docker: TAP parsing, testbed -> container spec, readiness probes, the moq-rs
+peer program's shape (it runs in .venv-moqrs, which the default suite does not have).
 
 Not marked ``interop``: these run in the default suite, on machines without docker too.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from kvconform.targets import docker as dk
 from kvconform.targets.spec import parse_target
 
+from .moqrs_peers import ROOT, expected_object, moqrs_testbed
 from .peers import CLIENT_TARGET, OUR_RELAY_TARGET, RELAY_TARGET, aiomoqt_testbed, aiomoqt_testcases
 from .tap import TapError, parse_tap
 
@@ -128,3 +134,27 @@ def test_tcp_probe_sees_a_listener() -> None:
 def test_readiness_needs_probe_and_port_together() -> None:
     with pytest.raises(ValueError, match="probe and probe_port"):
         dk.Readiness(probe="tcp")
+
+
+def test_the_moqrs_peer_program_needs_only_moq_rs_and_matches_the_lane() -> None:
+    """testbeds/moqrs.yaml's commands run testbeds/moqrs/moqrs_peer.py from .venv-moqrs, which holds moq-rs and
+    nothing of kvconform: the program imports only moq and the standard library; the frames the lane expects
+    (``expected_object``) are those its publisher writes."""
+    bed = moqrs_testbed()
+    script = ROOT / "testbeds" / "moqrs" / "moqrs_peer.py"
+    for name in ("moqrs-relay", "moqrs-publisher", "moqrs-subscriber"):
+        argv = parse_target(name, bed).value.split()
+        assert argv[:2] == [".venv-moqrs/bin/python", "testbeds/moqrs/moqrs_peer.py"], argv
+    tree = ast.parse(script.read_text("utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert imported - {"__future__", "argparse", "asyncio", "contextlib", "hashlib", "signal", "sys"} == {"moq"}
+    payload = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_payload")
+    namespace: dict[str, object] = {}
+    exec(compile(ast.Module(body=[payload], type_ignores=[]), str(script), "exec"), namespace)
+    make = cast(Callable[[int, int, int], bytes], namespace["_payload"])
+    made = make(7, 2, 100)
+    assert expected_object(7, 2) == expected_object(7, 2, len(made))
+    assert expected_object(7, 2).digest == hashlib.sha256(made).hexdigest()[:16]

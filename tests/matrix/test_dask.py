@@ -60,7 +60,7 @@ def outcomes(doc: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 @covering(RUN_BOUND, RUN_BOUND)
 def test_shipped_registry_on_two_workers_matches_the_local_run(cluster: Cluster, tmp_path: Path) -> None:
-    registry = write_registry(tmp_path, shipped("aiomoqt", "kvconform-image"))  # the docker-free subset
+    registry = write_registry(tmp_path, shipped("aiomoqt", "kvconform-image", "moqrs"))  # the docker-free subset
     local_code, local, _ = run_matrix(registry, tmp_path / "local", "--no-suites", "-n", "2", "--seed", "7",
                                       timeout=RUN_BOUND)
     code, doc, output = run_matrix(registry, tmp_path / "dask", "--no-suites", "--seed", "7", "--scheduler",
@@ -184,7 +184,7 @@ def test_a_worker_killed_mid_cell_makes_that_cell_inconclusive_and_the_rest_comp
 def test_role_suites_run_on_the_workers_and_their_reports_reach_the_store(cluster: Cluster, tmp_path: Path) -> None:
     """The envelope table (writer x reader, about 8 s per role suite): the suites' report folders come back to
     ``--out`` and ``--results-db`` records them as for a local run."""
-    registry = write_registry(tmp_path, shipped("aiomoqt", "kvconform-image"))
+    registry = write_registry(tmp_path, shipped("aiomoqt", "kvconform-image", "moqrs"))
     db = tmp_path / "results.sqlite"
     code, doc, output = run_matrix(registry, tmp_path / "out", "--roles", "tlkv-writer,tlkv-reader", "--scheduler",
                                    cluster.address, "--results-db", f"sqlite:///{db}", timeout=RUN_BOUND)

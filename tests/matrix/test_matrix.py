@@ -28,7 +28,7 @@ KVCS_REF = {"publisher": {"versions": [22], **REF}, "relay": {"versions": [22], 
 @pytest.fixture(scope="module")
 def reference_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
     folder = tmp_path_factory.mktemp("reference-matrix")
-    registry = write_registry(folder, shipped("aiomoqt", "kvconform-image"))  # no docker here
+    registry = write_registry(folder, shipped("aiomoqt", "kvconform-image", "moqrs"))  # no docker, no .venv-moqrs
     code, doc, _ = run_matrix(registry, folder / "out", "--no-suites", "-n", "2", "--seed", "7")
     return code, doc, folder / "out"
 

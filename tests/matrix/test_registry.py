@@ -21,7 +21,7 @@ def _minimal() -> dict[str, Any]:
         "consumer": {"versions": [22], "reference": True}}}}}}
 
 
-def test_shipped_registry_lists_the_reference_and_aiomoqt_relay() -> None:
+def test_shipped_registry_lists_the_reference_and_the_third_party_relays() -> None:
     registry = load_registry(SHIPPED)
     assert registry.implementations["kvconform"].reference
     assert set(registry.implementations["kvconform"].roles) == set(selected_suites(None))
@@ -30,10 +30,15 @@ def test_shipped_registry_lists_the_reference_and_aiomoqt_relay() -> None:
     assert aiomoqt.roles["kvcs-relay"].run.kind == "image", "by the container contract (test_contract_form.py)"
     assert {"moqt-client", "moqt-publisher", "moqt-subscriber"} <= set(aiomoqt.info_roles)
     assert all(v.get("notes") for v in aiomoqt.info_roles.values()), "each client says why it plays no KVCS role"
+    moqrs = registry.implementations["moqrs"]
+    assert set(moqrs.roles) == {"kvcs-relay"}, "only moq-rs's relay can play a KVCS role"
+    assert moqrs.roles["kvcs-relay"].run.kind == "cmd", "a host process of .venv-moqrs (tests/interop/moqrs_peers.py)"
+    assert {"moqt-publisher", "moqt-subscriber"} <= set(moqrs.info_roles)
+    assert all(v.get("notes") for v in moqrs.info_roles.values()), "each client says why it plays no KVCS role"
     plan = make_plan(registry, selected_suites(None))
     relays = {t.fixed.get("kvcs-relay") for t in plan.tables if t.kind.name == "kvcs"}
-    assert relays == {"kvconform", "aiomoqt"}, "one KVCS table per relay"
-    assert "kvcs--kvconform--aiomoqt--kvconform" in plan.cells
+    assert relays == {"kvconform", "aiomoqt", "moqrs"}, "one KVCS table per relay"
+    assert {"kvcs--kvconform--aiomoqt--kvconform", "kvcs--kvconform--moqrs--kvconform"} <= set(plan.cells)
 
 
 @pytest.mark.parametrize(("change", "expected"), [
@@ -127,6 +132,6 @@ def test_roles_select_whole_tables() -> None:
 
 
 def test_shipped_registry_without_its_images_is_valid(tmp_path: Path) -> None:
-    registry = load_registry(write_registry(tmp_path, shipped("aiomoqt", "kvconform-image")))
+    registry = load_registry(write_registry(tmp_path, shipped("aiomoqt", "kvconform-image", "moqrs")))
     assert list(registry.implementations) == ["kvconform"]
     assert not any(entry.run.in_docker for entry in registry.all_entries()), "what test_matrix.py runs without docker"

@@ -6,8 +6,10 @@ What must hold: every cell between kvconform's own implementations passes, the p
 reference image's container too (the contract image passes its tlkv-decode suite); the cache crosses aiomoqt's
 relay intact (the exchange passes); aiomoqt's kvcs-relay suite fails exactly the known disagreements
 (``tests/interop/disagreements.py``, docs/interop-aiomoqt.md), so its cells fail and name aiomoqt's relay,
-nobody else; every container carried the run's and its cell's labels and none is left. Without docker the
-image cells are inconclusive and this test fails: CI has docker.
+nobody else; moq-rs's relay (a host process of .venv-moqrs) refuses the binary fields of KVCS namespaces, so its
+cell's exchange fails on 'invalid string' and its kvcs-relay suite on MOQT-CTRL-NAMESPACE-BYTES only, blaming
+moq-rs's relay (docs/interop-moqrs.md #1); every container carried the run's and its cell's labels and none is
+left. Without docker the image cells are inconclusive and this test fails: CI has docker.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import pytest
 from kvconform.matrix.participants import CELL_LABEL, RUN_LABEL
 from kvconform.targets.docker import ROLE_LABEL
 from tests.browser import browser_page, require_browser
-from tests.interop.disagreements import KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
+from tests.interop.disagreements import KVCS_RELAY_FAILS_ON_MOQRS, KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT
 
 from .helpers import SHIPPED, blamed, cells, containers_of_run, run_matrix, validate
 
 pytestmark = pytest.mark.interop
 AIOMOQT_CELL = "kvcs--kvconform--aiomoqt--kvconform"
+MOQRS_CELL = "kvcs--kvconform--moqrs--kvconform"
 IMAGE_CELL = "tlkv-transfer--kvconform--kvconform-image"
 
 
@@ -54,10 +57,15 @@ def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path)
     assert failing == set(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT), (
         f"aiomoqt's kvcs-relay suite failed {sorted(failing)}; known: {sorted(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT)}")
     assert through["outcome"] == "fail" and blamed(through) == {("aiomoqt", "kvcs-relay")}, through["blame"]
+    moqrs = by_id[MOQRS_CELL]
+    assert moqrs["exchange"]["outcome"] == "fail" and "'invalid string'" in moqrs["exchange"]["message"], moqrs
+    moqrs_suite = next(s for s in doc["suites"] if s["implementation"] == "moqrs")
+    assert {f["requirement"] for f in moqrs_suite["failed"]} == {KVCS_RELAY_FAILS_ON_MOQRS}, moqrs_suite
+    assert moqrs["outcome"] == "fail" and blamed(moqrs) == {("moqrs", "kvcs-relay")}, moqrs["blame"]
     image = by_id[IMAGE_CELL]
     assert image["outcome"] == "pass", (image["exchange"], image["suites"], image["blame"])
     assert image["suites"]["tlkv-decode"]["outcome"] == "pass", image["suites"]
-    assert set(by_id) == {*(c["id"] for c in ours), AIOMOQT_CELL, IMAGE_CELL}, sorted(by_id)
+    assert set(by_id) == {*(c["id"] for c in ours), AIOMOQT_CELL, MOQRS_CELL, IMAGE_CELL}, sorted(by_id)
     run_id = doc["meta"]["run_id"]
     for cell, role in ((through, "kvcs-relay"), (image, "tlkv-decode")):
         labels = container_labels(out, cell)

@@ -467,6 +467,22 @@ class NamespaceLimitsInternalErrorRelay(_WrongCloseCode):
         return "Number of Fields" in reason or "zero-length namespace field" in reason
 
 
+class TextOnlyNamesRelay(Relay):
+    """MOQT-CTRL-NAMESPACE-BYTES: closes the session with PROTOCOL_VIOLATION 'invalid string' on a request whose
+    Track Namespace (or prefix) has a field that is not UTF-8, as moq-rs 0.5.1 does (docs/interop-moqrs.md #1)."""
+
+    def _on_request(self, peer: Peer, req: Request) -> None:
+        msg = req.message
+        ns = getattr(msg, "track_namespace", None) or getattr(msg, "track_namespace_prefix", None)
+        for field in ns.fields if ns is not None else ():
+            try:
+                field.decode("utf-8")
+            except UnicodeDecodeError:
+                peer.session.close(SessionError.PROTOCOL_VIOLATION, "invalid string")
+                return
+        super()._on_request(peer, req)
+
+
 class LongNamesAcceptedRelay(Relay):
     """MOQT-CTRL-NAMESPACE-LIMITS: does not close a session whose request names a Full Track Name over 4 096 bytes
     (the request is dropped, the session stays open)."""
@@ -603,6 +619,10 @@ MUTANTS: dict[str, Mutant] = {
                                               ("test_control_stream_misuse",)),
     "NamespaceLimitsInternalErrorRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS",
                                                 ("test_namespace_limits",)),
+    # A text prefix (the loopback PICS declare a binary Scope ID field), as a relay of text names would have.
+    "TextOnlyNamesRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-BYTES",
+                                 ("test_binary_namespace_fields_are_accepted",),
+                                 pics=("moqt.relay.prefix=[kvconform, text-only]",)),
     "LongNamesAcceptedRelay": Mutant("moqt-relay", "MOQT-CTRL-NAMESPACE-LIMITS", ("test_namespace_limits",)),
     "FillParametersInternalErrorRelay": Mutant("moqt-relay", "MOQT-PARAM-FILL-PARAMETERS",
                                                ("test_forbidden_parameter_inside_fill_parameters",)),

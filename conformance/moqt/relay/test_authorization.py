@@ -76,13 +76,13 @@ def test_unauthorized_publish_namespace_is_refused(moqt_relay: RelayUnderTest, p
             watcher = await watcher_client.subscribe_namespace(watch, auth=moqt_relay.token("subscriber"))
             refused_ns = []
             for label, auth, acceptable in attempts(moqt_relay, "publish", "outsider", "subscriber"):
-                ns = watch + TrackNamespace((rng.bytes(16),))
+                ns = watch + TrackNamespace((moqt_relay.field(rng, 16),))
                 intruder.track(ns, TRACK_NAME).publish_object(0, 0, b"must not be served")
                 record("sent", "PUBLISH_NAMESPACE", namespace=str(ns), token=label)
                 refused_ns.append(ns)
                 expect_none(f, req, [await refusal_problem(
                     f"PUBLISH_NAMESPACE with {label}", intruder.publish_namespace(ns, auth=auth), acceptable)])
-            legit = watch + TrackNamespace((rng.bytes(16),))
+            legit = watch + TrackNamespace((moqt_relay.field(rng, 16),))
             async with publisher(moqt_relay, legit):
                 with waiting("NAMESPACE for the authorized publication"):
                     notice = await watcher.next(CLIENT_TIMEOUT)
@@ -182,9 +182,9 @@ def test_unauthorized_subscribe_namespace_is_refused(moqt_relay: RelayUnderTest,
 
                 expect_none(f, req, [await refusal_problem(f"SUBSCRIBE_NAMESPACE {prefix} with {label}", request(),
                                                            acceptable)])
-            watch = base + TrackNamespace((rng.bytes(8),))
+            watch = base + TrackNamespace((moqt_relay.field(rng, 8),))
             watcher = await watcher_client.subscribe_namespace(watch, auth=moqt_relay.token("subscriber"))
-            ns = watch + TrackNamespace((rng.bytes(16),))
+            ns = watch + TrackNamespace((moqt_relay.field(rng, 16),))
             async with publisher(moqt_relay, ns):
                 with waiting("NAMESPACE at the authorized watcher (the barrier)"):
                     await watcher.next(CLIENT_TIMEOUT)

@@ -18,6 +18,7 @@ from kvconform.fixtures.moqt import (
     TRACK_NAME,
     RelayUnderTest,
     expect_none,
+    publisher,
     record,
     refusal_problem,
     rejection,
@@ -64,13 +65,13 @@ def test_namespace_prefix_subscription_sees_every_matching_publication(moqt_rela
                                                                        rng: np.random.Generator) -> None:
     async def scenario(f: Findings) -> None:
         base = moqt_relay.access.prefix
-        compat = rng.bytes(8)
+        compat = moqt_relay.field(rng, 8)
         prefix = base + TrackNamespace((compat,))
-        a1, a2 = rng.bytes(12), rng.bytes(12)
+        a1, a2 = moqt_relay.field(rng, 12), moqt_relay.field(rng, 12)
         existing = prefix + TrackNamespace((a1, b"pub-1"))
         later = [prefix + TrackNamespace((a1, b"pub-2")), prefix + TrackNamespace((a2, b"pub-3"))]
         near_miss = [base + TrackNamespace((compat + b"x", a1, b"pub-4")),  # field extends the prefix's bytes
-                     base + TrackNamespace((rng.bytes(8), a1, b"pub-5"))]
+                     base + TrackNamespace((moqt_relay.field(rng, 8), a1, b"pub-5"))]
         ns_req, match_req = "MOQT-NS-SUBSCRIBE-NAMESPACE", "MOQT-NS-PREFIX-MATCH"
         async with session(moqt_relay, "publisher A") as pub_a, session(moqt_relay, "publisher B") as pub_b, \
                 session(moqt_relay, "watcher") as watcher_client:
@@ -106,7 +107,7 @@ def test_overlapping_namespace_prefixes_in_one_session(moqt_relay: RelayUnderTes
 
     async def scenario(f: Findings) -> None:
         base = moqt_relay.access.prefix
-        prefix = base + TrackNamespace((rng.bytes(8),))
+        prefix = base + TrackNamespace((moqt_relay.field(rng, 8),))
         token = moqt_relay.token("subscriber")
         async with session(moqt_relay, "watcher") as client:
             await client.subscribe_namespace(prefix, auth=token)
@@ -115,7 +116,7 @@ def test_overlapping_namespace_prefixes_in_one_session(moqt_relay: RelayUnderTes
                 expect_none(f, req, [await refusal_problem(
                     f"{label} prefix {other} while {prefix} is active", client.subscribe_namespace(other, auth=token),
                     PREFIX_OVERLAP)])
-            sibling = base + TrackNamespace((rng.bytes(8),))
+            sibling = base + TrackNamespace((moqt_relay.field(rng, 8),))
             try:
                 with waiting(f"REQUEST_OK to SUBSCRIBE_NAMESPACE of the sibling prefix {sibling}", req):
                     await client.subscribe_namespace(sibling, auth=token)
@@ -134,10 +135,10 @@ def test_subscribe_reaches_the_publisher_of_a_namespace_prefix(moqt_relay: Relay
 
     async def scenario(f: Findings) -> None:
         base = moqt_relay.access.prefix
-        compat, anchor = rng.bytes(16), rng.bytes(16)
+        compat, anchor = moqt_relay.field(rng, 16), moqt_relay.field(rng, 16)
         announced = base + TrackNamespace((compat, anchor))
-        track_ns = announced + TrackNamespace((rng.bytes(16),))
-        near_miss = base + TrackNamespace((compat, anchor + b"x", rng.bytes(16)))
+        track_ns = announced + TrackNamespace((moqt_relay.field(rng, 16),))
+        near_miss = base + TrackNamespace((compat, anchor + b"x", moqt_relay.field(rng, 16)))
         async with session(moqt_relay, "publisher") as pub_client, session(moqt_relay, "subscriber") as sub_client:
             track = pub_client.track(track_ns, TRACK_NAME)
             pub_client.track(near_miss, TRACK_NAME).publish_object(0, 0, b"never routed here")
@@ -163,3 +164,29 @@ def test_subscribe_reaches_the_publisher_of_a_namespace_prefix(moqt_relay: Relay
                 subscribe(sub_client, near_miss, fill=False, auth=moqt_relay.token("subscriber")), DOES_NOT_EXIST)])
 
     run_findings("SUBSCRIBE routing", scenario, req=routing)
+
+
+@pytest.mark.req("MOQT-CTRL-NAMESPACE-BYTES")
+def test_binary_namespace_fields_are_accepted(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
+    """A publication whose Track Namespace fields are not UTF-8 (0xFF, 0x00, a UTF-8 lead byte without its
+    continuation) is announced, subscribed to and delivered like any other: fields are bytes in no encoding.
+    Sent binary whatever the PICS declare: ``moqt.name_bytes: utf8`` declares a deviation from this rule (the
+    other checks then use text fields), so this check still judges it."""
+    req = "MOQT-CTRL-NAMESPACE-BYTES"
+
+    async def scenario(f: Findings) -> None:
+        binary = TrackNamespace((b"\xff\x00" + bytes(rng.bytes(14)), b"\xc3\x28" + bytes(rng.bytes(6))))
+        ns = moqt_relay.access.prefix + binary
+        record("note", "namespace fields that are not UTF-8", fields=[field.hex() for field in binary.fields])
+        payload = b"binary-named " + bytes(rng.bytes(8))
+        async with publisher(moqt_relay, ns) as pub, session(moqt_relay, "subscriber") as client:
+            with waiting(f"SUBSCRIBE_OK to {ns} (fields {', '.join(x.hex() for x in binary.fields)} are not "
+                         "UTF-8)", req):
+                sub = await subscribe(client, ns, fill=False, auth=moqt_relay.token("subscriber"))
+            pub.publish(0, 0, payload)
+            with waiting("the object of the track with binary namespace fields", req):
+                got = await sub.next_object(CLIENT_TIMEOUT)
+            f.expect(got.payload == payload, req, f"object of the track {ns}: seen {got.payload!r}, expected "
+                                                  f"{payload!r}")
+
+    run_findings("binary namespace fields", scenario, req=req)

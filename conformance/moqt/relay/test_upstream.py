@@ -31,7 +31,7 @@ from kvconform.moqt.client import RequestRejected, SessionEnded
 from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Subscribe
 from kvconform.moqt.session import RequestReceived
-from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
+from kvconform.moqt.structures import AuthToken, ParamType, SetupOption, TrackNamespace
 from kvconform.verdicts import Findings
 
 pytestmark = pytest.mark.usefixtures("moqt_relay_sanity")
@@ -92,7 +92,7 @@ def test_the_relays_own_requests(moqt_relay: RelayUnderTest, rng: np.random.Gene
 
     async def scenario(f: Findings) -> None:
         base = moqt_relay.namespace(rng)
-        ns_b = TrackNamespace((*base.fields[:-1], rng.bytes(16)))
+        ns_b = TrackNamespace((*base.fields[:-1], moqt_relay.field(rng, 16)))
         token = moqt_relay.token("subscriber")
         async with publisher(moqt_relay, base, on_request=observe, max_filter_ranges=None) as pub, \
                 session(moqt_relay, "subscriber") as client:
@@ -100,9 +100,17 @@ def test_the_relays_own_requests(moqt_relay: RelayUnderTest, rng: np.random.Gene
             await pub.client.publish_namespace(ns_b, auth=moqt_relay.token("publisher"))
             pub.publish(0, 0, b"a0")
             pub.publish(0, 1, b"a1")
-            await subscribe(client, base, auth=token, range_filters=(RangeFilter.first_objects(1),))
+            # The OBJECTID_FILTER only when the relay's SETUP allows Range Filters (a relay may announce
+            # MAX_FILTER_RANGES 0: then sending one would be the harness's error, profile §5); the relay's own
+            # requests must carry none either way.
+            setup = client.session.peer_setup
+            limit = [kv.value for kv in setup.options if kv.type == SetupOption.MAX_FILTER_RANGES] if setup else []
+            filters = (RangeFilter.first_objects(1),) if limit and limit[0] else ()
+            if not filters:
+                record("note", "the relay's SETUP allows no Range Filters: the first SUBSCRIBE carries none")
+            await subscribe(client, base, auth=token, range_filters=filters)
             await subscribe(client, ns_b, fill=False, auth=token)
-            other = TrackNamespace((*base.fields[:-1], rng.bytes(16)))
+            other = TrackNamespace((*base.fields[:-1], moqt_relay.field(rng, 16)))
             pub.client.track(other, TRACK_NAME).publish_object(0, 0, b"c")
             await pub.client.publish_namespace(other, auth=moqt_relay.token("publisher"))
             await fetch(client, other, auth=token)
@@ -155,7 +163,7 @@ def test_unknown_error_code_from_upstream_keeps_the_session(moqt_relay: RelayUnd
                 record("received", "REQUEST_ERROR", code=exc.code)
                 f.expect(exc.error is not None, req, f"SUBSCRIBE whose only publisher refused the relay's SUBSCRIBE: "
                                                      f"seen {rejection(exc)}, expected a REQUEST_ERROR")
-            more = TrackNamespace((*ns.fields[:-1], rng.bytes(16)))
+            more = TrackNamespace((*ns.fields[:-1], moqt_relay.field(rng, 16)))
             try:  # the publisher's session is still served
                 with waiting("REQUEST_OK to the publisher's next PUBLISH_NAMESPACE", req):
                     await pub.client.publish_namespace(more, auth=moqt_relay.token("publisher"))

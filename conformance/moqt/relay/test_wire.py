@@ -75,7 +75,7 @@ def test_the_relay_answers_setup(moqt_relay: RelayUnderTest, rng: np.random.Gene
             repeated = sorted(f"0x{t:x}" for t, n in Counter(sent).items() if n > 1 and t in known)
             f.expect(not repeated, "MOQT-SETUP-OPTIONS",
                      f"the relay's SETUP: known options {repeated} repeated, expected each at most once")
-            prefix = TrackNamespace((*moqt_relay.access.prefix.fields, rng.bytes(8)))
+            prefix = TrackNamespace((*moqt_relay.access.prefix.fields, moqt_relay.field(rng, 8)))
             with waiting("REQUEST_OK to SUBSCRIBE_NAMESPACE on the session with unknown Setup Options",
                          "MOQT-SETUP-OPTIONS"):
                 await client.subscribe_namespace(prefix, auth=moqt_relay.token("subscriber"))
@@ -103,7 +103,7 @@ def test_everything_the_relay_writes_decodes(moqt_relay: RelayUnderTest, rng: np
 
     async def exchange(f: Findings, client: Any) -> None:
         ns = moqt_relay.namespace(rng)
-        other = TrackNamespace((*ns.fields[:-1], rng.bytes(16)))
+        other = TrackNamespace((*ns.fields[:-1], moqt_relay.field(rng, 16)))
         token = moqt_relay.token("subscriber")
         async with publisher(moqt_relay, ns, properties=track_props, object_properties=True) as pub, \
                 publisher(moqt_relay, other) as pub2:
@@ -125,7 +125,7 @@ def test_everything_the_relay_writes_decodes(moqt_relay: RelayUnderTest, rng: np
             with waiting("PUBLISH_DONE and the subscription's data streams"):
                 await sub.wait_complete(CLIENT_TIMEOUT)
             await fetch(client, ns, auth=token)
-            nobody = TrackNamespace((*ns.fields[:-1], rng.bytes(16)))
+            nobody = TrackNamespace((*ns.fields[:-1], moqt_relay.field(rng, 16)))
             expect_none(f, "MOQT-SUB-ONE-RESPONSE", [p for p in [await refused(
                 f"SUBSCRIBE to {nobody}, a track no one publishes", subscribe(client, nobody, auth=token))] if p])
             with waiting("NAMESPACE for the publications under the watched prefix"):
@@ -156,7 +156,7 @@ def test_everything_the_relay_writes_decodes(moqt_relay: RelayUnderTest, rng: np
 def test_non_minimal_integers_are_accepted(moqt_relay: RelayUnderTest, rng: np.random.Generator) -> None:
     """A SUBSCRIBE_NAMESPACE whose Request ID, field count, field lengths and parameter count use longer
     (legal) vi64 encodings is answered REQUEST_OK like the minimal one (profile section 2)."""
-    prefix = TrackNamespace((*moqt_relay.access.prefix.fields, rng.bytes(8)))
+    prefix = TrackNamespace((*moqt_relay.access.prefix.fields, moqt_relay.field(rng, 8)))
     params = Parameters(tuple(Parameter(ParamType.AUTHORIZATION_TOKEN, t) for t in moqt_relay.token("subscriber")))
     msg = CraftedMessage.from_message(SubscribeNamespace(0, prefix, params))
     wide_ns = vi64(len(prefix), 4) + b"".join(vi64(len(f), 2) + f for f in prefix.fields)
