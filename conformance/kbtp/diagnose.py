@@ -148,8 +148,10 @@ def judge(blame: Blame | None, rules: Sequence[str], *, what: str, seen: object 
         raise HarnessBug(f"diagnose: {blame.rule} is not among the rules asserted here ({rules})")
     for rule in rules:
         broken = blame is not None and blame.rule == rule
-        check(not broken, f"{what}: {blame.evidence}" if blame is not None and broken else what, req=rule,
-              seen=seen, expected=expected)
+        text = what
+        if blame is not None and broken:
+            text = blame.evidence if blame.evidence.startswith(what) else f"{what}: {blame.evidence}"
+        check(not broken, text, req=rule, seen=seen, expected=expected)
 
 
 def judge_block(block: int, blocks: Collection[int], *, addr_le: bool, where: str) -> None:
