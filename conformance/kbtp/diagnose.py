@@ -13,10 +13,11 @@ order a diagnosis tries them (KBTP "Free-Block Ring", "Session Establishment", "
   consumed" with something other than all ones;
 - KBTP-RING-INIT: slot s < F not {s, a block of the ring}, slot F <= s < N not {s - N mod 2^32, all ones}; on the
   shared ring, a first-lap ticket F <= t < N handed a block still bound (its slot was not initialised empty), or,
-  with F == N, the first free not reaching ticket F (the Tail starts at Slot Offset 16 * (F mod N) = 0);
+  with F == N, the first free not reaching ticket F (the Tail starts at Slot Offset 16 * (F mod N) = 0) while on
+  a fresh ring of F - 1 < N blocks it does (test_rings tells the two apart);
 - KBTP-FREE-RETURN: a freed block that is in no slot of the ring it was allocated from;
 - KBTP-RING-WRAP: a freed block in another slot of its ring than the one of its Tail ticket, 16 * (u mod N); on
-  the shared ring, the ticket at which a counter's Slot Offset wraps to 0 (N, 2N) not getting the block its free
+  the shared ring, the ticket at which the counters' Slot Offsets wrap to 0 (N, 2N) not getting the block its free
   returned, though every earlier free came back.
 
 Each ``judge_*`` function asserts its rules in that order through the assertion API, so a failing check names the
@@ -127,8 +128,8 @@ def shared_rule(kind: str, t: int, f: int, n: int) -> str:
         return INIT  # slot t still held its initial content: slots F..N-1 start empty
     if kind == "hang" and t == f == n:
         return INIT  # the first free, Tail (Ticket F, Slot Offset 16 * (F mod N) = 0), never reached slot 0
-    if kind == "hang" and t != f and t in (n, 2 * n):
-        return WRAP  # every earlier free came back; the one whose Slot Offset wraps to 0 did not
+    if t in (n, 2 * n):
+        return WRAP  # every earlier free came back; at this ticket the Slot Offsets wrap to 0, and it went wrong
     return NO_LOSS
 
 

@@ -77,8 +77,10 @@ def test_a_slot_after_its_bind() -> None:
     ("hang", 4, 4, 4, diagnose.INIT),  # F == N: the first free's Tail slot is 16 * (F mod N) = 0
     ("hang", 4, 3, 4, diagnose.WRAP),  # every free came back until the Slot Offset wrapped
     ("hang", 8, 4, 4, diagnose.WRAP),
+    ("held", 8, 4, 4, diagnose.WRAP),
+    ("other", 4, 3, 4, diagnose.WRAP),
     ("hang", 3, 3, 4, diagnose.NO_LOSS),  # a free in the first lap: no rule of its own explains it
-    ("other", 4, 3, 4, diagnose.NO_LOSS),
+    ("other", 5, 3, 4, diagnose.NO_LOSS),
 ])
 def test_shared_ring_rule_at_a_ticket(kind: str, t: int, f: int, n: int, rule: str) -> None:
     assert diagnose.shared_rule(kind, t, f, n) == rule

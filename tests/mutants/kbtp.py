@@ -24,6 +24,7 @@ from tests.mutants.kbtp_ring import (  # noqa: F401 - the ring mutants, reached 
     BigEndianRingUnderAddrLe,
     EmptySlotsMarkedZero,
     FreeReturnsToSharedRing,
+    TailWrapsLate,
 )
 from tests.mutants.kbtp_wire import (  # noqa: F401 - the wire mutants, reached as python:tests.mutants.kbtp:<name>
     WireErrorSpreads,
@@ -1491,6 +1492,8 @@ MUTANTS: dict[str, Mutant] = {
     "BigEndianRingUnderAddrLe": Mutant("kbtp-target", "KBTP-ADDRLE-MEMORY", ("test_direct_alloc_ring_init",
                                                                              "test_direct_alloc_bind_and_free")),
     "FreeReturnsToSharedRing": Mutant("kbtp-target", "KBTP-FREE-RETURN", ("test_direct_alloc_bind_and_free",)),
+    "TailWrapsLate": Mutant("kbtp-target", "KBTP-RING-WRAP", ("test_shared_ring_geometries",),
+                            collateral=("KBTP-RING-NO-LOSS",)),
     # kbtp-target, issue 11: trust (the declaration KBTP-DIRECT-TRUST is checked against)
     "DirectModesForEveryone": Mutant("kbtp-target", "KBTP-DIRECT-TRUST",
                                      ("test_no_direct_mode_for_untrusted_initiators",), (UNTRUSTED_PICS,)),

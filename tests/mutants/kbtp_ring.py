@@ -79,3 +79,20 @@ class FreeReturnsToSharedRing(ReferenceTargetDriver):
     DIRECT_ALLOC partition ring."""
 
     target_class = _FreesToShared
+
+
+class _LateWrapRing(FreeRing):
+    def fetch_add_tail(self) -> TakenTicket:
+        taken = super().fetch_add_tail()  # the counter itself is right; the slot derived from it wraps at 2N
+        return TakenTicket(taken.ticket, RING_SLOT_SIZE * (taken.ticket % (2 * self.slots)))
+
+
+class _LateWrap(ReferenceTarget):
+    ring_class = _LateWrapRing
+
+
+class TailWrapsLate(ReferenceTargetDriver):
+    """KBTP-RING-WRAP: the Slot Offset of a free wraps at twice the end of the ring (16 * (u mod 2N)), so the first
+    free whose Tail ticket reaches N writes past the last slot."""
+
+    target_class = _LateWrap
