@@ -87,9 +87,11 @@ def block_rule(block: int, blocks: Collection[int], *, addr_le: bool, where: str
     return None
 
 
-def landing_rule(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bool) -> Blame | None:
+def landing_rule(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bool, landed: int = 0) -> Blame | None:
     """Where a freed ``block`` (Tail ticket ``u``) landed in the ``ring`` read after its FREE completed, when not
-    in slot u mod N with Sequence u: the specific rule, or the generic KBTP-RING-NO-LOSS."""
+    in slot u mod N with Sequence u: the specific rule, or the generic KBTP-RING-NO-LOSS. ``landed``: how many
+    earlier frees of the same ring landed in their slots (then a block lost where the Slot Offset wraps to 0 is the
+    wrap's fault, not a return to another ring)."""
     n = len(ring)
     at = u % n
     if ring[at] == (u % TICKETS, block):
@@ -99,6 +101,10 @@ def landing_rule(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bo
     if not where and reversed_at:
         return Blame(byte_order_rule(addr_le), f"the block {block:#x} freed with Tail ticket {u} is in slot(s) "
                      f"{reversed_at} with its octets reversed ({swapped(block):#018x}): not {order_name(addr_le)}")
+    if not where and landed and at == 0:
+        return Blame(WRAP, f"the block {block:#x} freed with Tail ticket {u} is in no slot of its ring, though the "
+                     f"{landed} free(s) before it landed in theirs: at ticket {u} the Slot Offset wraps to 0 "
+                     f"(16 * ({u} mod {n})), and slot 0 reads {_slot(ring[at])}")
     if not where:
         return Blame(FREE_RETURN, f"the block {block:#x} freed with Tail ticket {u} is in no slot of the ring it was "
                      f"allocated from; slot {at} (16 * ({u} mod {n})) reads {_slot(ring[at])}")
@@ -162,9 +168,9 @@ def judge_block(block: int, blocks: Collection[int], *, addr_le: bool, where: st
           expected=f"one of the ring's blocks, {order_name(addr_le)}")
 
 
-def judge_landing(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bool) -> None:
+def judge_landing(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bool, landed: int = 0) -> None:
     """The block of a FREE (Tail ticket ``u``) is in slot u mod N with Sequence u, and in no other slot."""
-    blame = landing_rule(ring, block, u, addr_le=addr_le)
+    blame = landing_rule(ring, block, u, addr_le=addr_le, landed=landed)
     what = f"after the FREE of Tail ticket {u}, block {block:#x} in slot {u % len(ring)}"
     seen = [_slot(v) for v in ring]
     judge(blame, (ADDRLE, SLOT_LAYOUT, FREE_RETURN, WRAP, NO_LOSS), what=what, seen=seen,

@@ -50,6 +50,14 @@ def test_where_a_freed_block_landed_names_the_rule(ring: list[tuple[int, int]], 
     assert blame is not None and blame.rule == rule, blame
 
 
+def test_a_block_lost_at_the_wrap_after_frees_that_landed_is_the_wrap() -> None:
+    ring = [(0, ONES), (1, B[1]), (2, B[2]), (3, B[3])]
+    lost = diagnose.landing_rule(ring, B[0], 4, addr_le=True, landed=1)
+    assert lost is not None and lost.rule == diagnose.WRAP and "wraps to 0" in lost.evidence
+    before = diagnose.landing_rule(ring, B[0], 5, addr_le=True, landed=1)  # not at the wrap: returned elsewhere
+    assert before is not None and before.rule == diagnose.FREE_RETURN
+
+
 def test_reversed_octets_break_the_session_byte_order() -> None:
     reversed_b0 = diagnose.swapped(B[0])
     assert diagnose.swapped(reversed_b0) == B[0]
@@ -101,6 +109,8 @@ WIRE_CASES: dict[str, tuple[tuple[str, ...], int]] = {
     "EmptySlotsMarkedZero": (("test_direct_alloc_ring_init", "test_direct_alloc_bind_and_free"), 3),
     "BigEndianRingUnderAddrLe": (("test_direct_alloc_ring_init", "test_direct_alloc_bind_and_free"), 2),
     "FreeReturnsToSharedRing": (("test_direct_alloc_bind_and_free",), 2),
+    # a partition of 3 in a ring of 4: the first free lands, the one at the wrap (Tail ticket 4) does not
+    "TailWrapsLate": (("test_direct_alloc_bind_and_free",), 3),
 }
 RUN_TIMEOUT_S = 300
 FULL = bool(os.environ.get("KVCONFORM_RING_BLAME_FULL"))

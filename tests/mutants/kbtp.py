@@ -1492,8 +1492,9 @@ MUTANTS: dict[str, Mutant] = {
     "BigEndianRingUnderAddrLe": Mutant("kbtp-target", "KBTP-ADDRLE-MEMORY", ("test_direct_alloc_ring_init",
                                                                              "test_direct_alloc_bind_and_free")),
     "FreeReturnsToSharedRing": Mutant("kbtp-target", "KBTP-FREE-RETURN", ("test_direct_alloc_bind_and_free",)),
-    "TailWrapsLate": Mutant("kbtp-target", "KBTP-RING-WRAP", ("test_shared_ring_geometries",),
-                            collateral=("KBTP-RING-NO-LOSS",)),
+    "TailWrapsLate": Mutant("kbtp-target", "KBTP-RING-WRAP", ("test_shared_ring_geometries",
+                                                              "test_direct_alloc_bind_and_free"),
+                            ("kbtp.target.quota=3",), collateral=("KBTP-RING-NO-LOSS",)),
     # kbtp-target, issue 11: trust (the declaration KBTP-DIRECT-TRUST is checked against)
     "DirectModesForEveryone": Mutant("kbtp-target", "KBTP-DIRECT-TRUST",
                                      ("test_no_direct_mode_for_untrusted_initiators",), (UNTRUSTED_PICS,)),

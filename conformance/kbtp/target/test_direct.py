@@ -348,6 +348,7 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
         # A freed block in no slot of the ring is a FREE-RETURN only if it stays away: a Tail slot off by one that
         # lands on a slot not yet consumed defers the write until the next BIND consumes it (then KBTP-RING-WRAP).
         pending: tuple[int, int] | None = None  # (block, Tail ticket) not in the ring yet
+        landed = 0  # frees that landed in their slots
 
         def read_ring() -> Gen:
             ring = []
@@ -381,19 +382,25 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
             lr, got = yield from a.load(h, 32, flags=UNSEALED_OK)
             expect.status_is(lr, Status.OK, req="KBTP-BIND-VERIFY", what="LOAD of the bound handle")
             expect.equal("data written before BIND", got, bytes([i]) * 32, req="KBTP-BIND-VERIFY")
-            f = yield from a.free(h)
-            expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
             # The Tail ticket of this free: a new session's partition holds its q free blocks, so Tail starts q
             # above the first Head ticket (q itself on a fresh target; a partition reused by a long-running
             # target starts wherever its counters are); nothing else was freed.
             u = (first + q + i) % TICKET_MODULUS
+            f = yield from a.free(h)
+            wrapped = landed > 0 and u % n == 0  # every free before it landed; this one's Slot Offset wraps to 0
+            outcome = expect.status_name(f.status)
+            check(f.status == Status.OK or not wrapped, f"FREE of Tail ticket {u} completed {outcome}; the {landed} "
+                  f"free(s) before it landed in their slots, and at ticket {u} the Slot Offset wraps to 0 "
+                  f"(16 * ({u} mod {n}))", req="KBTP-RING-WRAP", seen=outcome, expected="OK")
+            expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
             ring = yield from read_ring()
             # Slot u mod N was consumed (its last ticket, u - N, was bound above), so the free writes it at once.
-            blame = diagnose.landing_rule(ring, block, u, addr_le=a.addr_le)
+            blame = diagnose.landing_rule(ring, block, u, addr_le=a.addr_le, landed=landed)
             if blame is not None and blame.rule == diagnose.FREE_RETURN and i < n:
                 pending = (block, u)
                 continue
-            diagnose.judge_landing(ring, block, u, addr_le=a.addr_le)
+            diagnose.judge_landing(ring, block, u, addr_le=a.addr_le, landed=landed)
+            landed += 1
         if pending is not None:
             ring = yield from read_ring()
             diagnose.judge_landing(ring, *pending, addr_le=a.addr_le)
