@@ -20,6 +20,12 @@ from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import Access, Command, Window, pause
 from kvconform.targets.kbtp import OpResult, ReferenceInitiatorDriver, ReferenceInitiatorEndpoint, ReferenceTargetDriver
 from tests.mutants import Mutant
+from tests.mutants.kbtp_ring import (  # noqa: F401 - the ring mutants, reached as python:tests.mutants.kbtp:<name>
+    BigEndianRingUnderAddrLe,
+    EmptySlotsMarkedZero,
+    FreeReturnsToSharedRing,
+    TailWrapsLate,
+)
 from tests.mutants.kbtp_wire import (  # noqa: F401 - the wire mutants, reached as python:tests.mutants.kbtp:<name>
     WireErrorSpreads,
     WireIgnoresCrc,
@@ -57,8 +63,8 @@ class _WrapOffByOne(ReferenceTarget):
 
 
 class RingWrapOffByOne(ReferenceTargetDriver):
-    """KBTP-RING-NO-LOSS: a free writes the slot one after its Tail ticket's (the Tail's Slot Offset is off by
-    one), so no allocation reads the slot written for its ticket."""
+    """KBTP-RING-WRAP: the Tail's FetchAdd returns a Slot Offset one slot past 16 * (ticket mod N) (its two fields
+    no longer advance together), so a free writes the slot after its ticket's."""
 
     target_class = _WrapOffByOne
 
@@ -896,8 +902,8 @@ class _EmptySlotsNotEmpty(ReferenceTarget):
 
 
 class EmptySlotsNotInitialisedEmpty(ReferenceTargetDriver):
-    """KBTP-RING-NO-LOSS: slots F..N-1 start as {Sequence s, the first block} instead of {s - N, all ones}, so
-    with F < N the allocation of ticket F hands out the first block a second time."""
+    """KBTP-RING-INIT: slots F..N-1 start as {Sequence s, the first block} instead of {s - N, all ones}, so
+    with F < N an allocation of the first lap hands out the first block a second time."""
 
     target_class = _EmptySlotsNotEmpty
 
@@ -915,7 +921,7 @@ class _TailUnwrappedTarget(ReferenceTarget):
 
 
 class TailNotWrappedWhenFull(ReferenceTargetDriver):
-    """KBTP-RING-NO-LOSS: the Tail starts at Slot Offset 16 * F instead of 16 * (F mod N), so on a ring with
+    """KBTP-RING-INIT: the Tail starts at Slot Offset 16 * F instead of 16 * (F mod N), so on a ring with
     F == N the first free lands past the last slot and its block never comes back."""
 
     target_class = _TailUnwrappedTarget
@@ -1476,7 +1482,7 @@ MUTANTS: dict[str, Mutant] = {
                                                                       "test_ring_counter_example")),
     "HeadStartsAtTicketOneUnmasked": Mutant("kbtp-target", "KBTP-RING-INIT", ("test_direct_alloc_head_unmasked",),
                                             _IB),
-    "RingWrapOffByOne": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_direct_alloc_bind_and_free",)),
+    "RingWrapOffByOne": Mutant("kbtp-target", "KBTP-RING-WRAP", ("test_direct_alloc_bind_and_free",)),
     "BindNotVerified": Mutant("kbtp-target", "KBTP-BIND-VERIFY", ("test_bind_is_verified",)),
     "PartitionCoversThePool": Mutant("kbtp-target", "KBTP-ACK-PARTITION-SCOPE", ("test_partition_scope",)),
     # kbtp-target: races
@@ -1500,8 +1506,20 @@ MUTANTS: dict[str, Mutant] = {
     "ZeroLengthLoadUnchecked": Mutant("kbtp-target", "KBTP-LOAD-FITS", ("test_field_value_classes",)),
     "BindLengthUnchecked": Mutant("kbtp-target", "KBTP-VAL-LENGTH", ("test_bind_refusals",)),
     "BindHandleUnchecked": Mutant("kbtp-target", "KBTP-VAL-HANDLE", ("test_bind_refusals",)),
-    "EmptySlotsNotInitialisedEmpty": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
-    "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-NO-LOSS", ("test_shared_ring_geometries",)),
+    # Blame from observed state (issue 23): the ring and free-path rules named, not the invariant they break.
+    # At the declared geometry (tickets not the harness's alone) only the block handed out twice is seen.
+    "EmptySlotsNotInitialisedEmpty": Mutant("kbtp-target", "KBTP-RING-INIT", ("test_shared_ring_geometries",),
+                                            collateral=("KBTP-RING-NO-LOSS",)),
+    "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-INIT", ("test_shared_ring_geometries",)),
+    "EmptySlotsMarkedZero": Mutant("kbtp-target", "KBTP-RING-EMPTY", ("test_direct_alloc_ring_init",
+                                                                      "test_direct_alloc_bind_and_free"),
+                                   ("kbtp.target.quota=3",)),  # a partition of 3 in a ring of 4: one slot empty
+    "BigEndianRingUnderAddrLe": Mutant("kbtp-target", "KBTP-ADDRLE-MEMORY", ("test_direct_alloc_ring_init",
+                                                                             "test_direct_alloc_bind_and_free")),
+    "FreeReturnsToSharedRing": Mutant("kbtp-target", "KBTP-FREE-RETURN", ("test_direct_alloc_bind_and_free",)),
+    "TailWrapsLate": Mutant("kbtp-target", "KBTP-RING-WRAP", ("test_shared_ring_geometries",
+                                                              "test_direct_alloc_bind_and_free"),
+                            ("kbtp.target.quota=3",), collateral=("KBTP-RING-NO-LOSS",)),
     # kbtp-target, issue 11: trust (the declaration KBTP-DIRECT-TRUST is checked against)
     "DirectModesForEveryone": Mutant("kbtp-target", "KBTP-DIRECT-TRUST",
                                      ("test_no_direct_mode_for_untrusted_initiators",), (UNTRUSTED_PICS,)),

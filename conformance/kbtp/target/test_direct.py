@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import diagnose, expect
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, RING_SLOT_SIZE, EntryFlags, Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
@@ -181,10 +181,20 @@ def test_direct_alloc_descriptors(kbtp_target: TargetUnderTest, seed: int) -> No
     expect.equal("Head Tagged Offset mod 8", da.head.tagged_offset % 8, 0, req="KBTP-ACK-HEAD-ALIGN")
 
 
-@pytest.mark.req("KBTP-RING-INIT", "KBTP-RING-EMPTY", "KBTP-RING-SLOT-LAYOUT", "KBTP-HELLO-FIRST")
+def partition_blocks(ack: HelloAck) -> frozenset[int]:
+    """The Block Offsets of the initiator's DIRECT_ALLOC partition: Count blocks from its Tagged Offset."""
+    da = ack.direct_alloc
+    if da is None:
+        return frozenset()
+    return frozenset(da.partition.tagged_offset + i * ack.block_size for i in range(da.partition.count))
+
+
+@pytest.mark.req("KBTP-RING-INIT", "KBTP-RING-EMPTY", "KBTP-RING-SLOT-LAYOUT", "KBTP-ADDRLE-MEMORY",
+                 "KBTP-HELLO-FIRST")
 def test_direct_alloc_ring_init(kbtp_target: TargetUnderTest, seed: int) -> None:
-    """The initiator's ring as initialised: slot s < F holds {Sequence s, a distinct block}, slot s >= F
-    {Sequence s - N mod 2^32, all ones} (empty); every slot's Reserved field is zero."""
+    """The initiator's ring as initialised: slot s < F holds {Sequence s, a distinct block of the partition} (its
+    Block Offset in the session's byte order), slot s >= F {Sequence s - N mod 2^32, all ones} (empty); every
+    slot's Reserved field is zero."""
     kbtp_target.require(DA)
     bed = kbtp_target.bed(seed, label="ring-init")
     a = bed.initiator("A")
@@ -198,9 +208,10 @@ def test_direct_alloc_ring_init(kbtp_target: TargetUnderTest, seed: int) -> None
                                              RING_SLOT_SIZE, req="KBTP-RING-INIT")
             check(wc.ok, f"RDMA Read of slot {s} through the Ring STag failed: {wc.status.name}", req="KBTP-RING-INIT")
             slots.append(raw)
-        return ack.allocation_quota, da.ring.count, slots
+        return ack, da.ring.count, slots
 
-    q, n, slots = bed.run_one(scenario())
+    ack, n, slots = bed.run_one(scenario())
+    q, partition = ack.allocation_quota, partition_blocks(ack)
     order = "<" if a.addr_le else ">"
     blocks = []
     for s, raw in enumerate(slots):
@@ -209,8 +220,10 @@ def test_direct_alloc_ring_init(kbtp_target: TargetUnderTest, seed: int) -> None
         expect.equal(f"slot {s} Reserved", reserved, 0, req="KBTP-RING-SLOT-LAYOUT", offset=4)
         if s < q:
             expect.equal(f"slot {s} Sequence", seq, s, req="KBTP-RING-INIT", offset=0)
-            check(off != EMPTY_BLOCK_OFFSET, f"slot {s} < F reads all ones, which marks a slot empty",
-                  req="KBTP-RING-EMPTY")
+            # byte order and the empty marker first: each explains a Block Offset that is no block of the partition
+            diagnose.judge_block(off, partition, addr_le=a.addr_le, where=f"slot {s} < F (offset 8)")
+            check(off in partition, f"slot {s} < F holds Block Offset {off:#x}, no block of the partition "
+                  f"[{min(partition, default=0):#x}, +{q} blocks)", req="KBTP-RING-INIT", seen=f"{off:#x}")
             blocks.append(off)
         else:
             expect.equal(f"slot {s} Sequence", seq, (s - n) % (1 << 32), req="KBTP-RING-INIT", offset=0)
@@ -312,11 +325,14 @@ def test_ring_counter_example(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 @pytest.mark.req("KBTP-RING-CONSUME", "KBTP-BIND-VERIFY", "KBTP-FREE-RETURN", "KBTP-RING-NO-LOSS",
                  "KBTP-HELLO-FIRST", "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT", "KBTP-ACK-PARTITION-SCOPE",
-                 "KBTP-LOAD-COMPLETE")
+                 "KBTP-LOAD-COMPLETE", "KBTP-RING-WRAP", "KBTP-RING-EMPTY", "KBTP-ADDRLE-MEMORY",
+                 "KBTP-RING-SLOT-LAYOUT")
 def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> None:
-    """N + 1 direct allocations, each bound and freed (so the ring wraps within the quota): BIND marks the
-    ticket's slot consumed and binds the data written, FREE writes the block back into the slot of the next
-    Tail ticket, and into no other slot."""
+    """N + 1 direct allocations, each bound and freed (so the ring wraps within the quota): the slot shows a block
+    of the partition, BIND marks the ticket's slot consumed (all ones) and binds the data written, FREE writes the
+    block back into the slot of the next Tail ticket, and into no other slot. What the ring shows names the rule
+    broken (conformance/kbtp/diagnose.py): byte order, the empty marker, the ring the block returns to, the wrap
+    of the Tail's Slot Offset, before the invariant itself."""
     kbtp_target.require(DA)
     bed = kbtp_target.bed(seed, label="bind-and-free")
     a = bed.initiator("A")
@@ -325,13 +341,32 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
         ack = yield from _open(bed, a, DA)
         da = a.da
         q, n = ack.allocation_quota, da.ring.count
+        partition = partition_blocks(ack)
         if q == 0:
             not_applicable("Allocation Quota 0")
         first = None
+        # A freed block in no slot of the ring is a FREE-RETURN only if it stays away: a Tail slot off by one that
+        # lands on a slot not yet consumed defers the write until the next BIND consumes it (then KBTP-RING-WRAP).
+        pending: tuple[int, int] | None = None  # (block, Tail ticket) not in the ring yet
+        landed = 0  # frees that landed in their slots
+
+        def read_ring() -> Gen:
+            ring = []
+            for s in range(n):
+                got_slot = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * s,
+                                                  req="KBTP-FREE-RETURN")
+                ring.append(got_slot)
+            return ring
+
         for i in range(n + 1):
+            if pending is not None and i >= q:  # this ticket needs a freed block: the pending one must be back
+                ring = yield from read_ring()
+                diagnose.judge_landing(ring, *pending, addr_le=a.addr_le)
+                pending = None
             ticket, slot = yield from a.take_ticket()
             first = ticket if first is None else first
             block = yield from a.await_slot(ticket, slot, req=R_SLOT)
+            diagnose.judge_block(block, partition, addr_le=a.addr_le, where=f"slot {slot} of ticket {ticket}")
             wc = yield from a.write_block(block, bytes([i]) * 32, req="KBTP-ACK-PARTITION-SCOPE")
             check(wc.ok, f"RDMA Write through the Partition STag failed: {wc.status.name}",
                   req="KBTP-ACK-PARTITION-SCOPE")
@@ -339,27 +374,36 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
             r = yield from a.bind(h, ticket, 32, block)
             expect.status_is(r, Status.OK, req="KBTP-BIND-VERIFY", what=f"BIND of ticket {ticket}")
             after = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, slot, req="KBTP-RING-CONSUME")
-            check(after is not None and after[1] == EMPTY_BLOCK_OFFSET, f"slot {slot} after BIND of ticket {ticket} "
-                  "is not consumed", req="KBTP-RING-CONSUME", seen=after, expected="Block Offset all ones")
+            if pending is not None:  # (first: a deferred write lands in the slot this BIND consumed)
+                ring = yield from read_ring()
+                diagnose.judge_landing(ring, *pending, addr_le=a.addr_le)
+                pending = None
+            diagnose.judge_consumed(after, ticket, block, partition)
             lr, got = yield from a.load(h, 32, flags=UNSEALED_OK)
             expect.status_is(lr, Status.OK, req="KBTP-BIND-VERIFY", what="LOAD of the bound handle")
             expect.equal("data written before BIND", got, bytes([i]) * 32, req="KBTP-BIND-VERIFY")
-            f = yield from a.free(h)
-            expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
             # The Tail ticket of this free: a new session's partition holds its q free blocks, so Tail starts q
             # above the first Head ticket (q itself on a fresh target; a partition reused by a long-running
             # target starts wherever its counters are); nothing else was freed.
             u = (first + q + i) % TICKET_MODULUS
-            ring = []
-            for s in range(n):
-                got_slot = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * s,
-                                                  req="KBTP-FREE-RETURN")
-                ring.append(got_slot)
+            f = yield from a.free(h)
+            wrapped = landed > 0 and u % n == 0  # every free before it landed; this one's Slot Offset wraps to 0
+            outcome = expect.status_name(f.status)
+            check(f.status == Status.OK or not wrapped, f"FREE of Tail ticket {u} completed {outcome}; the {landed} "
+                  f"free(s) before it landed in their slots, and at ticket {u} the Slot Offset wraps to 0 "
+                  f"(16 * ({u} mod {n}))", req="KBTP-RING-WRAP", seen=outcome, expected="OK")
+            expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="FREE")
+            ring = yield from read_ring()
             # Slot u mod N was consumed (its last ticket, u - N, was bound above), so the free writes it at once.
-            where = [s for s, v in enumerate(ring) if v is not None and v[1] == block]
-            check(where == [u % n] and ring[u % n] == (u, block), f"after the FREE of Tail ticket {u} block "
-                  f"{block:#x} is in slot(s) {where}, expected slot {u % n} (consumed) with Sequence {u}",
-                  req="KBTP-RING-NO-LOSS", seen=ring, expected=(u, block))
+            blame = diagnose.landing_rule(ring, block, u, addr_le=a.addr_le, landed=landed)
+            if blame is not None and blame.rule == diagnose.FREE_RETURN and i < n:
+                pending = (block, u)
+                continue
+            diagnose.judge_landing(ring, block, u, addr_le=a.addr_le, landed=landed)
+            landed += 1
+        if pending is not None:
+            ring = yield from read_ring()
+            diagnose.judge_landing(ring, *pending, addr_le=a.addr_le)
 
     bed.run_one(scenario())
 

@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 
 from kvconform import sweep
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import diagnose, expect
 from kvconform.conformance.kbtp.blackbox import Partition, Reqs, open_partition
 from kvconform.fixtures.kbtp import TargetUnderTest
-from kvconform.kbtp.constants import Features, Status
+from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, Features, Status
 from kvconform.targets.kbtp_bed import Bed
-from kvconform.targets.kbtp_client import Gen, HarnessInitiator
-from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator
+from kvconform.verdicts import Violation, check, inconclusive, not_applicable, pass_basis, violation
 
 R_RING = "KBTP-RING-NO-LOSS"
 # (F, N): F < N (empty slots to initialise and land on), F == N (no empty slot: the Tail starts on slot 0),
@@ -48,9 +48,16 @@ def boundary(f: int, n: int) -> str:
     return ", ".join(kinds)
 
 
-@pytest.mark.parametrize("geometry", [pytest.param(g, id=DECLARED if g is None else f"F{g[0]}-N{g[1]}")
-                                      for g in GEOMETRIES])
-@pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-HELLO-FIRST")
+# A point the harness reconfigures to holds every ticket of a fresh ring, so what an allocation gets names the
+# initialisation and wrap rules (diagnose.shared_rule); at the declared ring only the empty marker and the invariant.
+POINT_RULES = (diagnose.INIT, diagnose.WRAP)
+
+
+@pytest.mark.parametrize("geometry", [
+    pytest.param(g, id=DECLARED if g is None else f"F{g[0]}-N{g[1]}",
+                 marks=() if g is None else pytest.mark.req(*POINT_RULES))
+    for g in GEOMETRIES])
+@pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-RING-EMPTY", "KBTP-HELLO-FIRST")
 def test_shared_ring_geometries(geometry: tuple[int, int] | None, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A ring of F blocks and N slots, all of it held at once: every block bound, then one handle freed and
     rebound until more than 2N tickets went round; every allocation completes, and never with a Block Offset
@@ -114,43 +121,142 @@ def _shared_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, *, rec
         if total < f:
             inconclusive(f"the quotas granted ({quotas}) hold {total} of the shared ring's {f} blocks: the ring "
                          "cannot be held whole")
-        yield from _cycle(bed, [(ini, q) for ini, q in zip(inis, quotas, strict=True) if q], f, n)
+        yield from _cycle(bed, [(ini, q) for ini, q in zip(inis, quotas, strict=True) if q], f, n, fresh=reconfigure)
 
-    bed.run_one(scenario())
+    try:
+        bed.run_one(scenario())
+    except Violation as v:
+        if reconfigure and f == n > 1 and v.requirement == diagnose.INIT and "Tail starts" in v.what:
+            _tail_start_or_tail_slots(kbtp_target, seed, f, n, features, v)
+        raise
     how = "reconfigured for the check" if reconfigure else f"declared, held by {count} initiator(s)"
     pass_basis(f"geometry reached: shared ring F {f}, N {n} ({boundary(f, n)}), {how}")
 
 
-def _cycle(bed: Bed, holders: list[tuple[HarnessInitiator, int]], f: int, n: int) -> Gen:
+def _tail_start_or_tail_slots(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, features: Features,
+                              v: Violation) -> None:
+    """The first free of a fresh ring of F == N blocks did not reach ticket F: either the Tail did not start at
+    Slot Offset 16 * (F mod N) = 0 (KBTP-RING-INIT), or the Tail's Slot Offset does not follow its ticket. The same
+    cycle on a fresh ring of F - 1 < N blocks, where both rules give the Tail's first slot F - 1, tells them apart:
+    it goes round (KBTP-RING-INIT it was), it fails at the wrap (KBTP-RING-WRAP), or it fails before (no rule of
+    its own: KBTP-RING-NO-LOSS)."""
+    probe = kbtp_target.bed(seed, label=f"ring-probe-F{f - 1}-N{n}", blocks=f - 1, shared_blocks=f - 1, ring_slots=n,
+                            quota=f - 1, max_initiators=1, features=features)
+    a = probe.initiator("P")
+
+    def scenario() -> Gen:
+        ack = yield from probe.open(a)
+        if ack.allocation_quota != f - 1:
+            return False
+        yield from _cycle(probe, [(a, f - 1)], f - 1, n, fresh=True)
+        return True
+
+    where = f"the same cycle on a fresh ring of F {f - 1} < N {n}"
+    try:
+        went_round = probe.run_one(scenario())
+    except Violation as pv:
+        rule = diagnose.WRAP if pv.requirement == diagnose.WRAP else R_RING
+        violation(f"{v.what}; {where} fails too ({pv.what})", req=rule, seen=v.seen, expected=v.expected)
+    if went_round:
+        violation(f"{v.what}; {where} goes round: the Tail's slots follow its tickets, only its start is wrong",
+                  req=diagnose.INIT, seen=v.seen, expected=v.expected)
+
+
+def _cycle(bed: Bed, holders: list[tuple[HarnessInitiator, int]], f: int, n: int, *, fresh: bool) -> Gen:
     """Bind every block (each holder its quota), then free and rebind one handle at a time, round the holders,
-    until more than 2N tickets went through the ring."""
+    until more than 2N tickets went through the ring. With the whole ring held, each free leaves exactly one block
+    in the ring, so the allocation after it must get that block. ``fresh``: the ring was made for the check, so
+    ticket t is the t-th allocation and a wrong block or a hang names the ring rule at that ticket
+    (diagnose.shared_rule)."""
     held: dict[tuple[str, int], int] = {}  # (initiator, handle) -> Block Offset while bound
     tickets = 0
 
-    def take(ini: HarnessInitiator, h: int) -> Gen:
+    def take(ini: HarnessInitiator, h: int, freed: int | None) -> Gen:
         nonlocal tickets
-        r = yield from ini.alloc_store(h, b"ring", req=R_RING)
+        t = tickets
+        if len(held) != f - 1:
+            freed = None  # the ring does not hold exactly the one block just freed (quotas not filling it)
+        what = f"{ini.name}'s ALLOC_STORE of ticket {t} (F {f}, N {n})"
+        try:
+            r = yield from ini.alloc_store(h, b"ring", req=R_RING)
+        except Violation as v:
+            if fresh and freed is not None:
+                rule = diagnose.shared_rule("hang", t, f, n)
+                diagnose.reraise_as(v, rule, f"{what}: the block {freed:#x} its free returned (Tail ticket {t}) never "
+                                    f"reached it; {_why(rule, t, f, n)}")
+            raise
         tickets += 1
-        expect.status_is(r, Status.OK, req=R_RING, what=f"{ini.name}'s ALLOC_STORE of ticket {tickets - 1} (F {f}, "
-                         f"N {n})")
-        other = [k for k, off in held.items() if off == r.block_offset]
-        check(not other, f"{ini.name}'s ALLOC_STORE of ticket {tickets - 1} (F {f}, N {n}) completed with Block "
-              f"Offset {r.block_offset:#x}, which bound handle {other[0][1] if other else 0:#x} of "
-              f"{other[0][0] if other else ''} holds", req=R_RING, seen=f"{r.block_offset:#x}",
-              expected=f"none of {sorted(hex(x) for x in held.values())}")
-        held[(ini.name, h)] = r.block_offset
+        expect.status_is(r, Status.OK, req=R_RING, what=what)
+        got = r.block_offset
+        check(got != EMPTY_BLOCK_OFFSET, f"{what} completed with Block Offset all ones: an empty slot taken for a "
+              "block", req=diagnose.EMPTY, seen=f"{got:#x}")
+        other = [k for k, off in held.items() if off == got]
+        if fresh and freed is not None:
+            kind = "held" if other else "other"
+            for rule in POINT_RULES:
+                if rule in _rules_at(t, f, n):
+                    broken = got != freed and diagnose.shared_rule(kind, t, f, n) == rule
+                    check(not broken, f"{what} completed with Block Offset {got:#x}, not the block {freed:#x} the "
+                          f"free of Tail ticket {t} returned{' (bound to another handle)' if other else ''}; "
+                          f"{_why(rule, t, f, n)}", req=rule, seen=f"{got:#x}", expected=f"{freed:#x}")
+        check(not other, f"{what} completed with Block Offset {got:#x}, which bound handle "
+              f"{other[0][1] if other else 0:#x} of {other[0][0] if other else ''} holds", req=R_RING,
+              seen=f"{got:#x}", expected=f"none of {sorted(hex(x) for x in held.values())}")
+        if freed is not None:
+            check(got == freed, f"{what} completed with Block Offset {got:#x}; the ring held only the block {freed:#x} "
+                  "the free before it returned", req=R_RING, seen=f"{got:#x}", expected=f"{freed:#x}")
+        held[(ini.name, h)] = got
+
+    def free(ini: HarnessInitiator, h: int) -> Gen:
+        u = tickets  # on a fresh ring held whole, the Tail ticket of this free is the next allocation's ticket
+        what = f"{ini.name}'s FREE of handle {h:#x} (F {f}, N {n})"
+        try:
+            fr = yield from ini.free(h, req=R_RING)
+        except Violation as v:
+            if fresh:
+                rule = diagnose.shared_rule("hang", u, f, n)
+                diagnose.reraise_as(v, rule, f"{what}, Tail ticket {u}, did not complete; {_why(rule, u, f, n)}")
+            raise
+        if fresh and (isinstance(fr, Ended) or fr.status != Status.OK):
+            rule = diagnose.shared_rule("hang", u, f, n)
+            outcome = f"ended ({fr.reason})" if isinstance(fr, Ended) else expect.status_name(fr.status)
+            check(rule == R_RING, f"{what}, Tail ticket {u}: {outcome}; {_why(rule, u, f, n)}", req=rule,
+                  seen=outcome, expected="OK")
+        expect.status_is(fr, Status.OK, req=R_RING, what=what)
 
     slots = [(ini, ini.handle(i)) for ini, q in holders for i in range(q)]
     for ini, h in slots:
-        yield from take(ini, h)
+        yield from take(ini, h, None)
     i = 0
     while tickets <= 2 * n:
-        ini, h = slots[i % len(slots)]
-        fr = yield from ini.free(h, req=R_RING)
-        expect.status_is(fr, Status.OK, req=R_RING, what=f"{ini.name}'s FREE of handle {h:#x} (F {f}, N {n})")
-        del held[(ini.name, h)]
-        yield from take(ini, h)
+        # the last bound first: a slot whose stale content is the first block hands out a block still bound
+        ini, h = slots[-1 - i % len(slots)]
+        yield from free(ini, h)
+        freed = held.pop((ini.name, h))
+        yield from take(ini, h, freed)
         i += 1
+
+
+def _rules_at(t: int, f: int, n: int) -> tuple[str, ...]:
+    """The ring rules the allocation of ticket t (right after a free, fresh ring) bears on."""
+    rules = []
+    if t < n or t == f == n:
+        rules.append(diagnose.INIT)
+    if t in (n, 2 * n):
+        rules.append(diagnose.WRAP)
+    return tuple(rules)
+
+
+def _why(rule: str, t: int, f: int, n: int) -> str:
+    if rule == diagnose.INIT and t == f == n:
+        return (f"on a ring with F == N the Tail starts at Ticket F and Slot Offset 16 * (F mod N) = 0, where ticket "
+                f"{t} reads")
+    if rule == diagnose.INIT:
+        return f"slot {t} (F <= {t} < N) starts as {{Sequence {t} - N, all ones}}: empty until the free of ticket {t}"
+    if rule == diagnose.WRAP:
+        return (f"every earlier free came back; at ticket {t} the Slot Offset of Head and Tail wraps to 0 at the end "
+                f"of the ring (16 * ({t} mod {n}))")
+    return "the ring lost the block or handed it to another ticket"
 
 
 def _partition_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, serves: str) -> None:
