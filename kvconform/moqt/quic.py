@@ -82,6 +82,9 @@ HANDSHAKE_TIMEOUT = 10.0  # a server waits this long for a new connection's hand
 # (Linux UDP_SEGMENT; at most GSO_MAX_SEGMENTS and GSO_MAX_BYTES per call), falling back to one sendto each
 # where GSO is refused, the transport has a backlog, or the harness records the datagrams.
 READ_BATCH = 64
+# A server socket's receive buffer (the kernel caps it at net.core.rmem_max): with the default ~208 KiB a
+# publisher's burst overflowed it while the relay was busy, and every drop cost the publisher a loss recovery.
+SERVER_RCVBUF = 4 * 1024 * 1024
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65000  # below IPv4's 65507-byte UDP payload (the kernel's limit for the whole GSO send)
 _UDP_SEGMENT = 103  # linux/udp.h; socket.UDP_SEGMENT only from Python 3.12
@@ -378,6 +381,8 @@ def _batch_reads(transport: asyncio.DatagramTransport, protocol: asyncio.Datagra
         return
     max_size = getattr(transport, "max_size", 256 * 1024)
     fd = sock.fileno()
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SERVER_RCVBUF)
 
     def read_ready() -> None:
         if transport._conn_lost:  # type: ignore[attr-defined]
