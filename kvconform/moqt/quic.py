@@ -82,9 +82,11 @@ HANDSHAKE_TIMEOUT = 10.0  # a server waits this long for a new connection's hand
 # (Linux UDP_SEGMENT; at most GSO_MAX_SEGMENTS and GSO_MAX_BYTES per call), falling back to one sendto each
 # where GSO is refused, the transport has a backlog, or the harness records the datagrams.
 READ_BATCH = 64
-# A server socket's receive buffer (the kernel caps it at net.core.rmem_max): with the default ~208 KiB a
-# publisher's burst overflowed it while the relay was busy, and every drop cost the publisher a loss recovery.
-SERVER_RCVBUF = 4 * 1024 * 1024
+# A server socket's receive and send buffers (the kernel caps them at net.core.rmem_max / wmem_max): with the
+# default ~208 KiB a publisher's burst overflowed the receive buffer while the relay was busy (every drop cost
+# the publisher a loss recovery), and a relay's GSO runs to several subscribers filled the send buffer, after
+# which asyncio queued every datagram and sent them one by one.
+SERVER_SOCKET_BUFFER = 4 * 1024 * 1024
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65000  # below IPv4's 65507-byte UDP payload (the kernel's limit for the whole GSO send)
 _UDP_SEGMENT = 103  # linux/udp.h; socket.UDP_SEGMENT only from Python 3.12
@@ -382,7 +384,9 @@ def _batch_reads(transport: asyncio.DatagramTransport, protocol: asyncio.Datagra
     max_size = getattr(transport, "max_size", 256 * 1024)
     fd = sock.fileno()
     with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SERVER_RCVBUF)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SERVER_SOCKET_BUFFER)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SERVER_SOCKET_BUFFER)
 
     def read_ready() -> None:
         if transport._conn_lost:  # type: ignore[attr-defined]
@@ -417,6 +421,8 @@ def _gso_transport(transport: Any) -> Any:
     if not _GSO_OK[0] or getattr(transport, "records", False):
         return None
     return getattr(transport, "_sock", None)
+
+
 
 
 def _send_batched(transport: Any, datagrams: Sequence[tuple[bytes, Any]]) -> None:
