@@ -607,9 +607,15 @@ class MoqtConnection:
         """The next session event; TimeoutError after `timeout` seconds. The last event is SessionClosed."""
         return await asyncio.wait_for(self._protocol.events.get(), timeout)
 
-    def next_event_nowait(self) -> Event | None:
+    def next_event_nowait(self, kind: type | None = None) -> Event | None:
+        """The next session event if one is queued (and, with ``kind``, is of that type), else None."""
+        queue = self._protocol.events
+        if kind is not None:
+            waiting = getattr(queue, "_queue", None)  # asyncio.Queue's deque: peek without taking
+            if not waiting or not isinstance(waiting[0], kind):
+                return None
         try:
-            return self._protocol.events.get_nowait()
+            return queue.get_nowait()
         except asyncio.QueueEmpty:
             return None
 
