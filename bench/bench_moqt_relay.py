@@ -22,6 +22,12 @@ bytes. It tells how far the MOQT layers are from what aioquic itself does on thi
 aioquic's default 1200 bytes unless `--baseline-datagram-size` says otherwise (kvconform's adapter uses
 up to 16384 on loopback, capped by the peer's max_udp_payload_size: 1440 for the aiomoqt clients).
 
+The figures, the profiles behind them and what was changed for them (issue 24 item 6: events taken in
+runs, no pacing on loopback, 4 MiB server socket buffers, batched reads, UDP GSO sends) are in
+docs/interop-aiomoqt.md, section Benchmark. To profile the relay under this load, run it yourself under a
+sampling profiler (e.g. `py-spy record -- python -m kvconform serve moqt-relay --host 127.0.0.1 --port P
+--policy open`) and drive it with `measure(testbed, RelayEndpoint("kvconform", P), n, 32768, seconds)`.
+
 Not a test: nothing asserts. Needs docker and the images of testbeds/aiomoqt.yaml (.ci/interop makes them).
 """
 

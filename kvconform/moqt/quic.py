@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import ipaddress
 import socket
+import struct
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
@@ -73,6 +76,21 @@ DEFAULT_TIMEOUT = 5.0
 # advertise 1440, aioquic peers nothing. Other paths keep aioquic's 1200 (no PMTU discovery there).
 LOOPBACK_MAX_DATAGRAM_SIZE = 16384
 HANDSHAKE_TIMEOUT = 10.0  # a server waits this long for a new connection's handshake
+# Batched I/O (bench/bench_moqt_relay.py, docs/interop-aiomoqt.md "Benchmark"): a server socket's readiness reads
+# up to READ_BATCH datagrams, and each connection they reached sends once after them, not once per datagram;
+# a send pass hands runs of equal-sized datagrams to one address to the kernel in one sendmsg with UDP GSO
+# (Linux UDP_SEGMENT; at most GSO_MAX_SEGMENTS and GSO_MAX_BYTES per call), falling back to one sendto each
+# where GSO is refused, the transport has a backlog, or the harness records the datagrams.
+READ_BATCH = 64
+# A server socket's receive and send buffers (the kernel caps them at net.core.rmem_max / wmem_max): with the
+# default ~208 KiB a publisher's burst overflowed the receive buffer while the relay was busy (every drop cost
+# the publisher a loss recovery), and a relay's GSO runs to several subscribers filled the send buffer, after
+# which asyncio queued every datagram and sent them one by one.
+SERVER_SOCKET_BUFFER = 4 * 1024 * 1024
+GSO_MAX_SEGMENTS = 64
+GSO_MAX_BYTES = 65000  # below IPv4's 65507-byte UDP payload (the kernel's limit for the whole GSO send)
+_UDP_SEGMENT = 103  # linux/udp.h; socket.UDP_SEGMENT only from Python 3.12
+_SOL_UDP = getattr(socket, "SOL_UDP", 17)
 # QUIC CRYPTO_ERROR carrying TLS alert 120 no_application_protocol: no ALPN in common (RFC 9001 §4.8, RFC 7301 §3.2)
 NO_APPLICATION_PROTOCOL = 0x100 + 120
 
@@ -158,7 +176,14 @@ class MoqtProtocol(_ProtocolBase):
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         if isinstance(data, bytes):
             capture.udp_received(self._transport, data, addr)
-        super().datagram_received(data, addr)
+        batch = _READ_BATCH.pending
+        if batch is None:
+            super().datagram_received(data, addr)
+            return
+        # Inside a batched read (`_batch_reads`): take the datagram and its events now, send once after the batch.
+        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+        self._process_events()
+        batch[self] = None
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         session = self.session
@@ -207,10 +232,26 @@ class MoqtProtocol(_ProtocolBase):
         queue = getattr(self._quic, "_streams_queue", None)
         if isinstance(queue, list) and len(queue) > 1 and _several_pending(queue):
             queue.sort(key=lambda stream: self.session.send_priority(stream.stream_id))  # stable: keeps RR order
-        super().transmit()
+        if _gso_transport(self._transport) is None:
+            super().transmit()
+        else:
+            self._transmit_batched()
         if self._sent_waiters:
             self._fire_sent_waiters()
         self._deliver_events()
+
+    def _transmit_batched(self) -> None:
+        """aioquic's ``transmit`` (send what QUIC has, re-arm its timer) with the datagrams handed to the kernel
+        in GSO runs (`_send_batched`) instead of one ``sendto`` each."""
+        self._transmit_task = None
+        _send_batched(self._transport, self._quic.datagrams_to_send(now=self._loop.time()))
+        timer_at = self._quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
+        self._timer_at = timer_at
 
     def when_sent(self, stream_ids: Sequence[int], callback: Callable[[], None], timeout: float) -> None:
         """Call ``callback`` (once) when every stream of ``stream_ids`` has sent all its data and its FIN at
@@ -303,14 +344,132 @@ def _tune_after_handshake(quic: QuicConnection) -> None:
     addr = quic.get_peer_address()
     if addr is None or not _is_loopback(str(addr[0])):
         return
+    loss = getattr(quic, "_loss", None)
+    pacer = getattr(loss, "_pacer", None)
+    if pacer is not None and hasattr(pacer, "next_send_time"):
+        # No pacing on loopback: aioquic's pacer lets out at most 16 datagrams and then waits for a timer,
+        # which the event loop fires a millisecond or more later (epoll's resolution, more on a loaded
+        # machine); with the 1440-byte datagrams of picoquic peers that capped a sender at ~3 MB/s while its
+        # congestion window allowed over 1 MB in flight (bench/bench_moqt_relay.py). The congestion window
+        # still bounds what is in flight.
+        pacer.next_send_time = _never_paced
     size = min(LOOPBACK_MAX_DATAGRAM_SIZE, _peer_max_udp_payload_size(quic))
     if size <= getattr(quic, "_max_datagram_size", size):
         return
     quic._max_datagram_size = size
-    loss = getattr(quic, "_loss", None)
     for part in (getattr(loss, "_cc", None), getattr(loss, "_pacer", None)):
         if part is not None and hasattr(part, "_max_datagram_size"):
             part._max_datagram_size = size  # congestion window steps and pacing per packet
+
+
+class _ReadBatch(threading.local):
+    """The connections a batched read reached and that have not sent since (one per loop thread)."""
+
+    pending: dict[MoqtProtocol, None] | None = None
+
+
+_READ_BATCH = _ReadBatch()
+
+
+def _batch_reads(transport: asyncio.DatagramTransport, protocol: asyncio.DatagramProtocol) -> None:
+    """Make ``transport`` (asyncio's selector datagram transport of a server socket) read up to READ_BATCH
+    datagrams per readiness and let each connection reached send once after them (aioquic's protocol sends
+    after every datagram). An event loop or transport without the private attributes this needs keeps
+    asyncio's one read per readiness."""
+    loop = getattr(transport, "_loop", None)
+    sock = getattr(transport, "_sock", None)
+    add, remove = getattr(loop, "_add_reader", None), getattr(loop, "_remove_reader", None)
+    if sock is None or add is None or remove is None or not hasattr(transport, "_conn_lost"):
+        return
+    max_size = getattr(transport, "max_size", 256 * 1024)
+    fd = sock.fileno()
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SERVER_SOCKET_BUFFER)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SERVER_SOCKET_BUFFER)
+
+    def read_ready() -> None:
+        if transport._conn_lost:  # type: ignore[attr-defined]
+            return
+        pending: dict[MoqtProtocol, None] = {}
+        _READ_BATCH.pending = pending
+        try:
+            for _ in range(READ_BATCH):
+                try:
+                    data, addr = sock.recvfrom(max_size)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    protocol.error_received(exc)
+                    break
+                protocol.datagram_received(data, addr)
+        finally:
+            _READ_BATCH.pending = None
+            for reached in pending:
+                reached.transmit()
+
+    remove(fd)
+    add(fd, read_ready)
+
+
+_GSO_OK = [sys.platform == "linux"]  # cleared for the process when the kernel refuses UDP_SEGMENT
+
+
+def _gso_transport(transport: Any) -> Any:
+    """The socket to send GSO runs on for ``transport``, or None: only asyncio's own selector transport
+    (not a recording one: the harness's capture sees each datagram) on Linux."""
+    if not _GSO_OK[0] or getattr(transport, "records", False):
+        return None
+    return getattr(transport, "_sock", None)
+
+
+
+
+def _send_batched(transport: Any, datagrams: Sequence[tuple[bytes, Any]]) -> None:
+    """Send ``datagrams`` (in order) on ``transport``: each run of datagrams to one address whose sizes are
+    equal (the run's last may be shorter) in one ``sendmsg`` with UDP_SEGMENT; one ``sendto`` each where
+    the transport already buffers (its order must hold), for a lone datagram, and once GSO was refused."""
+    sock = _gso_transport(transport)
+    connected = transport.get_extra_info("peername") is not None
+    i, n = 0, len(datagrams)
+    while i < n:
+        data, addr = datagrams[i]
+        size = len(data)
+        j = i + 1
+        total = size
+        while (j < n and j - i < GSO_MAX_SEGMENTS and datagrams[j][1] == addr and len(datagrams[j][0]) <= size
+               and total + len(datagrams[j][0]) <= GSO_MAX_BYTES):
+            total += len(datagrams[j][0])
+            j += 1
+            if len(datagrams[j - 1][0]) < size:
+                break  # a shorter one ends a GSO run
+        if j - i == 1 or sock is None or getattr(transport, "_buffer", None) or transport.is_closing():
+            for k in range(i, j):
+                transport.sendto(*datagrams[k])
+            i = j
+            continue
+        payload = b"".join(d for d, _ in datagrams[i:j])
+        cmsg = [(_SOL_UDP, _UDP_SEGMENT, struct.pack("@H", size))]
+        try:
+            if connected:
+                sock.sendmsg([payload], cmsg)
+            else:
+                sock.sendmsg([payload], cmsg, 0, addr)
+        except (BlockingIOError, InterruptedError):
+            for k in range(i, j):
+                transport.sendto(*datagrams[k])  # asyncio buffers them and sends when writable
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP):
+                _GSO_OK[0] = False  # this kernel or path does not do UDP GSO: one sendto each from now on
+                sock = None
+            for k in range(i, j):
+                transport.sendto(*datagrams[k])
+        i = j
+
+
+def _never_paced(now: float) -> float | None:
+    """A pacer's ``next_send_time`` that never holds a datagram back (see `_tune_after_handshake`)."""
+    return None
 
 
 def _is_loopback(host: str) -> bool:
@@ -448,9 +607,15 @@ class MoqtConnection:
         """The next session event; TimeoutError after `timeout` seconds. The last event is SessionClosed."""
         return await asyncio.wait_for(self._protocol.events.get(), timeout)
 
-    def next_event_nowait(self) -> Event | None:
+    def next_event_nowait(self, kind: type | None = None) -> Event | None:
+        """The next session event if one is queued (and, with ``kind``, is of that type), else None."""
+        queue = self._protocol.events
+        if kind is not None:
+            waiting = getattr(queue, "_queue", None)  # asyncio.Queue's deque: peek without taking
+            if not waiting or not isinstance(waiting[0], kind):
+                return None
         try:
-            return self._protocol.events.get_nowait()
+            return queue.get_nowait()
         except asyncio.QueueEmpty:
             return None
 
@@ -633,6 +798,7 @@ async def serve(
         local_addr=(host, port),
     )
     capture.udp_bound(transport)
+    _batch_reads(transport, protocol)
     server = MoqtServer(protocol, transport)
     holder.append(server)
     return server
