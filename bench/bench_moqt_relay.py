@@ -10,11 +10,13 @@ upstream) and subscriber (moq-sub-bench, counters only), each in the aiomoqt doc
 networking; N subscribers are N processes in one container. A subscriber counts what it received while
 active; objects/s and MB/s (10^6 bytes) are summed over the subscribers (delivered by the relay), and the
 ratio kvconform / aiomoqt is taken per N within the run. Each configuration runs twice per relay in the
-order A B B A and the better run counts (a slow relay may still be draining when the next starts).
+order A B B A (A B C C B A with moq-rs) and the better run counts (a slow relay may still be draining when the next starts).
 Everything shares the machine's two cores, clients included, so the numbers are a same-run comparison,
 not an absolute ceiling.
 
-`--ours-only` skips aiomoqt's relay (still its clients). `--aioquic-baseline` adds a row with no MOQT at
+moq-rs's relay (testbeds/moqrs/moqrs_peer.py relay, from .venv-moqrs) is measured too when its environment is
+there, with the same aiomoqt clients. `--ours-only` skips the third parties' relays (still aiomoqt's clients).
+`--aioquic-baseline` adds a row with no MOQT at
 all: plain aioquic, one sender and one receiver in ONE child process (one event loop, so one core does
 the send and the receive of every byte, as a relay does), the same objects on one unidirectional stream
 per group of 64, the sender keeping at most two groups unacknowledged; MB/s counts received stream
@@ -55,6 +57,7 @@ from kvconform.targets import docker as dk
 from kvconform.targets.spec import parse_target
 from kvconform.targets.testbed import Testbed
 from kvconform.verdicts import TargetUnavailable
+from tests.interop.moqrs_peers import moqrs_problem, moqrs_relay, moqrs_testbed
 from tests.interop.peers import (
     CLIENT_TARGET,
     RelayEndpoint,
@@ -114,9 +117,10 @@ def measure(testbed: Testbed, relay: RelayEndpoint, subscribers: int, object_siz
 
 
 @contextlib.contextmanager
-def both_relays(testbed: Testbed, *, ours_only: bool = False) -> Iterator[list[RelayEndpoint]]:
-    """Our relay and aiomoqt's, running at once for the whole run (ours is skipped, with the reason, when it
-    cannot start; aiomoqt's with ``ours_only``)."""
+def relays_under_test(testbed: Testbed, *, ours_only: bool = False) -> Iterator[list[RelayEndpoint]]:
+    """Our relay, aiomoqt's and moq-rs's, running at once for the whole run. Ours is skipped, with the reason,
+    when it cannot start; moq-rs's when its environment is missing (.ci/interop prepare makes .venv-moqrs);
+    the third parties' with ``ours_only``."""
     with contextlib.ExitStack() as stack:
         relays: list[RelayEndpoint] = []
         try:
@@ -125,6 +129,11 @@ def both_relays(testbed: Testbed, *, ours_only: bool = False) -> Iterator[list[R
             print(f"kvconform relay not measured: {exc}", file=sys.stderr)
         if not ours_only:
             relays.append(stack.enter_context(aiomoqt_relay(testbed)))
+            problem = moqrs_problem()
+            if problem:
+                print(f"moq-rs relay not measured: {problem}", file=sys.stderr)
+            else:
+                relays.append(stack.enter_context(moqrs_relay(moqrs_testbed())))
         yield relays
 
 
@@ -194,7 +203,8 @@ def main() -> int:
     ap.add_argument("--subscribers", default="1,8", help="comma list of subscriber counts")
     ap.add_argument("--object-size", type=int, default=32768)
     ap.add_argument("--json", help="also write the rows as JSON here")
-    ap.add_argument("--ours-only", action="store_true", help="measure kvconform's relay only (not aiomoqt's)")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="measure kvconform's relay only (not aiomoqt's or moq-rs's)")
     ap.add_argument("--aioquic-baseline", action="store_true",
                     help="also measure plain aioquic (no MOQT, no relay) sending the same objects")
     ap.add_argument("--baseline-datagram-size", type=int, default=1200,
@@ -210,7 +220,7 @@ def main() -> int:
     started = time.monotonic()
     if args.aioquic_baseline:
         rows.append(aioquic_baseline(args.object_size, args.seconds, args.baseline_datagram_size))
-    with both_relays(testbed, ours_only=args.ours_only) as relays:
+    with relays_under_test(testbed, ours_only=args.ours_only) as relays:
         for n in counts:
             # A B B A, best of two per relay: neither relay always runs right after the other's load.
             order = relays + relays[::-1]
@@ -228,9 +238,10 @@ def main() -> int:
               f"{row.per_subscriber_mb_per_s}")
     by = {(r.relay, r.subscribers): r for r in rows}
     for n in counts:
-        ours, theirs = by.get(("kvconform", n)), by.get(("aiomoqt", n))
-        if ours and theirs and theirs.mb_per_s > 0:
-            print(f"ratio kvconform/aiomoqt, {n} subscriber(s): {ours.mb_per_s / theirs.mb_per_s:.2f}")
+        for mine, theirs in (("kvconform", "aiomoqt"), ("kvconform", "moq-rs"), ("moq-rs", "aiomoqt")):
+            a, b = by.get((mine, n)), by.get((theirs, n))
+            if a and b and b.mb_per_s > 0:
+                print(f"ratio {mine}/{theirs}, {n} subscriber(s): {a.mb_per_s / b.mb_per_s:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     return 0
