@@ -10,7 +10,8 @@ upstream) and subscriber (moq-sub-bench, counters only), each in the aiomoqt doc
 networking; N subscribers are N processes in one container. A subscriber counts what it received while
 active; objects/s and MB/s (10^6 bytes) are summed over the subscribers (delivered by the relay), and the
 ratio kvconform / aiomoqt is taken per N within the run. Each configuration runs twice per relay in the
-order A B B A (A B C C B A with moq-rs) and the better run counts (a slow relay may still be draining when the next starts).
+order A B B A (A B C C B A with moq-rs) and the better run counts (a slow relay may still be draining when the
+next starts).
 Everything shares the machine's two cores, clients included, so the numbers are a same-run comparison,
 not an absolute ceiling.
 
