@@ -14,6 +14,7 @@ virtual clock controls), and datagram endpoints are made by the in-memory networ
 from __future__ import annotations
 
 import asyncio
+import heapq
 import selectors
 import socket
 from collections.abc import Callable, Coroutine
@@ -25,6 +26,8 @@ T = TypeVar("T")
 
 # A run may not pass this much virtual time: a scenario that keeps re-arming timers forever ends instead of looping.
 DEFAULT_HORIZON_S = 3600.0
+# The least the clock moves when it jumps: a timer due at the current instant, with no other work, runs one tick later.
+TICK = 1e-6
 
 
 class VirtualDeadlock(RuntimeError):
@@ -51,18 +54,21 @@ class _AutojumpSelector(selectors.SelectSelector):
         events = super().select(0)
         if events or (timeout is not None and timeout <= 0):
             return events
-        self._vloop._jump(timeout)
+        # _run_once has moved the clock to the next timer already, so a positive timeout is asyncio's rounding
+        self._vloop._jump(None if timeout is None else self._vloop.time())
         return []
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):
     """A selector loop whose `time()` is virtual and autojumps to the next timer when idle (see module doc)."""
 
-    def __init__(self, start: float = 0.0, horizon: float = DEFAULT_HORIZON_S) -> None:
+    def __init__(self, start: float = 0.0, horizon: float = DEFAULT_HORIZON_S, max_turns: int = 2_000_000) -> None:
         self._virtual_now = start
         self._horizon = start + horizon
         self.network: DatagramNetwork | None = None
         self.jumps = 0
+        self.turns = 0
+        self._max_turns = max_turns
         super().__init__(_AutojumpSelector(self))
 
     def time(self) -> float:
@@ -72,11 +78,29 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         """A virtual Unix time for code that reads the wall clock (token expiry): a fixed epoch plus `time()`."""
         return VIRTUAL_EPOCH + self._virtual_now
 
-    def _jump(self, timeout: float | None) -> None:
-        scheduled: list[asyncio.TimerHandle] = getattr(self, "_scheduled", [])
-        if timeout is None or not scheduled:
+    def _run_once(self) -> None:
+        """Before asyncio's own turn: when nothing is ready, set the clock to the earliest live timer (at least one
+        `TICK` on). asyncio would run a timer up to one clock resolution early; aioquic then finds its pacer not
+        yet due at `time()`, re-arms the same instant and, on a clock that does not move by itself, spins there."""
+        self.turns += 1
+        if self.turns > self._max_turns:
+            raise VirtualDeadlock(f"virtual loop: {self._max_turns} turns without finishing, at "
+                                  f"t={self._virtual_now:.6f}s (a livelock)")
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        if not self._ready and not self._stopping:  # type: ignore[attr-defined]
+            while scheduled and scheduled[0].cancelled():
+                handle = heapq.heappop(scheduled)
+                handle._scheduled = False  # type: ignore[attr-defined]  # as asyncio's own _run_once does
+                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+            if scheduled:
+                # A timer due now with nothing else to do moves the clock by one tick: a real clock never stands
+                # still, and aioquic's pacer re-arms "now + a few ns" until time has passed (it would spin here).
+                self._jump(max(scheduled[0].when(), self._virtual_now + TICK))
+        super()._run_once()  # type: ignore[misc]
+
+    def _jump(self, when: float | None) -> None:
+        if when is None:
             raise VirtualDeadlock(f"virtual loop at t={self._virtual_now:.6f}s: no task can run and no timer is set")
-        when = scheduled[0].when()
         if when > self._horizon:
             raise VirtualDeadlock(f"virtual loop: next timer at t={when:.3f}s is past the horizon "
                                   f"({self._horizon:.0f}s)")

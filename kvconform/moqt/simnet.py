@@ -1,4 +1,4 @@
-"""An in-memory UDP network for QUIC endpoints on a `VirtualClockLoop`: the harness moves every datagram (issue 24 item 3).
+"""An in-memory UDP network for QUIC endpoints on a `VirtualClockLoop`; the harness moves every datagram (issue 24).
 
 Each datagram a transport sends becomes one *step* (`kvconform.rdma.scheduler.Step`) labelled
 ``<src>><dst>#<n>`` (the n-th datagram on that direction; a duplicate adds ``+dup``). Faults are decided when the
@@ -8,7 +8,9 @@ the scheduler (FIFO, seeded random, PCT, script: the RDMA fabric's own policies)
 next, one per loop turn, so the receiving endpoint runs between deliveries. The labels chosen form the run's
 *schedule*; with the same fault seed, a `ScriptScheduler` over a schedule replays the run.
 
-Endpoints are named by address: ``name(addr, "relay")`` before binding gives a port a readable label, otherwise
+Servers get `tls.fixed_size_certificate` (handshakes of the same length every run: packet sizes drive aioquic's
+pacing, so a signature a byte longer would move every later timer). Endpoints are named by address:
+``name(addr, "relay")`` before binding gives a port a readable label, otherwise
 ``udp<port>``. Ports are handed out from 40000 up in binding order, so they too are a function of the run.
 """
 
@@ -20,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvconform.rdma.scheduler import FifoScheduler, Scheduler, Step
+from kvconform.moqt import tls
+from kvconform.rdma.scheduler import FifoScheduler, ScheduleError, Scheduler, Step
 
 __all__ = ["Faults", "SimNetwork", "SimTransport"]
 
@@ -65,6 +68,7 @@ class SimNetwork:
     schedule: list[str] = field(default_factory=list)  # the labels of the datagrams delivered, in order
     stats: _Stats = field(default_factory=_Stats)
     on_deliver: Callable[[str, bytes], None] | None = None
+    error: ScheduleError | None = None  # the schedule script could not be followed (the run is not the script's)
     _bound: dict[Addr, SimTransport] = field(default_factory=dict)
     _names: dict[Addr, str] = field(default_factory=dict)
     _next_port: int = FIRST_PORT
@@ -97,6 +101,10 @@ class SimNetwork:
             raise OSError(f"simnet: {addr} is already bound")
         transport = SimTransport(self, protocol, addr, remote_addr)
         self._bound[addr] = transport
+        configuration = getattr(protocol, "_configuration", None)  # an aioquic QuicServer's
+        if configuration is not None and not configuration.is_client:
+            # handshakes of one length every run (see tls.fixed_size_certificate)
+            tls.install_server_certificate(configuration, tls.fixed_size_certificate())
         protocol.connection_made(transport)
         return transport
 
@@ -138,7 +146,13 @@ class SimNetwork:
         enabled = self._enabled
         if not enabled:
             return
-        index = self.scheduler.choose(enabled) if len(enabled) > 1 else 0
+        try:
+            index = self.scheduler.choose(enabled)  # with one enabled too: a script advances on it
+        except ScheduleError as exc:  # raised in a loop callback it would only be logged: kept, and FIFO goes on
+            if self.error is None:
+                self.error = exc
+            self.scheduler = FifoScheduler()
+            index = 0
         if index:
             self.stats.reordered += 1
         step = enabled.pop(index)

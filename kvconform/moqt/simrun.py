@@ -114,11 +114,13 @@ def simulate(main: Main, scheduler: Scheduler | None = None, faults: Faults | No
         outcome = f"schedule: {exc}"
     except VirtualDeadlock as exc:
         outcome = f"deadlock: {exc}"
-    except Exception as exc:  # noqa: BLE001 - any exception of the code under test is this run's outcome
+    except Exception as exc:  # any exception of the code under test is this run's outcome
         outcome = f"raised: {type(exc).__name__}: {exc}"
     if not holder:
         return SimResult(False, outcome, None, (), (), 0.0, {})
     sim = holder[0]
+    if sim.net.error is not None:
+        ok, outcome = False, f"schedule: {sim.net.error}"
     s = sim.net.stats
     stats = {"sent": s.sent, "delivered": s.delivered, "dropped": s.dropped, "duplicated": s.duplicated,
              "reordered": s.reordered}

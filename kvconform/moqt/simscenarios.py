@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from kvconform.moqt import client as mc
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.relay import Relay
-from kvconform.moqt.simrun import Sim
+from kvconform.moqt.simrun import Main, Sim
 from kvconform.moqt.structures import Location, TrackNamespace
 
 __all__ = ["NAME", "NS", "RelayFactory", "check_exactly_once", "check_fetch", "relay_fill_and_fetch"]
@@ -69,7 +69,7 @@ def check_fetch(who: str, objects: Sequence[mc.ReceivedObject], published: dict[
     return len(got)
 
 
-def relay_fill_and_fetch(relay_class: RelayFactory = Relay, groups: int = 4, per_group: int = 3):  # type: ignore[no-untyped-def]  # noqa: ANN201
+def relay_fill_and_fetch(relay_class: RelayFactory = Relay, groups: int = 4, per_group: int = 3) -> Main:
     """The scenario as a `simulate` main: ``simulate(relay_fill_and_fetch(MutantRelay), scheduler, faults)``."""
 
     async def main(sim: Sim) -> object:
