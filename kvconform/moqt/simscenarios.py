@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from kvconform.moqt import client as mc
-from kvconform.moqt.data import ObjectStatus
+from kvconform.moqt.data import FetchObject, ObjectStatus
 from kvconform.moqt.relay import Relay
 from kvconform.moqt.simrun import Main, Sim
 from kvconform.moqt.structures import Location, TrackNamespace
@@ -26,6 +26,7 @@ NS = TrackNamespace.of("kvcs-1", "scope-a", "compat", "anchor", "pub-1")
 NAME = b"k.raw.s0"
 FETCH_NAME = b"k.raw.s1"
 TIMEOUT = 20.0  # virtual seconds: every wait of the scenario is bounded by it
+CUT_THROUGH_POLL = 0.001  # virtual seconds between two looks at what the FETCH delivered so far
 
 RelayFactory = type[Relay]
 
@@ -67,6 +68,40 @@ def check_fetch(who: str, objects: Sequence[mc.ReceivedObject], published: dict[
                                                   f"{[loc for loc, _ in want]}")
     assert got == want, f"MOQT-RELAY-NO-MODIFY: {who}: payloads differ from what was published"
     return len(got)
+
+
+async def cut_through_fetch(pub: mc.MoqtClient, track: mc.LocalTrack, sub: mc.MoqtClient) -> mc.FetchResult:
+    """``sub`` FETCHes all of ``track``, whose publisher answers the relay's upstream FETCH with Group 0 and holds the
+    rest back until ``sub`` has received Group 0: a relay that stores the whole upstream range before serving it
+    never gets there (the reference relay's cut-through design, test_relay's
+    ``test_a_fetch_of_a_track_the_relay_does_not_follow_is_served_as_it_arrives_upstream``, under every schedule)."""
+    write_all = track._write_fetch_stream
+    holder: list[mc.FetchResult] = []
+    held: list[asyncio.Future[None]] = []
+
+    def hold_back(sid: int, objects: list[mc.StoredObject]) -> None:
+        first = [o for o in objects if o.location.group == 0]
+        for o in first:
+            pub.session.write_fetch_object(sid, FetchObject(o.location.group, o.location.object, o.payload,
+                                                            o.subgroup_id, o.publisher_priority))
+
+        async def the_rest() -> None:
+            deadline = asyncio.get_running_loop().time() + TIMEOUT
+            while not holder or sum(o.location.group == 0 for o in holder[0].objects) < len(first):
+                assert asyncio.get_running_loop().time() < deadline and pub.session.data_stream_open(sid), (
+                    "cut-through FETCH: the relay forwarded none of Group 0 while the upstream fetch stream was "
+                    "open (it stores the whole range first)")
+                await asyncio.sleep(CUT_THROUGH_POLL)  # virtual time: the poll costs no wall time
+            write_all(sid, objects[len(first):])
+        held.append(asyncio.ensure_future(the_rest()))
+
+    track._write_fetch_stream = hold_back  # type: ignore[method-assign]
+    result = await sub.fetch(NS, track.name, wait=False)
+    holder.append(result)
+    await result.wait_complete(TIMEOUT)
+    for future in held:
+        await asyncio.wait_for(future, TIMEOUT)
+    return result
 
 
 def relay_fill_and_fetch(relay_class: RelayFactory = Relay, groups: int = 4, per_group: int = 3) -> Main:
@@ -121,7 +156,7 @@ def relay_fill_and_fetch(relay_class: RelayFactory = Relay, groups: int = 4, per
                     other_published[Location(g, o)] = _payload(g, o) + b"f"
                     other.publish_object(g, o, _payload(g, o) + b"f")
             other.end_track()
-            fetched = await sub3.fetch(NS, FETCH_NAME, timeout=TIMEOUT)
+            fetched = await cut_through_fetch(pub, other, sub3)
             n3 = check_fetch("sub3", fetched.objects, other_published)
             return {"fills": fills, "sub1": n1, "sub2": n2, "fetch": n3}
         finally:
