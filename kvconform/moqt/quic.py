@@ -61,7 +61,7 @@ else:
 
 __all__ = ["ALPN", "AlpnRefused", "LoopThread", "MoqtConnection", "MoqtServer", "connect", "granting_stream_data_uni",
            "granting_streams_uni",
-           "peer_transport_parameters", "quic_configuration", "serve"]
+           "peer_transport_parameters", "quic_configuration", "serve", "tapping"]
 
 T = TypeVar("T")
 
@@ -167,6 +167,7 @@ class MoqtProtocol(_ProtocolBase):
         self._pump_scheduled = False
         # when_sent: (streams, callback) waiting until those streams' data and FIN have left once
         self._sent_waiters: list[tuple[tuple[int, ...], Callable[[], None]]] = []
+        self.tap = _TAP.get()  # the deterministic transport's transcript (kvconform.moqt.simrun), if one runs
         session.on_pending = self._schedule_pump
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -303,6 +304,8 @@ class MoqtProtocol(_ProtocolBase):
         for command in self.session.commands():
             if self.transcript:
                 _record_command(command)
+            if self.tap is not None:
+                self.tap(self, "sent", command)
             try:
                 if isinstance(command, WriteStream):
                     quic.send_stream_data(command.stream_id, command.data, command.end_stream)
@@ -322,6 +325,8 @@ class MoqtProtocol(_ProtocolBase):
         for event in self.session.events():
             if self.transcript:
                 evidence.record("received", f"moqt.{type(event).__name__}", {"event": repr(event)[:2000]})
+            if self.tap is not None:
+                self.tap(self, "received", event)
             self.events.put_nowait(event)
 
 
@@ -518,6 +523,22 @@ def granting_streams_uni(count: int) -> Iterator[None]:
         yield
     finally:
         _GRANTED_STREAMS_UNI.reset(reset)
+
+
+# Called with (protocol, "sent" | "received", command or event) for every session command and event of the
+# protocols made inside `tapping` (the deterministic transport's transcript); None: nothing is called.
+Tap = Callable[["MoqtProtocol", str, object], None]
+_TAP: ContextVar[Tap | None] = ContextVar("kvconform_moqt_tap", default=None)
+
+
+@contextlib.contextmanager
+def tapping(tap: Tap) -> Iterator[None]:
+    """Connections made or accepted inside this block (and the tasks it starts) report to ``tap`` (see `Tap`)."""
+    reset = _TAP.set(tap)
+    try:
+        yield
+    finally:
+        _TAP.reset(reset)
 
 
 # initial_max_stream_data_uni the servers started inside `granting_stream_data_uni` grant their peers; None:

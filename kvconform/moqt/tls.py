@@ -87,6 +87,34 @@ def test_certificate() -> TestCertificate:
 test_certificate.__test__ = False  # type: ignore[attr-defined]  # a factory, not a pytest test
 
 
+@functools.cache
+def fixed_size_certificate() -> TestCertificate:
+    """A certificate whose handshake bytes have the same length every time (the deterministic transport's,
+    `kvconform.moqt.simnet`): Ed25519 (signatures always 64 bytes, where ECDSA's DER varies by a byte or two and
+    so would the packets, aioquic's pacing and every timer after it), a fixed serial number and fixed dates."""
+    from cryptography import x509  # lazy: see test_certificate
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.x509.oid import NameOID
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvconform MOQT simulated")])
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in TEST_NAMES]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in TEST_ADDRESSES]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(0x4B56_434F_4E46_4F52_4D)
+        .not_valid_before(datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+        .not_valid_after(datetime.datetime(2036, 1, 1, tzinfo=datetime.UTC))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, None)
+    )
+    return TestCertificate(cert, key)  # type: ignore[arg-type]  # an Ed25519 key where the field says EC
+
+
 def install_server_certificate(configuration: QuicConfiguration, cert: TestCertificate | None = None) -> None:
     """Give a server configuration its certificate and key (the process test certificate by default)."""
     cert = cert or test_certificate()

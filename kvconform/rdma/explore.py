@@ -192,6 +192,14 @@ def shrink(
             return still_fails(res)
         return not res.ok and not res.outcome.startswith("schedule") and res.outcome.split(":")[0] == kind
 
+    return ddmin(schedule, fails, max_runs=max_runs)
+
+
+def ddmin(schedule: Sequence[str], fails: Callable[[Sequence[str]], bool], *, max_runs: int = 2_000) -> list[str]:
+    """Delta debugging over a schedule's entries: the shortest sub-list found for which ``fails`` still holds.
+
+    The search `shrink` runs, without the fabric: any seeded runtime whose schedules replay by `ScriptScheduler`
+    (the MOQT deterministic transport, `kvconform.moqt.simexplore`) shrinks its failures with it."""
     current = list(schedule)
     runs = 0
     n = 2
