@@ -92,6 +92,10 @@ async def cut_through_fetch(pub: mc.MoqtClient, track: mc.LocalTrack, sub: mc.Mo
                     "cut-through FETCH: the relay forwarded none of Group 0 while the upstream fetch stream was "
                     "open (it stores the whole range first)")
                 await asyncio.sleep(CUT_THROUGH_POLL)  # virtual time: the poll costs no wall time
+            # A relay that gave up waiting for the whole range serves Group 0 only after ending the upstream stream
+            assert pub.session.data_stream_open(sid), (
+                "cut-through FETCH: the relay forwarded Group 0 only after it had ended the upstream fetch stream "
+                "(it stores the whole range first)")
             write_all(sid, objects[len(first):])
         held.append(asyncio.ensure_future(the_rest()))
 
