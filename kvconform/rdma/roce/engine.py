@@ -239,7 +239,7 @@ class RoceEngine:
                 return
             if bth.tver != 0:
                 raise HeaderError(f"BTH.TVer {bth.tver}: 0 expected (§4.2)")
-            pkt = Packet.decode(body)
+            pkt = Packet.decode(body, bth)
         except HeaderError:
             self.dropped_malformed += 1
             return
