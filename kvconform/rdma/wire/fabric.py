@@ -37,7 +37,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,6 +54,7 @@ from kvconform.rdma.fabric import (
     Node,
     Op,
     RunResult,
+    SendWr,
     Sge,
     Status,
     Terminate,
@@ -143,6 +144,7 @@ class WireConnection(EmuConnection):
         self.setup: Any = None  # binding-specific setup state (the RoCE QP exchange)
         self.closing = False
         self.watched: list[bytes] | None = None  # what arrives for it, once watched (WireFabric.watch)
+        self.batching = False  # inside post_list: posts reach the engine, the flush waits for the last
 
     @property
     def state(self) -> ConnState:
@@ -162,6 +164,19 @@ class WireConnection(EmuConnection):
             self.pending.append(fn)
         else:
             fn(self.engine)
+            if not self.batching:
+                self._wire._flush(self)
+
+    def post_list(self, wrs: Sequence[SendWr]) -> list[int]:
+        """Post ``wrs`` in one call: the engine takes them all before anything is sent, then what they produced
+        leaves together (one `WireFabric._flush`: a batch of datagrams, runs of equal size in one GSO send)."""
+        if self.batching:
+            return super().post_list(wrs)
+        self.batching = True
+        try:
+            return super().post_list(wrs)
+        finally:
+            self.batching = False
             self._wire._flush(self)
 
     def post_recv(self, sge: Sge | None, wr_id: int = 0) -> int:
