@@ -5,6 +5,7 @@ emulated binding (`emulated`, `scheduler`) and the race engine (`explore`). rdma
 from kvconform.rdma.emulated import EmuBuffer, EmuConnection, EmuCQ, EmuFabric, EmuNode
 from kvconform.rdma.explore import ExploreReport, SeedResult, explore, replay, run_once, shrink
 from kvconform.rdma.fabric import (
+    POST_METHOD,
     U64,
     Access,
     ActorFailed,
@@ -23,7 +24,6 @@ from kvconform.rdma.fabric import (
     FabricUsageError,
     Layer,
     Node,
-    POST_METHOD,
     Op,
     RdmapCode,
     RdmapEType,
@@ -67,10 +67,10 @@ from kvconform.rdma.scheduler import (
 __all__ = [
     "IB_RC",
     "IB_RC_MASKED",
+    "POST_METHOD",
     "PROFILES",
     "RDMAP_7306",
     "RDMAP_NO_ATOMICS",
-    "POST_METHOD",
     "STRICT",
     "U64",
     "Access",

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
 from kvconform.rdma.fabric import (
+    POST_METHOD,
     U64,
     Access,
     ActorFailed,
@@ -50,7 +51,6 @@ from kvconform.rdma.fabric import (
     NextCompletion,
     Node,
     Op,
-    POST_METHOD,
     Pause,
     RdmapEType,
     Region,

@@ -123,7 +123,8 @@ class _Memory:
         return refusal
 
     def note(self, what: str, **args: Any) -> None:
-        self._fabric._note(self._conn, what, **args)
+        if self._fabric._tracing:
+            self._fabric._note(self._conn, what, **args)
 
 
 class WireConnection(EmuConnection):
@@ -193,7 +194,8 @@ class WireConnection(EmuConnection):
         if self.state is not ConnState.CONNECTED:
             self.cq._push(Completion(wr.wr_id, wr.kind, Status.WR_FLUSH_ERR, self.name))
             return wr.wr_id
-        self._wire._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
+        if self._wire._tracing:
+            self._wire._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
         data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else self._wire._gather(wr.src)
         req = WorkRequest(op=wr.kind, wr_id=wr.wr_id, tag=wr.tag, signaled=wr.signaled, fence=wr.fence, data=data,
                           src=wr.src if isinstance(wr.src, list) else None,
@@ -534,8 +536,9 @@ class WireFabric(EmuFabric):
                 if j - k == 1:
                     udp.sendto(p, dst)
                 else:
+                    assert isinstance(udp, socket.socket)  # _gso is set only for a kernel socket
                     udp.sendmsg([b"".join(payloads[k:j])], [(socket.SOL_UDP, _UDP_SEGMENT, _GSO_SIZE.pack(size))],
-                                0, dst)  # type: ignore[union-attr]  # _gso is set only for a socket
+                                0, dst)
             except BlockingIOError:
                 k = j
                 continue  # a full socket buffer drops the datagrams: RC retransmits them
