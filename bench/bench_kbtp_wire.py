@@ -11,7 +11,7 @@ one reference initiator against the reference target (`bench_kbtp.kbtp_rates`, t
 - ``roce``: `WireFabric` over loopback UDP, IB RC over RoCEv2 with ICRC, PMTU 1024 segmentation (ib-rc);
 - ``roce-pmtu4096``: the same at the largest PMTU IB allows (§4.7), which the binding lets two ends agree on:
   a 4 KiB block is one packet instead of four, and each datagram costs the kernel's loopback about the same
-  whatever its size;
+  whatever its size (``--gso``: runs of equal-sized datagrams in one UDP GSO send);
 - ``verbs:DEV`` (``--verbs``): `VerbsFabric` on a kernel RDMA device, the device doing the wire (rxe: ib-rc;
   an iWARP device such as siw: rdmap-5040 over rdma_cm at ``--verbs-address``). Inside the testbed VM (TCG)
   only the ratios mean anything: ``.ci/rdma`` runs it there with ``--verbs rxe0,siw0``.
@@ -101,7 +101,8 @@ def window_rate(window: str, fabric: str, needed: int, budget_s: float) -> Windo
     return WindowRate(len(notes), opened, seconds, opened / seconds if seconds > 0 else 0.0, outcome)
 
 
-def rates(binding: str, block: int, ops: int, repeat: int, verbs_address: str | None = None) -> dict[str, Measure]:
+def rates(binding: str, block: int, ops: int, repeat: int, verbs_address: str | None = None,
+          gso: bool = False) -> dict[str, Measure]:
     if binding == "emulated":
         return kbtp_rates(RDMAP_7306.with_(chunk_bytes=block), block, ops, repeat)
     fab: Any
@@ -117,7 +118,7 @@ def rates(binding: str, block: int, ops: int, repeat: int, verbs_address: str | 
         from kvconform.rdma.wire.fabric import WireFabric
 
         profile = RDMAP_7306 if binding == "iwarp" else IB_RC if binding == "roce" else IB_RC.with_(pmtu=4096)
-        fab = WireFabric(profile, binding="iwarp" if binding == "iwarp" else "roce")
+        fab = WireFabric(profile, binding="iwarp" if binding == "iwarp" else "roce", gso=gso)
     try:
         return kbtp_rates(profile, block, ops, repeat, fabric=fab)
     finally:
@@ -131,6 +132,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=None, help=f"batches, best kept (default {DEFAULTS['repeat']})")
     p.add_argument("--blocks", default="4096,32768", help="block sizes in octets")
     p.add_argument("--json", default=None, help="write the figures there")
+    p.add_argument("--gso", action="store_true", help="RoCEv2 sends runs of equal-sized datagrams with UDP GSO "
+                   "(WireFabric(gso=True); off in the checks: see WireFabric._send_datagrams)")
     p.add_argument("--windows", type=int, default=None,
                    help=f"race-window openings asked of each black-box check (default {DEFAULTS['windows']}; 0: none)")
     p.add_argument("--window-budget", type=float, default=20.0, help="seconds per black-box check and fabric")
@@ -152,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for binding in (*BINDINGS, *(f"verbs:{d}" for d in filter(None, args.verbs.split(",")))):
             try:
                 table.setdefault(str(block), {})[binding] = rates(binding, block, args.ops, args.repeat,
-                                                                  args.verbs_address)
+                                                                  args.verbs_address, args.gso)
             except (BenchError, RuntimeError) as exc:  # RuntimeError: a verbs device that cannot be used
                 failures.append(f"{binding}, {block} octets: {exc}")
     print(f"KBTP reference target and initiator in one process, best of {args.repeat} batches of {args.ops}; "

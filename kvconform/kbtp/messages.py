@@ -16,7 +16,6 @@ messages.  Values wider than their field raise `struct.error` even on the raw pa
 from __future__ import annotations
 
 import dataclasses
-import functools
 import struct
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Self, TypeAlias
@@ -320,10 +319,15 @@ _WIDTH = {"version": 8, "flags": 16, "request_id": 64, "handle": 64, "generation
           "stag": 32, "tagged_offset": 64, "length": 32, "count": 32, "table_base_handle": 64}
 
 
-@functools.cache
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
-    """A message class's field names (``dataclasses.fields`` on every encode was a cost of its own)."""
-    return tuple(f.name for f in fields(cls))
+    """A message class's field names, cached (``dataclasses.fields`` on every encode was a cost of its own)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    return names
 
 
 def _check_widths(obj: object, prefix: str = "") -> None:
