@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from bench.bench_kbtp import main
+from bench.bench_kbtp_wire import BINDINGS, WINDOW_BINDINGS, WINDOWS
+from bench.bench_kbtp_wire import main as wire_main
 
 RDMA_MEASURES = {"fabric_write", "fabric_read", "alloc_store", "load", "free"}
 
@@ -33,3 +35,24 @@ def test_smallest_run_writes_positive_figures(tmp_path: Path) -> None:
         assert ex["runs"] == runs and ex["failures"] == 0, (name, ex)
         assert ex["interleavings_per_second"] > 0 and ex["steps_per_run"] > 0, (name, ex)
         assert sum(ex["outcomes"].values()) == runs, (name, ex)
+
+
+def test_wire_bench_smallest_run_writes_rates_and_window_openings(tmp_path: Path) -> None:
+    """bench/bench_kbtp_wire.py: every fabric's figures and, per black-box race check and fabric, the openings
+    of its window counted from the attempts the check records (no timing asserted)."""
+    out = tmp_path / "wire.json"
+    argv = ["--ops", "2", "--repeat", "1", "--blocks", "4096", "--windows", "1", "--window-budget", "10",
+            "--json", str(out)]
+    assert wire_main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["failures"] == []
+    assert set(doc["blocks"]["4096"]) == set(BINDINGS)
+    for binding, row in doc["blocks"]["4096"].items():
+        assert set(row) == {"alloc_store", "load", "free"}, binding
+        assert all(m["ops_per_second"] > 0 for m in row.values()), binding
+    assert set(doc["windows"]) == set(WINDOWS)
+    for window, row in doc["windows"].items():
+        assert set(row) == set(WINDOW_BINDINGS), window
+        for fabric, w in row.items():
+            assert w["outcome"] == "pass" and w["opened"] >= 1 and w["openings_per_second"] > 0, (window, fabric, w)
+            assert w["attempts"] >= w["opened"], (window, fabric, w)

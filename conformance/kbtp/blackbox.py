@@ -27,7 +27,7 @@ from kvconform import evidence
 from kvconform.conformance.kbtp import expect
 from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Status
 from kvconform.kbtp.messages import Free, Load
-from kvconform.rdma import Access, Op, pause, wait_completion_for
+from kvconform.rdma import Access, Op, SendWr, pause, wait_completion_for
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot, precise
@@ -318,13 +318,16 @@ class Probe:
         current: list[Any] = []
         while True:
             # whole rounds at a time: a round's reads travel together and reach the target in the same instant
+            # (a work-request list: one post, so over a wire the round's Read Requests leave in one batch)
             while len(flight) + per <= depth and posted < last_round * per:
+                wrs = []
                 for idx, (kind, stag, to, length) in enumerate(self.where):
                     cell = posted % depth
-                    conn.post_read(buf.sge(cell * size, length), stag, to, wr_id=0x7F00_0000 + cell,
-                                   tag=f"probe-{kind}")
+                    wrs.append(SendWr.read(buf.sge(cell * size, length), stag, to, 0x7F00_0000 + cell,
+                                           tag=f"probe-{kind}"))
                     flight.append((idx, cell))
                     posted += 1
+                conn.post_list(wrs)
                 if self.spread:
                     yield from pause("probe-round")
             if not flight:

@@ -319,13 +319,24 @@ _WIDTH = {"version": 8, "flags": 16, "request_id": 64, "handle": 64, "generation
           "stag": 32, "tagged_offset": 64, "length": 32, "count": 32, "table_base_handle": 64}
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A message class's field names, cached (``dataclasses.fields`` on every encode was a cost of its own)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    return names
+
+
 def _check_widths(obj: object, prefix: str = "") -> None:
     """KbtpEncodeError naming the first field whose value does not fit its width (HDR-LAYOUT)."""
-    for f in fields(obj):  # type: ignore[arg-type]
-        value = getattr(obj, f.name)
-        name = prefix + f.name
+    for field_name in _field_names(type(obj)):
+        value = getattr(obj, field_name)
+        name = prefix + field_name
         if isinstance(value, int):
-            bits = 64 if isinstance(obj, DirectLoad) and f.name == "reserved" else _WIDTH[f.name]
+            bits = 64 if isinstance(obj, DirectLoad) and field_name == "reserved" else _WIDTH[field_name]
             if not 0 <= value < 1 << bits:
                 raise KbtpEncodeError(name, R_LAYOUT, f"got {value}, expected 0 <= value < 2^{bits}")
         elif dataclasses.is_dataclass(value):

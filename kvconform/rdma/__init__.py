@@ -5,6 +5,7 @@ emulated binding (`emulated`, `scheduler`) and the race engine (`explore`). rdma
 from kvconform.rdma.emulated import EmuBuffer, EmuConnection, EmuCQ, EmuFabric, EmuNode
 from kvconform.rdma.explore import ExploreReport, SeedResult, explore, replay, run_once, shrink
 from kvconform.rdma.fabric import (
+    POST_METHOD,
     U64,
     Access,
     ActorFailed,
@@ -28,6 +29,7 @@ from kvconform.rdma.fabric import (
     RdmapEType,
     Region,
     RunResult,
+    SendWr,
     Sge,
     Status,
     Terminate,
@@ -65,6 +67,7 @@ from kvconform.rdma.scheduler import (
 __all__ = [
     "IB_RC",
     "IB_RC_MASKED",
+    "POST_METHOD",
     "PROFILES",
     "RDMAP_7306",
     "RDMAP_NO_ATOMICS",
@@ -109,6 +112,7 @@ __all__ = [
     "Scheduler",
     "ScriptScheduler",
     "SeedResult",
+    "SendWr",
     "Sge",
     "Status",
     "Step",

@@ -28,10 +28,11 @@ from __future__ import annotations
 import heapq
 import json
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
 from kvconform.rdma.fabric import (
+    POST_METHOD,
     U64,
     Access,
     ActorFailed,
@@ -54,6 +55,7 @@ from kvconform.rdma.fabric import (
     RdmapEType,
     Region,
     RunResult,
+    SendWr,
     Sge,
     Sleep,
     Status,
@@ -395,6 +397,10 @@ class EmuConnection:
         wr.compare, wr.swap = compare & U64, swap & U64
         wr.compare_mask, wr.swap_mask = compare_mask & U64, swap_mask & U64
         return self._post(wr)
+
+    def post_list(self, wrs: Sequence[SendWr]) -> list[int]:
+        """Post ``wrs`` in order in one call (`kvconform.rdma.fabric.Connection.post_list`)."""
+        return [getattr(self, POST_METHOD[wr.op])(*wr.args, **dict(wr.kwargs)) for wr in wrs]
 
     def _post(self, wr: _Wr) -> int:
         if self._state is not ConnState.CONNECTED:

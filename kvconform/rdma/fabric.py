@@ -348,6 +348,42 @@ class CompletionQueue(Protocol):
 LocalData: TypeAlias = bytes | Sge | Sequence[Sge]
 
 
+@dataclass(frozen=True, slots=True)
+class SendWr:
+    """One work request of a list posted in one call (`Connection.post_list`; verbs chains ``ibv_send_wr`` the
+    same way): the operation and the arguments its ``post_*`` method takes. Build one with `send`, `write`,
+    `read`, `fetch_add` or `cmp_swap`."""
+
+    op: Op
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def send(cls, data: LocalData, wr_id: int = 0, **kw: Any) -> SendWr:
+        return cls(Op.SEND, (data, wr_id), tuple(kw.items()))
+
+    @classmethod
+    def write(cls, data: LocalData, stag: int, to: int, wr_id: int = 0, **kw: Any) -> SendWr:
+        return cls(Op.RDMA_WRITE, (data, stag, to, wr_id), tuple(kw.items()))
+
+    @classmethod
+    def read(cls, dst: Sge, stag: int, to: int, wr_id: int = 0, **kw: Any) -> SendWr:
+        return cls(Op.RDMA_READ, (dst, stag, to, wr_id), tuple(kw.items()))
+
+    @classmethod
+    def fetch_add(cls, dst: Sge, stag: int, to: int, add: int, mask: int = 0, wr_id: int = 0, **kw: Any) -> SendWr:
+        return cls(Op.FETCH_ADD, (dst, stag, to, add, mask, wr_id), tuple(kw.items()))
+
+    @classmethod
+    def cmp_swap(cls, dst: Sge, stag: int, to: int, compare: int, swap: int, wr_id: int = 0, **kw: Any) -> SendWr:
+        return cls(Op.COMP_SWAP, (dst, stag, to, compare, swap, wr_id), tuple(kw.items()))
+
+
+# the Connection method each SendWr operation posts through
+POST_METHOD = {Op.SEND: "post_send", Op.RDMA_WRITE: "post_write", Op.RDMA_READ: "post_read",
+               Op.FETCH_ADD: "post_fetch_add", Op.COMP_SWAP: "post_cmp_swap"}
+
+
 class Connection(Protocol):
     """One endpoint of a reliable connection (RC QP / RDMAP stream). All posts are non-blocking.
 
@@ -435,6 +471,12 @@ class Connection(Protocol):
         fence: bool = False,
         tag: str | None = None,
     ) -> int: ...
+    def post_list(self, wrs: Sequence[SendWr]) -> list[int]:
+        """Post ``wrs`` in order in one call; their ``wr_id`` s. A wire binding hands them to its engine together
+        and sends what they produce at once (one batch of datagrams or one stream write), which is what keeps a
+        stream of probes or requests dense on the wire. A WR the fabric refuses (`FabricUsageError`) raises after
+        the ones before it were posted."""
+        ...
     def disconnect(self) -> None: ...
 
 

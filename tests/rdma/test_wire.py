@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.rdma import IB_RC, RDMAP_7306, Access, ConnState, Op, Profile, Status
+from kvconform.rdma import IB_RC, RDMAP_7306, Access, ConnState, EmuFabric, Op, Profile, SendWr, Status
 from kvconform.rdma.iwarp import mpa
 from kvconform.rdma.iwarp.ddp import Segment
 from kvconform.rdma.iwarp.rdmap import Opcode
@@ -218,3 +218,32 @@ def test_a_delayed_rtr_goes_first_at_its_time_and_holds_the_sends() -> None:
     assert (rtr.opcode, rtr.tagged) == (Opcode.READ_REQUEST, False)
     assert (send.opcode, send.payload) == (Opcode.SEND, b"hello")
     assert ini.established and ini.next_deadline() is None
+
+
+@pytest.mark.parametrize(("wire", "gso"), [("emulated", False), ("iwarp", False), ("roce", False), ("roce", True)])
+def test_a_work_request_list_posts_in_order_in_one_call(wire: str, gso: bool) -> None:
+    """`Connection.post_list`: a multi-packet Write, eight small Reads and a Read of the whole block posted in one
+    call complete in order with the data; over RoCEv2 with ``gso`` the Write's Middle packets and the Read
+    Requests leave as UDP GSO sends (equal-sized runs) and arrive as the same datagrams."""
+    profile = WIRES.get(wire, RDMAP_7306)
+    fab = EmuFabric(profile) if wire == "emulated" else WireFabric(profile, binding=wire, gso=gso)  # type: ignore[arg-type]
+    try:
+        t, i = fab.node("T"), fab.node("I")
+        _, ic = fab.connect(t, i)
+        size = 8 * 1024 + 100  # at PMTU 1024: First, seven Middle, a short Last
+        mem = t.register(t.alloc(size), ALL_REMOTE)
+        local = i.register(i.alloc(2 * size), Access.LOCAL_WRITE)
+        data = (bytes(range(256)) * (size // 256 + 1))[:size]
+        wrs = [SendWr.write(data, mem.stag, mem.to(0), 1),
+               *(SendWr.read(local.sge(size + 16 * k, 16), mem.stag, mem.to(16 * k), 2 + k, tag=f"r{k}")
+                 for k in range(8)),
+               SendWr.read(local.sge(0, size), mem.stag, mem.to(0), 10)]
+        assert ic.post_list(wrs) == list(range(1, 11))
+        assert fab.run().reason == "quiescent"
+        assert [(w.wr_id, w.status) for w in ic.cq.poll(20)] == [(k, Status.SUCCESS) for k in range(1, 11)]
+        assert local.read(0, size) == data and local.read(size, 128) == data[:128]
+        if isinstance(fab, WireFabric):
+            assert fab._gso is (gso and wire == "roce")  # GSO was used throughout, not refused and dropped
+    finally:
+        if isinstance(fab, WireFabric):
+            fab.close()

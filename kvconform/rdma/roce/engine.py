@@ -239,7 +239,7 @@ class RoceEngine:
                 return
             if bth.tver != 0:
                 raise HeaderError(f"BTH.TVer {bth.tver}: 0 expected (§4.2)")
-            pkt = Packet.decode(body)
+            pkt = Packet.decode(body, bth)
         except HeaderError:
             self.dropped_malformed += 1
             return
@@ -276,8 +276,10 @@ class RoceEngine:
             return None
         if self._rearm:
             return self._now  # due at once: the fabric's poll_timers brings the real time
-        times = [t for t in (self._ack_deadline, self._rnr_at) if t is not None]
-        return min(times) if times else None
+        ack, rnr = self._ack_deadline, self._rnr_at  # asked on every turn of the fabric's loop: no list
+        if ack is None or rnr is None:
+            return rnr if ack is None else ack
+        return min(ack, rnr)
 
     def take_output(self) -> list[bytes]:
         out, self._out = self._out, []

@@ -82,6 +82,8 @@ OPCODES: dict[Opcode, OpInfo] = {
     Opcode.SEND_LAST_INV: OpInfo(("ieth",), False, True, True),
     Opcode.SEND_ONLY_INV: OpInfo(("ieth",), True, True, True),
 }
+_OPCODE_OF: dict[int, Opcode] = {int(op): op for op in Opcode}
+_PADS = (b"", bytes(1), bytes(2), bytes(3))
 EXT_LEN = {"reth": 16, "imm": 4, "ieth": 4, "aeth": 4, "atomic": 28, "atomic_ack": 8}
 SEND_OPS = frozenset(op for op in Opcode if op <= Opcode.SEND_ONLY_IMM or op >= Opcode.SEND_LAST_INV)
 WRITE_OPS = frozenset(op for op in Opcode if Opcode.WRITE_FIRST <= op <= Opcode.WRITE_ONLY_IMM)
@@ -106,19 +108,28 @@ class Bth:
     becn: bool = False
 
     def encode(self) -> bytes:
-        b1 = (self.se << 7) | (self.mig_req << 6) | ((self.pad & 3) << 4) | (self.tver & 0xF)
-        b4 = (self.fecn << 7) | (self.becn << 6)
-        return struct.pack(">BBHB3sB3s", self.opcode, b1, self.p_key, b4, (self.dest_qp & PSN_MASK).to_bytes(3, "big"),
-                           self.ack_req << 7, (self.psn & PSN_MASK).to_bytes(3, "big"))
+        return _bth_bytes(self.opcode, self.dest_qp, self.psn, self.ack_req, self.se, self.mig_req, self.pad, self.tver,
+                          self.p_key, self.fecn, self.becn)
 
     @classmethod
     def decode(cls, data: bytes) -> Bth:
         if len(data) < BTH_LEN:
             raise HeaderError(f"BTH: {len(data)} octets, 12 expected (§4.2)")
-        op, b1, p_key, b4, qp, b8, psn = struct.unpack_from(">BBHB3sB3s", data)
-        return cls(op, int.from_bytes(qp, "big"), int.from_bytes(psn, "big"), ack_req=bool(b8 & 0x80),
-                   se=bool(b1 & 0x80), mig_req=bool(b1 & 0x40), pad=(b1 >> 4) & 3, tver=b1 & 0xF, p_key=p_key,
-                   fecn=bool(b4 & 0x80), becn=bool(b4 & 0x40))
+        op, b1, p_key, w4, w8 = _BTH.unpack_from(data)
+        return cls(op, w4 & PSN_MASK, w8 & PSN_MASK, bool(w8 & 0x8000_0000), bool(b1 & 0x80), bool(b1 & 0x40),
+                   (b1 >> 4) & 3, b1 & 0xF, p_key, bool(w4 & 0x8000_0000), bool(w4 & 0x4000_0000))
+
+
+# BTH as two octets, a 16-bit P_Key and two 32-bit words (FECN, BECN, 6 reserved bits, DestQP; AckReq, 7 reserved
+# bits, PSN): one struct call per packet on the hot path
+_BTH = struct.Struct(">BBHII")
+
+
+def _bth_bytes(opcode: int, dest_qp: int, psn: int, ack_req: bool, se: bool, mig_req: bool, pad: int, tver: int,
+               p_key: int, fecn: bool, becn: bool) -> bytes:
+    b1 = (se << 7) | (mig_req << 6) | ((pad & 3) << 4) | (tver & 0xF)
+    return _BTH.pack(opcode, b1, p_key, (fecn << 31) | (becn << 30) | (dest_qp & PSN_MASK),
+                     (ack_req << 31) | (psn & PSN_MASK))
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +173,9 @@ RNR_TIMER_MS = (655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.
                 327.68, 491.52)
 
 
+_AETH_KINDS = (AethType.ACK, AethType.RNR_NAK, None, AethType.NAK)
+
+
 @dataclass(frozen=True, slots=True)
 class Aeth:
     """ACK Extended Transport Header, 4 octets: Syndrome and MSN (§4.4, §4.5)."""
@@ -184,8 +198,7 @@ class Aeth:
     @property
     def kind(self) -> AethType | None:
         """ACK, RNR NAK or NAK; None for the reserved type 10b."""
-        t = (self.syndrome >> 5) & 3
-        return None if t == 2 else AethType(t)
+        return _AETH_KINDS[(self.syndrome >> 5) & 3]
 
     @property
     def value(self) -> int:
@@ -232,25 +245,27 @@ class Packet:
 
     @property
     def opcode(self) -> Opcode:
-        return Opcode(self.bth.opcode)
+        op = _OPCODE_OF.get(self.bth.opcode)
+        return Opcode(self.bth.opcode) if op is None else op  # an unknown opcode raises ValueError as before
 
     def encode(self) -> bytes:
         """BTH ‖ extension headers ‖ payload ‖ zero pad to 4 octets, PadCnt set to match (§4.7)."""
-        info = OPCODES[Opcode(self.bth.opcode)]
-        parts = [_encode_ext(self, name) for name in info.ext]
+        b = self.bth
+        info = OPCODES[Opcode(b.opcode)]
         pad = -len(self.payload) % 4
-        bth = Bth(self.bth.opcode, self.bth.dest_qp, self.bth.psn, self.bth.ack_req, self.bth.se, self.bth.mig_req,
-                  pad, self.bth.tver, self.bth.p_key, self.bth.fecn, self.bth.becn)
-        return bth.encode() + b"".join(parts) + self.payload + bytes(pad)
+        head = _bth_bytes(b.opcode, b.dest_qp, b.psn, b.ack_req, b.se, b.mig_req, pad, b.tver, b.p_key, b.fecn, b.becn)
+        if not info.ext:
+            return head + self.payload + _PADS[pad] if pad else head + self.payload
+        return b"".join([head, *(_encode_ext(self, name) for name in info.ext), self.payload, _PADS[pad]])
 
     @classmethod
-    def decode(cls, data: bytes) -> Packet:
-        """Decode BTH ‖ headers ‖ payload ‖ pad (the ICRC already removed)."""
-        bth = Bth.decode(data)
-        try:
-            op = Opcode(bth.opcode)
-        except ValueError:
-            raise HeaderError(f"BTH.OpCode {bth.opcode:#04x}: not an RC opcode of §4.3") from None
+    def decode(cls, data: bytes, bth: Bth | None = None) -> Packet:
+        """Decode BTH ‖ headers ‖ payload ‖ pad (the ICRC already removed); ``bth``: its BTH, already decoded."""
+        if bth is None:
+            bth = Bth.decode(data)
+        op = _OPCODE_OF.get(bth.opcode)
+        if op is None:
+            raise HeaderError(f"BTH.OpCode {bth.opcode:#04x}: not an RC opcode of §4.3")
         info = OPCODES[op]
         off = BTH_LEN
         fields: dict[str, object] = {}

@@ -18,6 +18,8 @@ ICRC_LEN = 4
 UDP_LEN = 8
 _PSEUDO_LRH = b"\xff" * 8
 _IP_DF = 0x4000
+_FF = b"\xff"
+_LE32 = struct.Struct("<I")
 
 
 def ipv4_header(src: str, dst: str, payload_len: int, *, ttl: int = 64, tos: int = 0, ident: int = 0,
@@ -57,11 +59,19 @@ def icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int =
     """The 4 ICRC octets (wire order) of ``packet`` (BTH through pad) sent from ``src:sport`` to ``dst:dport``;
     ``ident`` is the IPv4 Identification of the packet's header (the ICRC covers it; 0 from a DF UDP socket,
     anything from a kernel RoCE device: rxe numbers its packets)."""
-    udp_len = UDP_LEN + len(packet) + ICRC_LEN
-    ip = _masked_ip(src, dst, udp_len, ident)
+    n = len(packet)
+    crc = _prefix_crc(src, sport, dst, dport, UDP_LEN + n + ICRC_LEN, ident)
+    # the rest chained onto it, without copying the payload: BTH octets 0-3, octet 4 masked, then octet 5 on
+    crc = zlib.crc32(_FF, zlib.crc32(packet[:4], crc))
+    return _LE32.pack(zlib.crc32(memoryview(packet)[5:], crc) if n > 5 else crc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefix_crc(src: str, sport: int, dst: str, dport: int, udp_len: int, ident: int) -> int:
+    """The CRC-32 state after the pseudo-LRH, the masked IP header and the masked UDP header: the same for every
+    packet of a size between two endpoints (cached)."""
     udp = struct.pack(">HHHH", sport, dport, udp_len, 0xFFFF)
-    masked_bth = packet[:4] + b"\xff" + packet[5:]
-    return struct.pack("<I", zlib.crc32(_PSEUDO_LRH + ip + udp + masked_bth))
+    return zlib.crc32(_PSEUDO_LRH + _masked_ip(src, dst, udp_len, ident) + udp)
 
 
 def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int = 0) -> bytes:

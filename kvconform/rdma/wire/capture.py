@@ -57,6 +57,12 @@ class WireTap:
         if self.active and data:
             self._segments(self.flow.data(sent == self.initiator, data))
 
+    @property
+    def wants_datagrams(self) -> bool:
+        """Whether `datagram` does anything: a capture session watches or a file is written (the hot path skips
+        it otherwise)."""
+        return self.session is not None or self.path is not None
+
     def datagram(self, src: Address, dst: Address, payload: bytes, *, received: bool) -> None:
         if self.session is not None:
             self.session.watch("udp", dst[1] if not received else src[1])
