@@ -41,7 +41,9 @@ FEATURES = {"iwarp": ["DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE"],
             "roce": ["DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE", "RECORD_COMPLETION"]}
 PROFILE = {"iwarp": "rdmap-7306", "roce": "ib-rc"}
 SUITE_RUN_TIMEOUT_S = 600
-REASONS = (*WIRE, *SLOW_TARGET)  # inconclusive by design over a wire (tests/clean_runs.py)
+# inconclusive by design over a wire (tests/clean_runs.py), and a black-box race window opened fewer times than
+# PICS ask within the budget (a count, never a verdict: the delays make the attempts rarer)
+REASONS = (*WIRE, *SLOW_TARGET, "the race was not observed often enough")
 SAMPLE_CHECKS = ("test_hello_ack", "test_free_releases_quota", "test_direct_alloc_head", "test_wire_faults")
 
 
@@ -50,7 +52,9 @@ def _pics(wire: str) -> tuple[str, ...]:
             "kbtp.target.interleavings=10", f"kbtp.target.ticket_timeout_ms={TICKET_TIMEOUT_MS}",
             # the Generation wrap takes ~30 000 bind/free cycles, which a delayed link cannot carry within the check's
             # wall-clock budget: as across the testbed VM's links, the grid gives it none (the unimpaired runs reach it)
-            "kbtp.target.generation_cycles=64")
+            "kbtp.target.generation_cycles=64",
+            # a delayed, stalled link opens the black-box race windows less often: more time to open them
+            "kbtp.target.race_budget_s=60")
 
 
 def _impair(point: str) -> tuple[str, ...]:
