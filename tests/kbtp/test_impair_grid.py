@@ -6,7 +6,8 @@ together, over RoCEv2 and iWARP.
 - KVCONFORM_IMPAIR_FULL=1 (`tox -e impair`): the whole kbtp-target suite at every grid point on both wires against
   the reference served in its own process (`kvconform serve kbtp-target --binding roce|iwarp`, reached through
   `kbtp+roce://` / `kbtp+iwarp://`: the harness impairs both directions of its own links), and at the "together"
-  point against the in-process reference over loopback sockets (`--kbtp-wire`).
+  point against the in-process reference over loopback sockets (`--kbtp-wire`), and the kbtp-initiator suite
+  against the in-process reference initiator at that point.
 - The default run takes a bounded sample: the "together" point over in-process RoCEv2 with a subset of the checks
   (a session, an operation, the DIRECT_ALLOC Head, the impairment checks themselves), ~10 s.
 
@@ -82,6 +83,20 @@ def test_in_process_reference_under_impairment(wire: str, tmp_path: Path) -> Non
     run = run_suite("kbtp-target", "reference", tmp_path, pics=_pics(wire), timeout=SUITE_RUN_TIMEOUT_S,
                     extra=("--kbtp-wire", wire, *_impair("together")))
     assert_clean(run, f"kbtp-target against the in-process reference over {wire}, impaired {GRID['together']}",
+                 REASONS)
+
+
+@pytest.mark.skipif(not FULL, reason="the whole grid: KVCONFORM_IMPAIR_FULL=1 (tox -e impair)")
+@pytest.mark.slow
+@covering(SUITE_RUN_TIMEOUT_S)
+@pytest.mark.parametrize("wire", WIRES)
+def test_in_process_initiator_under_impairment(wire: str, tmp_path: Path) -> None:
+    """The kbtp-initiator suite: the reference initiator facing the harness's observing target, the link between
+    them impaired."""
+    pics = (f"kbtp.initiator.binding={PROFILE[wire]}", f"kbtp.initiator.features=[{', '.join(FEATURES[wire])}]")
+    run = run_suite("kbtp-initiator", "reference", tmp_path, pics=pics, timeout=SUITE_RUN_TIMEOUT_S,
+                    extra=("--kbtp-wire", wire, *_impair("together")))
+    assert_clean(run, f"kbtp-initiator against the in-process reference over {wire}, impaired {GRID['together']}",
                  REASONS)
 
 
