@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-__all__ = ["USAGE_ERROR", "OneLineParser", "port", "port_or_zero", "positive_float", "positive_int"]
+__all__ = ["USAGE_ERROR", "OneLineParser", "name_values", "port", "port_or_zero", "positive_float", "positive_int"]
 
 USAGE_ERROR = 2
 
@@ -65,3 +65,12 @@ def port(text: str) -> int:
     if value == 0:
         raise argparse.ArgumentTypeError("0: expected a port 1..65535")
     return value
+
+
+def name_values(text: str) -> str:
+    """``NAME=VALUE[,NAME=VALUE...]`` (``--impair``: its values are judged where they are used,
+    kvconform.rdma.wire.impair, which a start-up does not import)."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items or any(not n.strip() or not sep or not v.strip() for n, sep, v in (p.partition("=") for p in items)):
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE[,NAME=VALUE...] is expected")
+    return text

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import kvconform.conformance as pkg
-from kvconform.argtypes import USAGE_ERROR, OneLineParser, positive_float
+from kvconform.argtypes import USAGE_ERROR, OneLineParser, name_values, positive_float
 from kvconform.capture import MODES, TOOLS
 from kvconform.catalog import CatalogError, load_catalogs
 from kvconform.components import COMPONENTS, SUMMARIES, component
@@ -163,6 +163,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     pytest_args += ["--kvconform-suite-budget", str(args.suite_budget), "--kvconform-sweep", args.sweep]
     if args.kbtp_wire != "emulated":
         pytest_args += ["--kvconform-kbtp-wire", args.kbtp_wire]
+    if args.impair:
+        pytest_args += ["--kvconform-impair", args.impair]
     pytest_args += ["--kvconform-capture", args.capture, "--kvconform-capture-with", args.capture_with]
     if args.seed is not None:
         pytest_args += ["--kvconform-seed", str(args.seed)]
@@ -467,6 +469,11 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                      help="in-process KBTP targets and initiators (reference, python:) over the emulated fabric "
                           "(default) or that wire format on loopback sockets; kbtp+iwarp:// and kbtp+roce:// "
                           "targets always use their own")
+    run.add_argument("--impair", type=name_values, default=None, metavar="SPEC",
+                     help="impair the harness's KBTP wire links in both directions, seeded and replayable: "
+                          "loss=0.01,reorder=0.01,dup=0.01,delay=5ms,seed=S (also split=P, hold=, rto=); RoCEv2 "
+                          "datagrams are lost, reordered, duplicated, delayed; an iWARP TCP stream is delayed, "
+                          "stalled (what TCP makes of loss) and re-segmented (docs/kbtp-wire.md)")
     _capture_arguments(run)
     run.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
                      help="record the run in the results store (kvconform gate reads it): sqlite:///PATH, "

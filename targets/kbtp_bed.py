@@ -22,6 +22,7 @@ from kvconform.rdma import ActorFailed, Node, sleep
 from kvconform.rdma.emulated import EmuFabric
 from kvconform.rdma.scheduler import ScriptScheduler
 from kvconform.rdma.wire.fabric import WireFabric
+from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import NO_FEATURES, DriverError, KbtpTarget, TargetEndpoint, TargetParams, TargetUnavailable
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator
 from kvconform.targets.kbtp_wire import check_binding
@@ -73,6 +74,7 @@ class Bed:
     label: str = "run"
     trace: bool = False
     wire: str = "emulated"  # in-process targets: emulated, or iwarp / roce over loopback sockets
+    impair: Impairment | None = None  # the impairment stage on the harness's links (--kvconform-impair)
     fabric: Any = field(init=False)
     target_node: Node = field(init=False)
     endpoint: TargetEndpoint = field(init=False)
@@ -84,6 +86,8 @@ class Bed:
         self.fabric = own(self.params, trace=self.trace) if own else make_fabric(
             self.params, self.seed, self.scheduler, self.trace, self.wire)
         require_owned_races(self.fabric, self.scheduler)
+        if self.impair is not None and self.impair.active:
+            self.impair_links(self.impair)
         self.target_node = self.fabric.node("target")
         try:
             self.endpoint = self.driver.start(self.fabric, self.target_node, self.params)
@@ -93,6 +97,15 @@ class Bed:
             raise
         except Exception as exc:  # a target that cannot start on the declared PICS is a finding
             raise DriverError(f"the target did not start with {self.params}: {exc!r}") from exc
+
+    def impair_links(self, spec: Impairment) -> None:
+        """Put the impairment stage ``spec`` on every link of this bed's fabric (the harness's own wire); a check
+        that needs a wire the harness builds the packets of is inconclusive without one."""
+        impair = getattr(self.fabric, "impair", None)
+        if impair is None or not getattr(self.fabric, "crafts_frames", True):
+            inconclusive(f"the impairment {spec.spec()} acts on the harness's own wire links (kbtp+iwarp://, "
+                         f"kbtp+roce:// or --kbtp-wire); {self.fabric!r} has none the harness can impair")
+        impair(spec, salt=self.label)
 
     def initiator(self, name: str | None = None, initiator_id: bytes | None = None) -> HarnessInitiator:
         """A new harness initiator node with its connection attached to the target."""
@@ -188,6 +201,9 @@ class Bed:
         release = getattr(self.endpoint, "release_sessions", None)
         if release is not None:
             release(self)
+        impairer = getattr(self.fabric, "impairer", None)
+        if impairer is not None:  # what the impairment stage did: with its seed, the run replays
+            evidence.record("note", "wire-impairment", {"label": self.label, **impairer.summary()})
         close = getattr(self.fabric, "close", None)
         if close is not None:
             close()
@@ -213,8 +229,10 @@ class Bed:
         evidence.record("note", "kbtp-schedule", {"label": self.label, "seed": self.seed, "scheduler": policy,
                                                   "schedule": labels, "trace": str(path) if path else None})
         tail = labels[-TAIL:]
+        impairer = getattr(self.fabric, "impairer", None)
+        impaired = "" if impairer is None else f", wire impairment {impairer.spec.spec()} ({impairer.counts_text()})"
         return (f"{where}{self.label}: fabric seed {self.seed}, scheduler {json.dumps(policy, default=str)}, "
-                f"{len(labels)} steps, last {len(tail)}: {tail}; trace {path}")
+                f"{len(labels)} steps, last {len(tail)}: {tail}; trace {path}{impaired}")
 
     def write_trace(self) -> Path | None:
         """The schedule (a ScriptScheduler script that replays the run) as JSON, and the step trace as JSONL

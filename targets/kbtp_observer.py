@@ -24,6 +24,7 @@ from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import ActorFailed, ActorGen
 from kvconform.rdma.fabric import Access
+from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
 from kvconform.targets.kbtp_bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
 from kvconform.targets.kbtp_client import HarnessInitiator
@@ -174,6 +175,7 @@ class InitiatorBed:
     tickets_before_wrap: int = 0  # DIRECT_ALLOC Heads start this far (whole laps) below the wrap; 0: at ticket 0
     start_generation: int | None = START_GENERATION
     wire: str = "emulated"  # the emulated fabric, or iwarp / roce over loopback sockets (see make_fabric)
+    impair: Impairment | None = None  # the impairment stage on the harness's links (--kvconform-impair)
     fabric: Any = field(init=False)
     target: ObservingTarget = field(init=False)
     endpoint: InitiatorEndpoint = field(init=False)
@@ -187,6 +189,12 @@ class InitiatorBed:
         self.fabric = own(self.target_params, trace=True) if own else make_fabric(
             self.target_params, self.seed, self.scheduler, trace=True, wire=self.wire)
         require_owned_races(self.fabric, self.scheduler)
+        if self.impair is not None and self.impair.active:
+            impair = getattr(self.fabric, "impair", None)
+            if impair is None or not getattr(self.fabric, "crafts_frames", True):
+                inconclusive(f"the impairment {self.impair.spec()} acts on the harness's own wire links "
+                             f"(--kbtp-wire, a cmd: initiator); {self.fabric!r} has none the harness can impair")
+            impair(self.impair, salt=self.label)
         tnode = self.tnode = self.fabric.node("target")
         config = target_config(self.target_params)
         if self.request_credits is not None:
@@ -235,6 +243,9 @@ class InitiatorBed:
         stop = getattr(self.endpoint, "close", None) if hasattr(self, "endpoint") else None
         if stop is not None:
             stop()
+        impairer = getattr(self.fabric, "impairer", None)
+        if impairer is not None:  # what the impairment stage did: with its seed, the run replays
+            evidence.record("note", "wire-impairment", {"label": self.label, **impairer.summary()})
         close = getattr(self.fabric, "close", None)
         if close is not None:
             close()

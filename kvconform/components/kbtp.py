@@ -38,6 +38,7 @@ from kvconform.rdma.roce.ethernet import LinkSpec
 from kvconform.rdma.verbs.device import VerbsUnavailable, query
 from kvconform.rdma.verbs.fabric import VerbsFabric
 from kvconform.rdma.wire.fabric import WireFabric
+from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import (
     InitiatorParams,
     OpResult,
@@ -102,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target-class", default="kvconform.kbtp.target:ReferenceTarget",
                    help="module:Class of the target (a kvconform.kbtp.target.ReferenceTarget subclass)")
     p.add_argument("--pcap", default=None, metavar="DIR", help="write each connection's wire as a pcap there")
+    p.add_argument("--impair", default=None, metavar="SPEC",
+                   help="impair this target's wire links both ways, seeded: loss=P,reorder=P,dup=P,delay=5ms,seed=S "
+                        "(kvconform.rdma.wire.impair; not with --binding verbs)")
     return p
 
 
@@ -146,6 +150,9 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         driver = ReferenceTargetDriver()
         driver.target_class = load_subclass(args.target_class, ReferenceTarget, "--target-class")
         fabric: Any
+        if verbs is not None and args.impair:
+            raise ValueError("--impair acts on the userspace bindings' links; a verbs device builds its own packets "
+                             "(tc netem on its interface impairs those)")
         if verbs is not None:
             try:
                 fabric = VerbsFabric(params.profile, device=args.device, host=args.host, capture_dir=args.pcap,
@@ -155,7 +162,8 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         else:
             check_binding(f"--binding {args.binding}", args.binding, params.binding, params.profile, "--profile")
             fabric = WireFabric(params.profile, binding=args.binding, host=args.host, udp_port=args.udp_port,
-                                capture_dir=args.pcap, link=ether_link(args))
+                                capture_dir=args.pcap, link=ether_link(args),
+                                impair=Impairment.parse(args.impair) if args.impair else None)
         node = fabric.node("target")
         endpoint = driver.start(fabric, node, params)
         listener = fabric.listen(node, args.host, args.port, endpoint.attach)

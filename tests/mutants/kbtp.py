@@ -45,6 +45,11 @@ from tests.mutants.kbtp_wire_attacks import (  # noqa: F401 - issue 23's wire at
     WireUnmaskedAtomics,
     WireWriteStartChecked,
 )
+from tests.mutants.kbtp_wire_faults import (  # noqa: F401 - issue 23's faults on the wire, reached the same way
+    WireDuplicatedLinkAtomicTwice,
+    WireDuplicateNotAnswered,
+    WirePartialFpduRefused,
+)
 
 Steps = Generator[Command, Any, Any]
 
@@ -1419,6 +1424,12 @@ MUTANTS: dict[str, Mutant] = {
     "WireAcceptsBadMpaKey": Mutant("kbtp-target", "KBTP-WIRE-MPA-START", ("test_iwarp_bad_mpa_request",)),
     "WireIgnoresMsn": Mutant("kbtp-target", "KBTP-WIRE-DDP-UNTAGGED", ("test_iwarp_untagged_errors",)),
     "WireUnmaskedAtomics": Mutant("kbtp-target", "KBTP-WIRE-RDMAP-MASKED", ("test_iwarp_masked_atomics",)),
+    # issue 23: faults on the wire (conformance/kbtp/target/test_wire_faults.py, tests/mutants/kbtp_wire_faults.py)
+    "WireDuplicatedLinkAtomicTwice": Mutant("kbtp-target", "KBTP-WIRE-IB-DUPLICATE",
+                                            ("test_roce_duplicated_link_executes_once",), _IB),
+    "WireDuplicateNotAnswered": Mutant("kbtp-target", "KBTP-WIRE-IB-RETRANSMIT", ("test_roce_lossy_link_recovers",),
+                                       _IB),
+    "WirePartialFpduRefused": Mutant("kbtp-target", "KBTP-WIRE-MPA-STREAM", ("test_iwarp_stalled_split_stream",)),
     # kbtp-target: session establishment
     "HelloAckWithGeneration": Mutant("kbtp-target", "KBTP-HELLO-HEADER-ZERO", ("test_hello_ack",)),
     "NeverOffersDirectLoad": Mutant("kbtp-target", "KBTP-ACK-FEATURES", ("test_ack_features_match_pics",),

@@ -80,6 +80,12 @@ def _wire(bed: Bed, binding: str | None = None) -> Any:
         inconclusive(f"the harness's initiators are on {fabric!r}, whose device builds every packet itself, so "
                      "no crafted frame can be sent: run the attacks from the userspace binding (kbtp+iwarp:// or "
                      "kbtp+roce:// from a host without the device)")
+    unimpaired = getattr(fabric, "impair", None)
+    if unimpaired is not None:
+        # each attack judges one answer (a NAK, a Terminate) that RC and TCP never send twice: a wire impaired by
+        # --impair would lose it and blame the target, so the attacks run on unimpaired links (the impairment
+        # checks, test_wire_faults.py, judge the target under faults)
+        unimpaired(None)
     return fabric
 
 

@@ -428,8 +428,8 @@ class RoceEngine:
             return
         if op is Opcode.ATOMIC_ACKNOWLEDGE:
             req = next((r for r in self._wrs if r.sent and r.psn == psn and r.wr.op in _ATOMICS), None)
-            if req is None or req.status is not None:
-                return  # a duplicate answer
+            if req is None or req.status is not None or self._response_ahead(req):
+                return  # a duplicate answer, or one ahead of a missing response
             self._acked((psn - 1) & PSN_MASK)
             assert req.wr.dst is not None and pkt.atomic_ack is not None
             dst = req.wr.dst
@@ -440,11 +440,23 @@ class RoceEngine:
         if op in READ_RESPONSES:
             self._read_response(pkt)
 
+    def _response_ahead(self, req: _Req) -> bool:
+        """Whether an earlier READ or atomic still waits for its response: responses come in PSN order (§4.6),
+        so one for ``req`` then means the earlier one's was lost. It is dropped, and go-back-N asks for both
+        again: taken now, a later request's data would be sampled before the earlier one's re-executed READ
+        (a lossy link would reorder what the responder's memory showed)."""
+        for r in self._wrs:
+            if r is req:
+                return False
+            if r.sent and r.status is None and r.wr.op in (Op.RDMA_READ, *_ATOMICS):
+                return True
+        return False
+
     def _read_response(self, pkt: Packet) -> None:
         psn = pkt.bth.psn
         req = next((r for r in self._wrs if r.sent and r.status is None and r.wr.op is Op.RDMA_READ
                     and 0 <= psn_diff(psn, r.psn) < r.npsn), None)
-        if req is None or psn_diff(psn, req.psn) != req.rcvd:
+        if req is None or psn_diff(psn, req.psn) != req.rcvd or self._response_ahead(req):
             return  # a duplicate, or a gap the ACK timer recovers
         assert req.wr.dst is not None
         dst, info = req.wr.dst, OPCODES[pkt.opcode]

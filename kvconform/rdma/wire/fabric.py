@@ -68,6 +68,7 @@ from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
 from kvconform.rdma.roce.qp import QpInfo
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
+from kvconform.rdma.wire.impair import Impairer, Impairment
 
 WireBindingName = Literal["iwarp", "roce"]
 ROCE_PORT = 4791  # IANA RoCEv2 UDP port (rdma-bindings §4.1)
@@ -146,6 +147,8 @@ class WireConnection(EmuConnection):
         self.closing = False
         self.watched: list[bytes] | None = None  # what arrives for it, once watched (WireFabric.watch)
         self.batching = False  # inside post_list: posts reach the engine, the flush waits for the last
+        self.peer_conn: WireConnection | None = None  # the other end, when it is in this fabric too (connect)
+        self.unimpaired = False  # left alone by the impairment stage (a watched connection: WireFabric.watch)
 
     @property
     def state(self) -> ConnState:
@@ -279,12 +282,29 @@ class RoceSetup:
         udp = self.fabric._ensure_udp()
         assert self.remote is not None
         dst = (self.remote.ip, self.remote.port)
+        impairer = self.fabric.impairer_for(self.conn)
+        if impairer is not None:
+            for p in payloads:
+                impairer.datagram(f"{self.conn.name}>", p, partial(self._sendto, udp, dst), self.fabric.now)
+            return
         sent = self.fabric._send_datagrams(udp, payloads, dst)
         tap = self.conn.tap
         if tap is not None and tap.wants_datagrams:
             src = (self.fabric.roce_address, self.fabric.udp_port)
             for p in sent:
                 tap.datagram(src, dst, p, received=False)
+
+    def _sendto(self, udp: socket.socket | QemuSocketLink, dst: tuple[str, int], p: bytes) -> None:
+        """One datagram the impairment stage lets go (at once, late or twice)."""
+        if self.fabric._udp is not udp:
+            return  # the fabric closed while the datagram was held
+        try:
+            udp.sendto(p, dst)
+        except BlockingIOError:
+            return  # a full socket buffer drops the datagram: RC retransmits it
+        tap = self.conn.tap
+        if tap is not None and tap.wants_datagrams:
+            tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)
 
 
 class WireFabric(EmuFabric):
@@ -305,6 +325,7 @@ class WireFabric(EmuFabric):
         engine_options: dict[str, Any] | None = None,
         link: LinkSpec | None = None,
         gso: bool = False,
+        impair: Impairment | None = None,
     ) -> None:
         super().__init__(profile, scheduler=FifoScheduler(), trace=trace)
         self.binding: WireBindingName = binding or ("iwarp" if profile.binding is Binding.RDMAP else "roce")
@@ -336,6 +357,19 @@ class WireFabric(EmuFabric):
         if link is not None and self.binding != "roce":
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
+        # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
+        self.impairer: Impairer | None = Impairer(impair, self.binding) if impair is not None and impair.active \
+            else None
+
+    def impair(self, spec: Impairment | None, *, salt: str = "") -> None:
+        """Put the impairment stage ``spec`` on every link from now on (None: take it away)."""
+        self.impairer = Impairer(spec, self.binding, salt) if spec is not None and spec.active else None
+
+    def impairer_for(self, conn: WireConnection) -> Impairer | None:
+        """The impairment stage for ``conn``'s traffic, None when it goes unimpaired."""
+        if self.impairer is None or conn.unimpaired or (conn.peer_conn is not None and conn.peer_conn.unimpaired):
+            return None
+        return self.impairer
 
     # ---- clock ---------------------------------------------------------------------------------------
 
@@ -382,6 +416,7 @@ class WireFabric(EmuFabric):
             listener.sock.close()
             self._listeners.remove(listener)
         conn.peer_name, accepted[0].peer_name = accepted[0].name, conn.name
+        conn.peer_conn, accepted[0].peer_conn = accepted[0], conn
         return accepted[0], conn
 
     def listen(
@@ -491,6 +526,9 @@ class WireFabric(EmuFabric):
         (a NAK, an ACK of a duplicate) that the connection's own engine consumes."""
         if conn.watched is None:
             conn.watched = []
+        # the attacks judge one answer each: the impairment stage leaves the connection alone (a lost NAK would be a
+        # false verdict); the impairment checks (test_wire_faults.py) impair the links they watch themselves
+        conn.unimpaired = True
         return conn.watched
 
     def _memory(self, conn: WireConnection) -> _Memory:
@@ -570,7 +608,8 @@ class WireFabric(EmuFabric):
             left = end - time.monotonic()
             if left <= 0:
                 return False
-            self._poll_io(min(left, 0.05))
+            due = self._engine_deadline()
+            self._poll_io(min(left, 0.05) if due is None else max(0.0, min(left, 0.05, due - self._clock())))
             self._engine_timers()
         return True
 
@@ -689,10 +728,14 @@ class WireFabric(EmuFabric):
 
     def _engine_deadline(self) -> float | None:
         times = [t for c in self._conns if c.engine is not None for t in (c.engine.next_deadline(),) if t is not None]
+        if self.impairer is not None and (held := self.impairer.next_deadline()) is not None:
+            times.append(held)  # a packet held by the impairment stage: the wire is not quiet
         return min(times) if times else None
 
     def _engine_timers(self) -> None:
         now = self._clock()
+        if self.impairer is not None:
+            self.impairer.poll(now)
         for c in list(self._conns):
             e = c.engine
             if e is not None:
@@ -718,11 +761,14 @@ class WireFabric(EmuFabric):
         out = engine.take_output()
         if out:
             if self.binding == "iwarp":
-                for chunk in out:
-                    if conn.tap is not None:
-                        conn.tap.stream(True, chunk)
-                    conn.out += chunk
-                self._write(conn)
+                impairer = self.impairer_for(conn)
+                if impairer is not None:
+                    for chunk in out:
+                        impairer.stream(f"{conn.name}>", chunk, partial(self._stream_out, conn), self.now)
+                else:
+                    for chunk in out:
+                        self._stream_out(conn, chunk, write=False)
+                    self._write(conn)
             else:
                 conn.setup.send(out)
         for wc in engine.take_completions():
@@ -737,6 +783,22 @@ class WireFabric(EmuFabric):
         if engine.state is not ConnState.CONNECTED:
             self.events.append((conn.name, engine.terminate))
             self._maybe_close(conn)
+
+    def _stream_out(self, conn: WireConnection, chunk: bytes, *, write: bool = True) -> None:
+        if conn.sock is None:
+            return  # the connection ended while the chunk was held
+        if conn.tap is not None:
+            conn.tap.stream(True, chunk)
+        conn.out += chunk
+        if write:
+            self._write(conn)
+
+    def _stream_in(self, conn: WireConnection, data: bytes) -> None:
+        if conn.engine is None:
+            return
+        if conn.tap is not None:
+            conn.tap.stream(False, data)
+        self._io(conn, partial(conn.engine.receive, data, self._clock()), "rx")
 
     def _accepted(self, conn: WireConnection) -> None:
         cb = getattr(conn, "_on_accept", None)
@@ -758,7 +820,8 @@ class WireFabric(EmuFabric):
             self._lost(conn, f"send failed: {exc}")
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
-        self._sel.modify(sock, events, ("conn", conn))
+        with contextlib.suppress(KeyError):  # (unregistered: the peer's end was read, the stage holds its FIN)
+            self._sel.modify(sock, events, ("conn", conn))
         self._maybe_close(conn)
 
     def _maybe_close(self, conn: WireConnection) -> None:
@@ -767,6 +830,9 @@ class WireFabric(EmuFabric):
             or bool(conn.failed)
         if not ended or conn.out or conn.sock is None:
             return
+        if self.binding == "iwarp" and self.impairer is not None and self.impairer.held(f"{conn.name}>") \
+                and not conn.failed:
+            return  # its stream's last bytes (a Terminate) are still held by the impairment stage
         sock, conn.sock = conn.sock, None
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(sock)
@@ -778,6 +844,8 @@ class WireFabric(EmuFabric):
         if conn in self._conns and (conn.engine is None or conn.engine.state is not ConnState.CONNECTED):
             self._conns.remove(conn)  # nothing more can arrive for it (a long-running server must not grow)
             self._qpns = {q: c for q, c in self._qpns.items() if c is not conn}
+            if self.impairer is not None:
+                self.impairer.forget(conn.name)
 
     def _lost(self, conn: WireConnection, why: str) -> None:
         """The transport ended (FIN, reset): the engine flushes; before setup, the setup failed."""
@@ -831,16 +899,25 @@ class WireFabric(EmuFabric):
         except OSError as exc:
             self._lost(conn, f"receive failed: {exc}")
             return
+        inbound = self.impairer_for(conn) if conn.peer_conn is None and self.binding == "iwarp" else None
         if not data:
-            self._lost(conn, "the peer closed the connection")
+            lost = partial(self._lost, conn, "the peer closed the connection")
+            if self.impairer is not None:  # the end comes after what the stage still holds for the connection
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(sock)  # (an ended stream stays readable: read it once)
+                peer = [] if conn.peer_conn is None else [f"{conn.peer_conn.name}>"]
+                self.impairer.after([f"{conn.name}<", *peer], lost, self.now)
+            else:
+                lost()
             return
         if conn.watched is not None:
             conn.watched.append(data)
         if self.binding == "iwarp":
             assert conn.engine is not None
-            if conn.tap is not None:
-                conn.tap.stream(False, data)
-            self._io(conn, partial(conn.engine.receive, data, self._clock()), "rx")
+            if inbound is not None:  # from a peer in another process: impaired here, on the way in
+                inbound.stream(f"{conn.name}<", data, partial(self._stream_in, conn), self.now)
+            else:
+                self._stream_in(conn, data)
         else:
             conn.setup.side_channel(data)
 
@@ -860,13 +937,23 @@ class WireFabric(EmuFabric):
             conn = self._qpns.get(qpn)
             if conn is None or conn.engine is None:
                 continue  # no such QP: silently dropped, as an RNIC does
-            if conn.tap is not None and conn.tap.wants_datagrams:
-                conn.tap.datagram(addr[:2], (self.roce_address, self.udp_port), data, received=True)
-            if conn.watched is not None:
-                conn.watched.append(data)
-            # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
-            source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
-            self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx")
+            impairer = self.impairer_for(conn)
+            if impairer is not None and tuple(addr[:2]) != (self.roce_address, self.udp_port):
+                # from a peer in another process (what this fabric sent itself was impaired when it was sent)
+                impairer.datagram(f"{conn.name}<", data, partial(self._datagram_in, conn, addr), self.now)
+            else:
+                self._datagram_in(conn, addr, data)
+
+    def _datagram_in(self, conn: WireConnection, addr: Any, data: bytes) -> None:
+        if conn.engine is None or self._udp is None:
+            return
+        if conn.tap is not None and conn.tap.wants_datagrams:
+            conn.tap.datagram(addr[:2], (self.roce_address, self.udp_port), data, received=True)
+        if conn.watched is not None:
+            conn.watched.append(data)
+        # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
+        source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
+        self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx")
 
     def close(self) -> None:
         """Close every socket (connections end as if the host went away)."""
