@@ -17,11 +17,14 @@ WIRE = ("race points", "only the emulated fabric records", "cannot list the STag
 # packet without the process seeing them, and siw reports no remote invalidation in a receive completion.
 # A target in the harness's own process on the device writes a FREE's entry, block and slot in one turn of its
 # loop while the kernel serves the reads: the black-box race windows never open there.
+RARE_WINDOW = ("the race was not observed often enough",)
 VERBS = ("without the harness seeing them", "builds every packet itself", "does not report a Send with Invalidate",
-         "the race was not observed often enough")
+         *RARE_WINDOW)
 # ... and across the testbed VM's links (one TCG vCPU on one side): the Generation drive cannot reach the 16-bit wrap
 # in its wall-clock budget, so the lane gives it none (the in-VM runs, harness and target in one process, reach it)
-SLOW_TARGET = ("the wrap was not observed",)
+# Likewise a black-box race window opens there at the pace of the VM's target: 2 of 25 attempts in the 20 s budget
+# when CI's tests load both cores (an honest inconclusive, never a pass; the same checks pass on a quieter host).
+SLOW_TARGET = ("the wrap was not observed", *RARE_WINDOW)
 
 
 def by_design(test: Mapping[str, Any], reasons: Iterable[str] = WIRE) -> bool:
