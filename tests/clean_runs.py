@@ -18,8 +18,10 @@ WIRE = ("race points", "only the emulated fabric records", "cannot list the STag
 # A target in the harness's own process on the device writes a FREE's entry, block and slot in one turn of its
 # loop while the kernel serves the reads: the black-box race windows never open there.
 RARE_WINDOW = ("the race was not observed often enough",)
+# The impairment stage acts on the harness's own wire links; a verbs device's link is the kernel's (the impairment
+# checks run from the host's userspace bindings against rxe1 and siw1 instead).
 VERBS = ("without the harness seeing them", "builds every packet itself", "does not report a Send with Invalidate",
-         *RARE_WINDOW)
+         "has none the harness can impair", *RARE_WINDOW)
 # ... and across the testbed VM's links (one TCG vCPU on one side): the Generation drive cannot reach the 16-bit wrap
 # in its wall-clock budget, so the lane gives it none (the in-VM runs, harness and target in one process, reach it)
 # Likewise a black-box race window opens there at the pace of the VM's target: 2 of 25 attempts in the 20 s budget
