@@ -38,17 +38,8 @@ def explore(main: Main, seeds: Iterable[int], *, scheduler: SchedulerFactory = R
     report = ExploreReport()
     start = time.perf_counter()
     for seed in seeds:
-        res = _seed_result(seed, simulate(main, scheduler(seed), faults(seed)))
-        report.runs += 1
-        report.steps += res.steps
-        key = res.outcome if res.ok else "FAIL " + res.outcome.split(":")[0]
-        report.outcomes[key] += 1
-        if res.ok:
-            report.values.setdefault(key, res.value)
-        else:
-            report.failures.append(res)
-            if max_failures is not None and len(report.failures) >= max_failures:
-                break
+        if report.add(_seed_result(seed, simulate(main, scheduler(seed), faults(seed))), max_failures=max_failures):
+            break
     report.elapsed = time.perf_counter() - start
     return report
 

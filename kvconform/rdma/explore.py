@@ -71,6 +71,22 @@ class ExploreReport:
     def interleavings_per_second(self) -> float:
         return self.runs / self.elapsed if self.elapsed > 0 else float("inf")
 
+    def add(self, res: SeedResult, *, keep: bool = False, max_failures: int | None = None) -> bool:
+        """Count one seed's run (kept in ``results`` with ``keep``); True when it is a failure that brings the
+        failures to ``max_failures`` (time to stop)."""
+        self.runs += 1
+        self.steps += res.steps
+        key = res.outcome if res.ok else "FAIL " + res.outcome.split(":")[0]
+        self.outcomes[key] += 1
+        if res.ok:
+            self.values.setdefault(key, res.value)
+        if keep:
+            self.results.append(res)
+        if res.ok:
+            return False
+        self.failures.append(res)
+        return max_failures is not None and len(self.failures) >= max_failures
+
     def summary(self) -> str:
         return (
             f"{self.runs} interleavings, {len(self.failures)} failing, {len(self.outcomes)} distinct outcomes, "
@@ -134,18 +150,8 @@ def explore(
     for seed in seeds:
         _, res = run_once(scenario, scheduler(seed), profile=profile, max_steps=max_steps)
         res = SeedResult(seed, res.ok, res.outcome, res.steps, res.schedule, res.value)
-        report.runs += 1
-        report.steps += res.steps
-        key = res.outcome if res.ok else "FAIL " + res.outcome.split(":")[0]
-        report.outcomes[key] += 1
-        if res.ok:
-            report.values.setdefault(key, res.value)
-        if keep_results:
-            report.results.append(res)
-        if not res.ok:
-            report.failures.append(res)
-            if max_failures is not None and len(report.failures) >= max_failures:
-                break
+        if report.add(res, keep=keep_results, max_failures=max_failures):
+            break
     report.elapsed = time.perf_counter() - start
     return report
 
