@@ -12,7 +12,7 @@ import functools
 import ipaddress
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aioquic.quic.configuration import QuicConfiguration
@@ -58,29 +58,13 @@ class TestCertificate:
 @functools.cache
 def test_certificate() -> TestCertificate:
     """The process-wide self-signed certificate for localhost/127.0.0.1/::1 (P-256, valid 30 days)."""
-    from cryptography import x509  # lazy: tens of ms of every MOQT run's start, which may never use TLS
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.hazmat.primitives import hashes  # lazy: tens of ms of a MOQT run's start, maybe without TLS
+    from cryptography.hazmat.primitives.asymmetric import ec  # lazy: see above
 
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvconform MOQT test")])
     now = datetime.datetime.now(datetime.UTC)
-    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in TEST_NAMES]
-    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in TEST_ADDRESSES]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))  # tolerate small clock skew
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-        # Self-signed and pinned as its own trust anchor, so it must be acceptable as a CA.
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    cert = _self_signed(key, "kvconform MOQT test", now - datetime.timedelta(minutes=5),  # tolerate clock skew
+                        now + datetime.timedelta(days=30), hashes.SHA256())
     return TestCertificate(cert, key)
 
 
@@ -92,27 +76,36 @@ def fixed_size_certificate() -> TestCertificate:
     """A certificate whose handshake bytes have the same length every time (the deterministic transport's,
     `kvconform.moqt.simnet`): Ed25519 (signatures always 64 bytes, where ECDSA's DER varies by a byte or two and
     so would the packets, aioquic's pacing and every timer after it), a fixed serial number and fixed dates."""
-    from cryptography import x509  # lazy: see test_certificate
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-    from cryptography.x509.oid import NameOID
+    from cryptography.hazmat.primitives.asymmetric import ed25519  # lazy: see test_certificate
 
     key = ed25519.Ed25519PrivateKey.generate()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvconform MOQT simulated")])
+    cert = _self_signed(key, "kvconform MOQT simulated", datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+                        datetime.datetime(2036, 1, 1, tzinfo=datetime.UTC), None, serial=0x4B56_434F_4E46_4F52_4D)
+    return TestCertificate(cert, key)  # type: ignore[arg-type]  # an Ed25519 key where the field says EC
+
+
+def _self_signed(key: Any, common_name: str, not_before: datetime.datetime, not_after: datetime.datetime,
+                 digest: Any, serial: int | None = None) -> x509.Certificate:
+    """A certificate for TEST_NAMES and TEST_ADDRESSES signed by ``key`` itself (a random serial number unless
+    given); pinned as its own trust anchor, so it must be acceptable as a CA."""
+    from cryptography import x509  # lazy: see test_certificate
+    from cryptography.x509.oid import NameOID  # lazy: see test_certificate
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in TEST_NAMES]
     alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in TEST_ADDRESSES]
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
-        .serial_number(0x4B56_434F_4E46_4F52_4D)
-        .not_valid_before(datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
-        .not_valid_after(datetime.datetime(2036, 1, 1, tzinfo=datetime.UTC))
+        .serial_number(x509.random_serial_number() if serial is None else serial)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, None)
+        .sign(key, digest)
     )
-    return TestCertificate(cert, key)  # type: ignore[arg-type]  # an Ed25519 key where the field says EC
 
 
 def install_server_certificate(configuration: QuicConfiguration, cert: TestCertificate | None = None) -> None:
