@@ -275,6 +275,14 @@ class EmptyFetchResetRelay(Relay):
         super().serve_fetch_range(peer, req, track, stream_id, items)
 
 
+class FetchNotSupportedRelay(Relay):
+    """MOQT-FETCH-RANGE: refuses every standalone FETCH with REQUEST_ERROR NOT_SUPPORTED (moq-rs 0.5.1 does so for
+    most ranges, docs/interop-moqrs.md #2): checks that FETCH on their way to something else fail on this rule."""
+
+    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+        raise _Refusal(RequestErrorCode.NOT_SUPPORTED, "FETCH not supported")
+
+
 class InternalErrorRefusalRelay(Relay):
     """MOQT-FETCH-INVALID-RANGE: refuses every request it refuses with REQUEST_ERROR INTERNAL_ERROR (0x0)."""
 
@@ -589,6 +597,8 @@ MUTANTS: dict[str, Mutant] = {
                                   ("test_fetch_ranges_arrive_in_ascending_group_order",
                                    "test_fetch_descending_group_order")),
     "EmptyFetchResetRelay": Mutant("moqt-relay", "MOQT-FETCH-EMPTY", ("test_fetch_of_a_range_without_objects",)),
+    "FetchNotSupportedRelay": Mutant("moqt-relay", "MOQT-FETCH-RANGE",
+                                     ("test_the_relays_own_requests", "test_everything_the_relay_writes_decodes")),
     "InternalErrorRefusalRelay": Mutant("moqt-relay", "MOQT-FETCH-INVALID-RANGE",
                                         ("test_fetch_past_the_largest_object_is_invalid_range",)),
     "SilentNamespaceRelay": Mutant("moqt-relay", "MOQT-NS-SUBSCRIBE-NAMESPACE",
