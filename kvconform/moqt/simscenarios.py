@@ -6,6 +6,14 @@ mid-group, both with Next Object + FILL_PARAMETERS {Absolute Start {0,0}} (profi
 ``sub3`` FETCHes all of it from the relay, which does not follow it for that request's whole range (cut-through:
 the relay answers as the objects arrive). The invariants (`check_exactly_once`, `check_fetch`) raise
 ``AssertionError`` naming the requirement broken. The value a run returns is a short, stable summary.
+
+`relay_authorization` runs the relay with a policy: a publisher may publish under ``kvcs-1``, a subscriber may
+subscribe under ``kvcs-1/scope-a`` only, while the publisher announces and publishes under ``scope-a`` and
+``scope-b`` at the same time the subscriber asks for both; nothing of ``scope-b`` may reach that subscriber (no
+object, no NAMESPACE, no FETCH), each request out of its scope is refused UNAUTHORIZED, and what is in scope
+arrives whole (profile section 12). `relay_cache_expiry` publishes a track with MAX_CACHE_DURATION, lets its
+publisher go, and FETCHes it once inside the duration (everything, unaltered) and once after it (no expired
+object may start being served: EDR "MAX_CACHE_DURATION").
 """
 
 from __future__ import annotations
@@ -13,14 +21,18 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from kvconform.moqt import client as mc
 from kvconform.moqt.data import FetchObject, ObjectStatus
+from kvconform.moqt.errors import RequestErrorCode
+from kvconform.moqt.policy import policy_from_mapping
 from kvconform.moqt.relay import Relay
 from kvconform.moqt.simrun import Main, Sim
-from kvconform.moqt.structures import Location, TrackNamespace
+from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, PropertyType, TrackNamespace
 
-__all__ = ["NAME", "NS", "RelayFactory", "check_exactly_once", "check_fetch", "relay_fill_and_fetch"]
+__all__ = ["NAME", "NS", "RelayFactory", "check_exactly_once", "check_fetch", "relay_authorization",
+           "relay_cache_expiry", "relay_fill_and_fetch"]
 
 NS = TrackNamespace.of("kvcs-1", "scope-a", "compat", "anchor", "pub-1")
 NAME = b"k.raw.s0"
@@ -167,5 +179,137 @@ def relay_fill_and_fetch(relay_class: RelayFactory = Relay, groups: int = 4, per
             for client in reversed(clients):
                 await client.close(timeout=TIMEOUT)
             await relay.close(TIMEOUT)
+
+    return main
+
+
+async def _start(sim: Sim, relay: Relay, clients: list[mc.MoqtClient], *labels: str) -> list[mc.MoqtClient]:
+    sim.name_next("relay")
+    await relay.start()
+    for label in labels:
+        sim.name_next(label)
+        clients.append(await mc.connect(relay.url, timeout=TIMEOUT))
+    return list(clients)
+
+
+async def _stop(relay: Relay, clients: list[mc.MoqtClient]) -> None:
+    for client in reversed(clients):
+        await client.close(timeout=TIMEOUT)
+    await relay.close(TIMEOUT)
+
+
+async def _refused(req: str, what: str, request: Any) -> None:
+    """``request`` (a coroutine of the client API) out of its token's scope ends with REQUEST_ERROR UNAUTHORIZED;
+    anything else breaks ``req``."""
+    try:
+        await request
+    except mc.RequestRejected as exc:
+        code = exc.error.error_code if exc.error is not None else None
+        assert code == RequestErrorCode.UNAUTHORIZED, (f"{req}: {what} ended with REQUEST_ERROR {code} / reset "
+                                                       f"{exc.reset_code}, expected UNAUTHORIZED (0x1)")
+        return
+    raise AssertionError(f"{req}: {what} was accepted, though no token grants it (profile §12)")
+
+
+SCOPE_A = TrackNamespace.of("kvcs-1", "scope-a", "compat", "anchor", "pub-1")
+SCOPE_B = TrackNamespace.of("kvcs-1", "scope-b", "compat", "anchor", "pub-1")
+# Other subscribers hold tokens for scope-b and for all of kvcs-1: a relay that serves a request with the wrong
+# token's rights (the harness's open-relay mutants) then has one to use.
+_POLICY = {"version": 1, "tokens": [{"name": "pub", "value": "pub-secret", "publish": [["kvcs-1"]]},
+                                    {"name": "sub-a", "value": "sub-a-secret", "subscribe": [["kvcs-1", "scope-a"]]},
+                                    {"name": "sub-b", "value": "sub-b-secret", "subscribe": [["kvcs-1", "scope-b"]]},
+                                    {"name": "sub-all", "value": "sub-all-secret", "subscribe": [["kvcs-1"]]}]}
+
+
+def relay_authorization(relay_class: RelayFactory = Relay, groups: int = 3, per_group: int = 2) -> Main:
+    """Authorization under every interleaving: what a subscriber's token covers arrives whole, nothing else does."""
+
+    async def main(sim: Sim) -> object:
+        relay = relay_class(policy=policy_from_mapping(_POLICY), clock=sim.loop.time, wall_clock=sim.loop.wall_time)
+        clients: list[mc.MoqtClient] = []
+        try:
+            pub, sub, wide = await _start(sim, relay, clients, "pub", "sub", "wide")
+            pub_token, sub_token = (AuthToken.use_value(b"pub-secret"),), (AuthToken.use_value(b"sub-a-secret"),)
+            published: dict[TrackNamespace, dict[Location, bytes]] = {SCOPE_A: {}, SCOPE_B: {}}
+            tracks = {ns: pub.track(ns, NAME) for ns in published}
+
+            async def publish() -> None:
+                for ns in (SCOPE_B, SCOPE_A):
+                    await pub.publish_namespace(ns, auth=pub_token, timeout=TIMEOUT)
+                for g in range(groups):
+                    for ns, track in tracks.items():
+                        for o in range(per_group):
+                            published[ns][Location(g, o)] = _payload(g, o) + ns.fields[1]
+                            track.publish_object(g, o, _payload(g, o) + ns.fields[1])
+                    await asyncio.sleep(0.002)  # virtual: the subscriber's requests interleave with the groups
+                for track in tracks.values():
+                    track.end_track()
+
+            publishing = asyncio.ensure_future(publish())
+            watcher = await sub.subscribe_namespace(TrackNamespace.of("kvcs-1", "scope-a"), auth=sub_token,
+                                                    timeout=TIMEOUT)
+            # From its own session: in the watcher's, a relay may refuse the overlapping prefix for that instead.
+            await _refused("MOQT-AUTH-SUBSCRIBE-NAMESPACE", "SUBSCRIBE_NAMESPACE kvcs-1 (wider than scope-a)",
+                           wide.subscribe_namespace(TrackNamespace.of("kvcs-1"), auth=sub_token, timeout=TIMEOUT))
+            await _refused("MOQT-AUTH-SUBSCRIBE", "SUBSCRIBE to scope-b",
+                           sub.subscribe(SCOPE_B, NAME, auth=sub_token, timeout=TIMEOUT))
+            await _refused("MOQT-AUTH-SUBSCRIBE", "SUBSCRIBE to scope-b without a token",
+                           sub.subscribe(SCOPE_B, NAME, timeout=TIMEOUT))
+            await asyncio.wait_for(publishing, TIMEOUT)
+            await _refused("MOQT-AUTH-FETCH", "FETCH of scope-b",
+                           sub.fetch(SCOPE_B, NAME, auth=sub_token, timeout=TIMEOUT))
+            fetched = await sub.fetch(SCOPE_A, NAME, auth=sub_token, timeout=TIMEOUT)
+            n = check_fetch("sub (scope-a)", fetched.objects, published[SCOPE_A])
+            announced = sorted(ns for ns in watcher.active)
+            seen = [str(ns) for ns in announced if b"scope-b" in ns.fields]
+            assert not seen, f"MOQT-AUTH-SUBSCRIBE-NAMESPACE: NAMESPACE out of the token's scope reached sub: {seen}"
+            return {"fetched": n, "announced": len(announced)}
+        finally:
+            await _stop(relay, clients)
+
+    return main
+
+
+CACHE_DURATION_MS = 1000
+
+
+def relay_cache_expiry(relay_class: RelayFactory = Relay, objects: int = 4) -> Main:
+    """MOQT-RELAY-MAX-CACHE-DURATION under every interleaving: inside the duration a FETCH gets the whole track from
+    the cache, after it (the publisher gone, so nothing can be fetched afresh) no expired object is served."""
+
+    async def main(sim: Sim) -> object:
+        relay = relay_class(clock=sim.loop.time, wall_clock=sim.loop.wall_time)
+        clients: list[mc.MoqtClient] = []
+        try:
+            pub, sub, late = await _start(sim, relay, clients, "pub", "sub", "late")
+            props = (KeyValuePair(PropertyType.MAX_CACHE_DURATION, CACHE_DURATION_MS),)
+            track = pub.track(NS, NAME, properties=props)
+            await pub.publish_namespace(NS, timeout=TIMEOUT)
+            live = await sub.subscribe(NS, NAME, timeout=TIMEOUT)  # the relay follows the track: it caches
+            published = {Location(0, o): _payload(0, o) for o in range(objects)}
+            for loc, payload in published.items():
+                track.publish_object(loc.group, loc.object, payload)
+            track.end_track()
+            await live.wait_complete(TIMEOUT)
+            started = sim.loop.time()
+            fresh = await sub.fetch(NS, NAME, timeout=TIMEOUT)
+            n = check_fetch("sub (inside MAX_CACHE_DURATION)", fresh.objects, published)
+            assert sim.loop.time() - started < CACHE_DURATION_MS / 2000, "the scenario's first FETCH took too long"
+            await pub.close(timeout=TIMEOUT)
+            clients.remove(pub)
+            await asyncio.sleep(2 * CACHE_DURATION_MS / 1000)  # virtual: every object is past the duration
+            try:
+                stale = await late.fetch(NS, NAME, timeout=TIMEOUT)
+                served = sorted(o.location for o in stale.objects if o.end_of_range is None)
+            except mc.RequestRejected as exc:
+                served = []
+                refusal = exc.error.error_code if exc.error is not None else exc.reset_code
+                assert refusal is not None, "a FETCH after expiry ended without a REQUEST_ERROR or a reset code"
+            assert not served, (f"MOQT-RELAY-MAX-CACHE-DURATION: {served} were served "
+                                f"{2 * CACHE_DURATION_MS} ms after they arrived, past MAX_CACHE_DURATION "
+                                f"{CACHE_DURATION_MS} ms")
+            return {"fresh": n, "stale": len(served)}
+        finally:
+            await _stop(relay, clients)
 
     return main

@@ -18,10 +18,11 @@ from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.relay import Downstream, Relay, UpstreamFetch
 from kvconform.moqt.simclock import VirtualClockLoop, VirtualDeadlock, run_virtual
 from kvconform.moqt.simnet import Faults
-from kvconform.moqt.simrun import simulate
-from kvconform.moqt.simscenarios import relay_fill_and_fetch
+from kvconform.moqt.simrun import Main, simulate
+from kvconform.moqt.simscenarios import relay_authorization, relay_cache_expiry, relay_fill_and_fetch
 from kvconform.moqt.structures import Location
 from kvconform.rdma.scheduler import FifoScheduler, PctScheduler, RandomScheduler
+from tests.mutants import moqt as mutants
 
 # CI explores this many seeds; `tox -e moqt-explore` sets KVCONFORM_MOQT_EXPLORE_SEEDS higher.
 SEEDS = int(os.environ.get("KVCONFORM_MOQT_EXPLORE_SEEDS", "60"))
@@ -136,9 +137,9 @@ def test_exploration_catches_a_relay_that_double_delivers_at_the_fill_live_bound
 
 
 _DIGEST_PROGRAM = """
-from kvconform.moqt.simrun import simulate
+from kvconform.moqt.simrun import Main, simulate
 from kvconform.moqt.simexplore import lossy
-from kvconform.moqt.simscenarios import relay_fill_and_fetch
+from kvconform.moqt.simscenarios import relay_authorization, relay_cache_expiry, relay_fill_and_fetch
 from kvconform.rdma.scheduler import RandomScheduler
 run = simulate(relay_fill_and_fetch(), RandomScheduler(4242), lossy(4242))
 print(run.ok, run.transcript_digest(), len(run.schedule))
@@ -170,3 +171,26 @@ def test_exploration_catches_a_relay_that_stores_a_whole_fetch_before_serving_it
     outcome = report.failures[0].outcome
     assert outcome.startswith("check: cut-through FETCH: the relay forwarded") and "stores the whole range first" in \
         outcome, outcome
+
+
+@pytest.mark.parametrize("scenario", [relay_authorization, relay_cache_expiry])
+def test_exploration_authorization_and_cache_expiry_hold_under_every_seed(scenario: Callable[..., Main]
+                                                                          ) -> None:
+    """Nothing out of a token's scope and no expired object is served, whatever the loss, duplication and order."""
+    report = simexplore.explore(scenario(), range(SEEDS // 2), max_failures=1)
+    if report.failures:
+        failure = report.failures[0]
+        pytest.fail(simexplore.explain(failure, simexplore.shrink(scenario(), failure, max_runs=40)))
+    assert report.runs == SEEDS // 2
+
+
+@pytest.mark.parametrize(("scenario", "mutant", "requirement"), [
+    (relay_authorization, mutants.OpenRelay, "MOQT-AUTH-"),
+    (relay_authorization, mutants.OpenFetchRelay, "MOQT-AUTH-FETCH"),
+    (relay_authorization, mutants.OpenSubscribeNamespaceRelay, "MOQT-AUTH-SUBSCRIBE-NAMESPACE"),
+    (relay_cache_expiry, mutants.CacheForeverRelay, "MOQT-RELAY-MAX-CACHE-DURATION"),
+])
+def test_the_scenarios_catch_the_relay_mutants(scenario: Callable[..., Main], mutant: type[Relay],
+                                               requirement: str) -> None:
+    run = simulate(scenario(mutant), FifoScheduler())
+    assert not run.ok and run.outcome.startswith(f"check: {requirement}"), run.outcome
