@@ -232,6 +232,9 @@ class MoqtProtocol(_ProtocolBase):
         self._apply_commands()
         queue = getattr(self._quic, "_streams_queue", None)
         if isinstance(queue, list) and len(queue) > 1 and _several_pending(queue):
+            order_streams = getattr(self._transport, "order_streams", None)  # the simulated network's (simnet)
+            if order_streams is not None:
+                order_streams(queue)
             queue.sort(key=lambda stream: self.session.send_priority(stream.stream_id))  # stable: keeps RR order
         if _gso_transport(self._transport) is None:
             super().transmit()

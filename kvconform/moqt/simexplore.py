@@ -24,8 +24,9 @@ SchedulerFactory = Callable[[int], Scheduler]
 
 
 def lossy(seed: int) -> Faults:
-    """The exploration's default fault plan: 3 % loss, 3 % duplication, up to 3 ms of jitter (reordering)."""
-    return Faults(seed=seed, loss=0.03, duplicate=0.03, jitter_steps=3)
+    """The exploration's default fault plan: 3 % loss, 3 % duplication, up to 3 ms of jitter (reordering), stream
+    interleaving drawn from the seed."""
+    return Faults(seed=seed, loss=0.03, duplicate=0.03, jitter_steps=3, interleave=True)
 
 
 def _seed_result(seed: int, run: SimResult) -> SeedResult:

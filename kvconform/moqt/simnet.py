@@ -43,10 +43,13 @@ class Faults:
     jitter_steps: int = 0
     handshake_loss: bool = False  # whether the first datagrams of a link (its handshake) may be lost too
     reliable_first: int = 4  # without handshake_loss: this many first datagrams per direction are never dropped
+    # Stream interleaving: an endpoint with data pending on several streams serves those of one send priority in
+    # an order drawn from the seed, instead of aioquic's round-robin (which a correct peer must not rely on).
+    interleave: bool = False
 
     def describe(self) -> dict[str, object]:
         return {"seed": self.seed, "loss": self.loss, "duplicate": self.duplicate, "delay": self.delay,
-                "jitter": f"{self.jitter_steps}x{self.jitter_quantum}"}
+                "jitter": f"{self.jitter_steps}x{self.jitter_quantum}", "interleave": self.interleave}
 
 
 @dataclass(slots=True)
@@ -56,6 +59,7 @@ class _Stats:
     dropped: int = 0
     duplicated: int = 0
     reordered: int = 0  # deliveries the scheduler took out of arrival order
+    interleaved: int = 0  # sends whose stream order the seed drew (Faults.interleave)
 
 
 @dataclass(slots=True)
@@ -134,6 +138,13 @@ class SimNetwork:
             step = Step(label, link, _Delivery(self, src, dst, bytes(data), label))
             self.loop.call_at(self.loop.time() + delay, self._arrive, step)
 
+    def order_streams(self, streams: list[Any]) -> None:
+        """Reorder an endpoint's streams with pending data (aioquic's service queue, in place) when the plan
+        interleaves; the adapter's stable sort by send priority comes after, so priorities still hold."""
+        if self.faults.interleave:
+            self._rng.shuffle(streams)
+            self.stats.interleaved += 1
+
     def _arrive(self, step: Step) -> None:
         self._enabled.append(step)
         if not self._turn_scheduled:
@@ -202,6 +213,9 @@ class SimTransport(asyncio.DatagramTransport):
         if dst is None:
             raise OSError("simnet: sendto without an address on an unconnected transport")
         self.net.send(self.local, dst, bytes(data))
+
+    def order_streams(self, streams: list[Any]) -> None:
+        self.net.order_streams(streams)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "sockname":

@@ -123,5 +123,5 @@ def simulate(main: Main, scheduler: Scheduler | None = None, faults: Faults | No
         ok, outcome = False, f"schedule: {sim.net.error}"
     s = sim.net.stats
     stats = {"sent": s.sent, "delivered": s.delivered, "dropped": s.dropped, "duplicated": s.duplicated,
-             "reordered": s.reordered}
+             "reordered": s.reordered, "interleaved": s.interleaved}
     return SimResult(ok, outcome, value, tuple(sim.net.schedule), tuple(sim.transcript), sim.loop.time(), stats)
