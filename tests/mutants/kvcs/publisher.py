@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.kvcs.content import CacheSpec, SegmentLayout
@@ -153,6 +153,45 @@ class DescendingLayersPublisher(KvcsPublisher):
 
     def layer_order(self) -> Sequence[int]:
         return range(self.spec.layers - 1, -1, -1)
+
+
+class InterleavedGroupsPublisher(KvcsPublisher):
+    """KVCS-GROUP-ORDER: writes Object 0 of Group g+1 (opening its stream, after Group g's) before the last block
+    and End of Group of Group g, on Group g's stream, already open. The streams open in layer order and every
+    Group is whole on one stream, so only the publisher's own order of writes shows it."""
+
+    def __init__(self, spec: CacheSpec, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self._tails: dict[bytes, Callable[[], None]] = {}  # track -> the held end of its last Group
+
+    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+        if blocks < 2:
+            super().publish_layer(local, track, layer, blocks)
+            return
+        prio = self.priority(layer)
+        local.publish_object(layer, 0, self.object_payload(track, layer, 0), priority=prio)
+        self._flush(track.name)
+        for oid in range(1, blocks - 1):
+            local.publish_object(layer, oid, self.object_payload(track, layer, oid), priority=prio)
+
+        def tail() -> None:
+            local.publish_object(layer, blocks - 1, self.object_payload(track, layer, blocks - 1), priority=prio)
+            local.publish_object(layer, blocks, priority=prio, status=ObjectStatus.END_OF_GROUP)
+        self._tails[track.name] = tail
+
+    def _flush(self, *names: bytes) -> None:
+        for name in names or tuple(self._tails):
+            held = self._tails.pop(name, None)
+            if held is not None:
+                held()
+
+    def publish_manifest(self) -> None:
+        self._flush()  # a manifest version never lists a Group whose end is still held
+        super().publish_manifest()
+
+    def end_track(self, local: LocalTrack) -> None:
+        self._flush(local.name)
+        super().end_track(local)
 
 
 class SubgroupOnePublisher(KvcsPublisher):
@@ -382,6 +421,7 @@ MUTANTS: dict[str, Mutant] = {
                                         ("test_appended_tokens_are_published_as_a_new_segment",
                                          "test_every_object_is_a_block_of_a_layer")),
     "DescendingLayersPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
+    "InterleavedGroupsPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
     "SubgroupOnePublisher": Mutant(SUITE, "KVCS-GROUP-SUBGROUP-ZERO",
                                    ("test_each_group_is_one_subgroup_0_stream_in_ascending_object_order",)),
     "NoEndOfGroupPublisher": Mutant(SUITE, "KVCS-GROUP-END-OF-GROUP", ("test_end_of_group_after_each_layer",)),
