@@ -57,9 +57,6 @@ class ConsumerCore:
         """The budget runs from ``now``: ``remaining`` reaches 0 at ``now + options.budget``."""
         self._deadline = now + self.options.budget
 
-    def reject(self, rejection: Rejection) -> None:
-        self.rejected.append(rejection)
-
     # ---- overridable behaviour -------------------------------------------------------------------------
 
     def remaining(self, now: float) -> float:
