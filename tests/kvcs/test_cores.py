@@ -93,7 +93,7 @@ def test_the_publication_is_commands_and_steps_without_io() -> None:
 
 def _deliver(core: PublisherCore, track: bytes) -> list[ReceivedObject]:
     """What a subscriber of ``track`` gets: each Group on its own stream, End of Track on one of its own."""
-    out = []
+    out: list[ReceivedObject] = []
     for c in core.outbox:
         if c.track != track:
             continue
@@ -140,7 +140,7 @@ def test_a_publication_assembled_by_the_cores_alone() -> None:
     assert run.prepare() == "fetch", "every segment is complete: retrieval of a completed cache"
     for ts in run.tracks:
         ts.delivery = Delivery(False, _deliver(pub, ts.needed.track.name), subgroup_streams={1000: "fin"})
-        ts.delivery.done = PublishDone(0, 0, "")
+        ts.delivery.done = PublishDone(0, 0, b"")
     assert run.step(101.0) is None and run.result.outcome == "complete"
     assert [r.layer for r in ready] == [0, 1, 2]
     assert all(r.digest == convention_layer_digest(pub.spec, r.layer, [(0, 2)]) for r in ready)
