@@ -10,10 +10,10 @@ reached its deadline without a change means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvconform.kvcs import cose
+from kvconform.kvcs.attempt_result import Abandon, AttemptResult
 from kvconform.kvcs.consume_result import REQ, LayerReady, Rejection, layer_digest
 from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.manifest import Manifest, SegmentEntry, block_keys_sha256, parse_manifest
@@ -27,26 +27,9 @@ from kvconform.moqt.structures import Location
 if TYPE_CHECKING:
     from kvconform.kvcs.consumer_core import ConsumerCore
 
-__all__ = ["Abandon", "Attempt", "AttemptResult"]
+__all__ = ["Attempt"]
 
 WAIT_FLOOR = 0.01  # seconds: the shortest wait for a change (a budget nearly spent still looks once more)
-
-
-class Abandon(Exception):
-    """The attempt's publication is unusable (bad manifest, no manifest, nothing to use)."""
-
-
-@dataclass
-class AttemptResult:
-    relay: str
-    pub: bytes
-    manifest: Manifest | None
-    plan: tuple[tuple[int, int], ...]  # (segment, blocks used)
-    layers: dict[int, LayerReady] = field(default_factory=dict)
-    reasons: dict[int, str] = field(default_factory=dict)
-    outcome: str = "ok"
-    mode: str | None = None
-    retryable: set[int] = field(default_factory=set)  # layers lost as missing (not as rejected)
 
 
 class Attempt:

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.kvcs import cose
-from kvconform.kvcs.attempt import Abandon, Attempt, AttemptResult
+from kvconform.kvcs.attempt import Attempt
+from kvconform.kvcs.attempt_result import Abandon, AttemptResult
 from kvconform.kvcs.consume_result import (
     MAX_RESULT_OCTETS,
     REQ,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.kvcs import cose
-from kvconform.kvcs.attempt import AttemptResult
+from kvconform.kvcs.attempt_result import AttemptResult
 from kvconform.kvcs.consume_result import REQ, ConsumeResult, ConsumerIdentity, ConsumerOptions, LayerReady, Rejection
 from kvconform.kvcs.manifest import Manifest, SegmentEntry, manifest_problems
 from kvconform.kvcs.namespace import KvcsNamespace

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.kvcs import attempt, consume_result, consumer_core, publisher_core, track_state
-from kvconform.kvcs.attempt import Abandon, Attempt, AttemptResult
+from kvconform.kvcs import attempt, attempt_result, consume_result, consumer_core, publisher_core, track_state
+from kvconform.kvcs.attempt import Attempt
+from kvconform.kvcs.attempt_result import Abandon, AttemptResult
 from kvconform.kvcs.consume_result import ConsumerIdentity, ConsumerOptions, LayerReady, convention_layer_digest
 from kvconform.kvcs.consumer_core import ConsumerCore
 from kvconform.kvcs.content import example_spec
@@ -28,7 +29,7 @@ from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.messages import PublishDone
 from kvconform.moqt.structures import Location
 
-CORES = (publisher_core, consumer_core, attempt, track_state, consume_result)
+CORES = (publisher_core, consumer_core, attempt, attempt_result, track_state, consume_result)
 FORBIDDEN = ("asyncio", "time", "kvconform.moqt.client", "kvconform.moqt.quic", "threading", "socket")
 
 
