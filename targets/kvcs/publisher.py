@@ -25,6 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 from kvconform.kvcs.content import CacheSpec
 from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.publisher import KvcsPublisher, serve_publisher
+from kvconform.moqt.quic import tapping
+from kvconform.targets.kvcs.send_schedule import ScheduleRecorder, SendSchedule
 from kvconform.targets.process import Handle, Launcher, as_launcher
 from kvconform.verdicts import TargetUnavailable
 
@@ -63,7 +65,8 @@ class PublisherDriver(Protocol):
 
 
 class InProcessPublisher:
-    """A ``KvcsPublisher`` (sub)class served by ``serve_publisher`` on a thread of this process."""
+    """A ``KvcsPublisher`` (sub)class served by ``serve_publisher`` on a thread of this process. Its session's
+    writes are recorded in the order it issued them (``send_schedule``: what KVCS-GROUP-ORDER is judged on)."""
 
     def __init__(self, publisher_class: type[Any], **options: Any) -> None:
         self.publisher_class = publisher_class
@@ -73,6 +76,11 @@ class InProcessPublisher:
         self._out = io.StringIO()
         self._err = io.StringIO()
         self._code: int | None = None
+        self._schedule = ScheduleRecorder()
+
+    def send_schedule(self) -> SendSchedule:
+        """The publisher's data-stream writes so far, in the order its session issued them."""
+        return self._schedule.snapshot()
 
     def start(self, relay_url: str, cache: Path, token: str) -> None:
         try:
@@ -83,8 +91,9 @@ class InProcessPublisher:
 
         def serve() -> None:
             try:
-                self._code = serve_publisher(relay_url, spec, token.encode("utf-8"), self._stop, publisher=publisher,
-                                             out=self._out)
+                with tapping(self._schedule.tap):  # this thread's loop and connection only
+                    self._code = serve_publisher(relay_url, spec, token.encode("utf-8"), self._stop,
+                                                 publisher=publisher, out=self._out)
             except Exception as exc:  # a crashing publisher is a finding: keep what it said
                 self._err.write(f"{type(exc).__name__}: {exc}\n")
                 self._code = 1

@@ -60,6 +60,7 @@ from kvconform.moqt.session import (
 )
 from kvconform.moqt.structures import KeyValuePair, Location, ParamType, TrackNamespace
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
+from kvconform.targets.kvcs.send_schedule import SendSchedule, ShowsSchedule
 from kvconform.verdicts import Findings, inconclusive
 
 __all__ = ["CASES", "PARSE_ERRORS", "PUBLISH_TIMEOUT", "Announce", "Answer", "Case", "Observation", "PublisherRun",
@@ -196,6 +197,8 @@ class Observation:
     send_order: SendOrder | None = None
     # time.monotonic() when the relay answered the publisher's PUBLISH_NAMESPACE with REQUEST_OK (None: never)
     accepted_at: float | None = None
+    # the publisher's own order of writes (an in-process publisher's session tap; None: not visible)
+    schedule: SendSchedule | None = None
 
     # -- derived views --------------------------------------------------------------------------------
 
@@ -611,7 +614,8 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
     return Observation(case, run.spec, run.token, run.keys, list(relay.announces), list(relay.objects),
                        sorted(relay.answers.values(), key=lambda a: a.seq), complete,
                        time.monotonic() - started, run.exit, run.notes, granted,
-                       tap.snapshot() if tap is not None else None, relay.accepted_at)
+                       tap.snapshot() if tap is not None else None, relay.accepted_at,
+                       driver.send_schedule() if isinstance(driver, ShowsSchedule) else None)
 
 
 def _wait_publication(thread: LoopThread, relay: RecordingRelay, driver: PublisherDriver, spec: CacheSpec,

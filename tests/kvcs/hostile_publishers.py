@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from kvconform.kvcs.manifest import Manifest
 from kvconform.kvcs.publisher import KvcsPublisher
-from kvconform.moqt.client import LocalTrack
+from kvconform.kvcs.publisher_core import TrackOut
 
 DEPTH = 994
 DIGITS = 4301
@@ -49,5 +49,5 @@ class SilentPublisher(KvcsPublisher):
     def publish_manifest(self) -> None:
         return None
 
-    def end_track(self, local: LocalTrack) -> None:
+    def end_track(self, local: TrackOut) -> None:
         return None

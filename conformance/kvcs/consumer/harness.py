@@ -37,6 +37,7 @@ from kvconform.kvcs.errors import KvcsError
 from kvconform.kvcs.manifest import Manifest
 from kvconform.kvcs.payload import decode_object, encode_raw
 from kvconform.kvcs.publisher import KvcsPublisher, Progress
+from kvconform.kvcs.publisher_core import TrackOut
 from kvconform.kvcs.strictjson import load_json
 from kvconform.kvcs.tracks import DataTrack
 from kvconform.moqt import client as mc
@@ -383,7 +384,7 @@ class HarnessPublisher(KvcsPublisher):
         layers = super().layer_order()
         return layers if self.stop_after is None else [g for g in layers if g < self.stop_after]
 
-    def end_track(self, local: mc.LocalTrack) -> None:
+    def end_track(self, local: TrackOut) -> None:
         if self.stop_after is None:
             super().end_track(local)
 

@@ -250,7 +250,7 @@ class PatientConsumer(Consumer):
     def __init__(self, identity: ConsumerIdentity, options: ConsumerOptions, **kwargs: Any) -> None:
         super().__init__(identity, dataclasses.replace(options, stall_timeout=3600.0), **kwargs)
 
-    def remaining(self) -> float:
+    def remaining(self, now: float) -> float:
         return 3600.0
 
 

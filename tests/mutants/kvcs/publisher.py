@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.kvcs.content import CacheSpec, SegmentLayout
@@ -19,6 +19,7 @@ from kvconform.kvcs.cose import ProducerKey, sign
 from kvconform.kvcs.manifest import Manifest
 from kvconform.kvcs.payload import decode_object, encode_raw
 from kvconform.kvcs.publisher import KvcsPublisher
+from kvconform.kvcs.publisher_core import TrackOut
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack
 from kvconform.moqt.client import LocalTrack
 from kvconform.moqt.data import ObjectStatus
@@ -96,7 +97,7 @@ class SwappedSectionsPublisher(KvcsPublisher):
 class MissingBlockPublisher(KvcsPublisher):
     """KVCS-TRACK-COMPLETE-OWN: leaves the last block of layer 2 out of every track (End of Group still follows)."""
 
-    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+    def publish_layer(self, local: TrackOut, track: DataTrack, layer: int, blocks: int) -> None:
         if layer != 2:
             super().publish_layer(local, track, layer, blocks)
             return
@@ -110,12 +111,12 @@ class RepublishingPublisher(KvcsPublisher):
     """KVCS-PUB-NO-DUP-LOCATION: once a track ended, serves fills and FETCHes of block 0 of layer 0 with another
     payload than the one it published live."""
 
-    def end_track(self, local: LocalTrack) -> None:
+    def close_track(self, local: LocalTrack) -> None:
         loc = Location(0, 0)
         obj = local.objects.get(loc)
         if obj is not None and obj.payload:
             local.objects[loc] = dataclasses.replace(obj, payload=obj.payload[:-1] + bytes([obj.payload[-1] ^ 0xFF]))
-        super().end_track(local)
+        super().close_track(local)
 
 
 class FalselyDeterministicPublisher(KvcsPublisher):
@@ -137,7 +138,7 @@ class AbsoluteObjectIdPublisher(KvcsPublisher):
     """KVCS-OBJ-ID-BLOCK: numbers the objects of an appended segment by their absolute block index instead of
     their index within the segment."""
 
-    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+    def publish_layer(self, local: TrackOut, track: DataTrack, layer: int, blocks: int) -> None:
         first = self.layout[track.segment].first_block
         prio = self.priority(layer)
         for oid in range(blocks):
@@ -155,10 +156,49 @@ class DescendingLayersPublisher(KvcsPublisher):
         return range(self.spec.layers - 1, -1, -1)
 
 
+class InterleavedGroupsPublisher(KvcsPublisher):
+    """KVCS-GROUP-ORDER: writes Object 0 of Group g+1 (opening its stream, after Group g's) before the last block
+    and End of Group of Group g, on Group g's stream, already open. The streams open in layer order and every
+    Group is whole on one stream, so only the publisher's own order of writes shows it."""
+
+    def __init__(self, spec: CacheSpec, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self._tails: dict[bytes, Callable[[], None]] = {}  # track -> the held end of its last Group
+
+    def publish_layer(self, local: TrackOut, track: DataTrack, layer: int, blocks: int) -> None:
+        if blocks < 2:
+            super().publish_layer(local, track, layer, blocks)
+            return
+        prio = self.priority(layer)
+        local.publish_object(layer, 0, self.object_payload(track, layer, 0), priority=prio)
+        self._flush(track.name)
+        for oid in range(1, blocks - 1):
+            local.publish_object(layer, oid, self.object_payload(track, layer, oid), priority=prio)
+
+        def tail() -> None:
+            local.publish_object(layer, blocks - 1, self.object_payload(track, layer, blocks - 1), priority=prio)
+            local.publish_object(layer, blocks, priority=prio, status=ObjectStatus.END_OF_GROUP)
+        self._tails[track.name] = tail
+
+    def _flush(self, *names: bytes) -> None:
+        for name in names or tuple(self._tails):
+            held = self._tails.pop(name, None)
+            if held is not None:
+                held()
+
+    def publish_manifest(self) -> None:
+        self._flush()  # a manifest version never lists a Group whose end is still held
+        super().publish_manifest()
+
+    def end_track(self, local: TrackOut) -> None:
+        self._flush(local.name)
+        super().end_track(local)
+
+
 class SubgroupOnePublisher(KvcsPublisher):
     """KVCS-GROUP-SUBGROUP-ZERO: sends each Group in Subgroup 1."""
 
-    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+    def publish_layer(self, local: TrackOut, track: DataTrack, layer: int, blocks: int) -> None:
         prio = self.priority(layer)
         for oid in range(blocks):
             local.publish_object(layer, oid, self.object_payload(track, layer, oid), subgroup=1, priority=prio)
@@ -168,7 +208,7 @@ class SubgroupOnePublisher(KvcsPublisher):
 class NoEndOfGroupPublisher(KvcsPublisher):
     """KVCS-GROUP-END-OF-GROUP: ends each Group's stream with FIN after the last block, no End of Group."""
 
-    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+    def publish_layer(self, local: TrackOut, track: DataTrack, layer: int, blocks: int) -> None:
         prio = self.priority(layer)
         for oid in range(blocks):
             local.publish_object(layer, oid, self.object_payload(track, layer, oid), priority=prio,
@@ -178,7 +218,7 @@ class NoEndOfGroupPublisher(KvcsPublisher):
 class NoEndOfTrackPublisher(KvcsPublisher):
     """KVCS-GROUP-END-OF-TRACK: ends its tracks with PUBLISH_DONE only, never an End of Track status object."""
 
-    def end_track(self, local: LocalTrack) -> None:
+    def close_track(self, local: LocalTrack) -> None:
         local.ended = True
         for stream_id in list(local.subscribers):
             local.finish(stream_id, PublishDoneCode.TRACK_ENDED)
@@ -188,7 +228,7 @@ class EarlyPublishDonePublisher(KvcsPublisher):
     """MOQT-SUB-PUBLISH-DONE: sends PUBLISH_DONE on each live subscription while its End of Track stream is still
     open, and FINs that stream only once PUBLISH_DONE has left (its Stream Count is right)."""
 
-    def end_track(self, local: LocalTrack) -> None:
+    def close_track(self, local: LocalTrack) -> None:
         session = local.session
         group = 0 if local.largest is None else local.largest.group + 1
         local.ended = True
@@ -230,7 +270,7 @@ class LateManifestPublisher(KvcsPublisher):
             return
         super().publish_manifest()
 
-    def publish_layer(self, local: LocalTrack, track: DataTrack, layer: int, blocks: int) -> None:
+    def publish_layer(self, local: TrackOut, track: DataTrack, layer: int, blocks: int) -> None:
         super().publish_layer(local, track, layer, blocks)
         if self._held and self.manifest_versions == 0 and track == self.tracks(track.segment)[-1]:
             super().publish_manifest()
@@ -248,7 +288,7 @@ class SilentCompletionPublisher(KvcsPublisher):
 
     _ended = False
 
-    def end_track(self, local: LocalTrack) -> None:
+    def end_track(self, local: TrackOut) -> None:
         super().end_track(local)
         self._ended = True
 
@@ -263,7 +303,7 @@ class SkippedVersionGroupsPublisher(KvcsPublisher):
     """KVCS-MANIFEST-VERSION-GROUP: puts manifest version m in Group 2m, leaving a Group out between versions."""
 
     def publish_manifest(self) -> None:
-        local = self.local[self.manifest_track]
+        local = self.outputs[self.manifest_track]
         local.publish_object(2 * self.manifest_versions, 0, self.manifest_payload(self.build_manifest()),
                              priority=self.manifest_priority(), end_subgroup=True)
         self.manifest_versions += 1
@@ -382,6 +422,7 @@ MUTANTS: dict[str, Mutant] = {
                                         ("test_appended_tokens_are_published_as_a_new_segment",
                                          "test_every_object_is_a_block_of_a_layer")),
     "DescendingLayersPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
+    "InterleavedGroupsPublisher": Mutant(SUITE, "KVCS-GROUP-ORDER", ("test_groups_are_published_in_layer_order",)),
     "SubgroupOnePublisher": Mutant(SUITE, "KVCS-GROUP-SUBGROUP-ZERO",
                                    ("test_each_group_is_one_subgroup_0_stream_in_ascending_object_order",)),
     "NoEndOfGroupPublisher": Mutant(SUITE, "KVCS-GROUP-END-OF-GROUP", ("test_end_of_group_after_each_layer",)),
