@@ -499,6 +499,17 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     verify.add_argument("--pub", default=None, metavar="PUB.pem",
                         help="the signer's PEM public key (without it, a signature is checked against the key it "
                              "carries: integrity, not who signed)")
+    facing = rsub.add_parser("facing", help="one certification from a run through verbs and the runs of the wires "
+                                            "facing the same device (each check says which path judged it)")
+    facing.add_argument("--primary", required=True, metavar="DIR", help="the report folder of the run through verbs")
+    facing.add_argument("--primary-name", default=None, metavar="NAME",
+                        help="how the report names that path (default: its target, e.g. verbs:rxe0)")
+    facing.add_argument("--facing", action="append", default=[], metavar="NAME=DIR", required=True,
+                        help="a facing wire's name (its URL) and its run's report folder (repeatable); a folder "
+                             "without a coverage.json is a wire that could not be reached")
+    facing.add_argument("--suite", action="append", default=None, metavar="SUITE",
+                        help="certify only these suites' checks (one role), e.g. kbtp-target")
+    facing.add_argument("--out", required=True, metavar="DIR", help="where the merged coverage.json and .html go")
     keygen = rsub.add_parser("keygen", help="write a new signing key and its public key (KEY.pem.pub.pem)")
     keygen.add_argument("--key", required=True, metavar="KEY.pem")
     keygen.add_argument("--algorithm", choices=("ed25519", "p256"), default="ed25519")
