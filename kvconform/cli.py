@@ -36,8 +36,8 @@ __all__ = ["discover_suites", "main", "select_suites"]
 _COMMANDS = ("run", "suites", "serve", "vectors", "report")
 # What a run writes into --report-dir; all of it is removed first, so an aborted run never leaves an older
 # run's report looking like its own.
-REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "pytest.ini",
-                "manifest.sha256", "manifest.sig")
+REPORT_FILES = ("coverage.json", "coverage-primary.json", "coverage.html", "junit.xml", "allure-results", "evidence",
+                "pytest.ini", "manifest.sha256", "manifest.sig")
 
 
 class UsageError(Exception):
@@ -129,6 +129,13 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if left_out:
         print(f"kvconform: target {target.name!r} does not play {', '.join(left_out)}; not run",
               file=sys.stderr)
+    if args.facing:
+        # lazy: only a run with --facing merges paths (reports.facing pulls in the report writers)
+        from kvconform.reports.facing import facing_suite, run_facing
+    for url in args.facing:
+        if facing_suite(url) not in chosen:
+            raise UsageError(f"--facing {url!r}: a facing wire is kbtp+roce:// or kbtp+iwarp:// (kbtp-target) or "
+                             f"cmd:... (kbtp-initiator), for a suite this run runs ({', '.join(chosen)})")
     report_dir = _fresh_report_dir(Path(args.report_dir))
     # Opened (and migrated) before the run: a database that cannot be opened is a usage error, not a lost run.
     store = _open_store(args.results_db, report_dir) if args.results_db is not None else None
@@ -180,6 +187,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     try:
         code = _run_pytest(pytest_args)
+        if args.facing and (report_dir / "coverage.json").is_file():
+            code = run_facing(load_catalogs(), report_dir, args.facing, _facing_args(args),
+                              bound_s=args.suite_budget + 600)
         for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence",
                      "manifest.sha256"):
             path = report_dir / name
@@ -191,6 +201,16 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         if store is not None:
             store.close()
     return code
+
+
+def _facing_args(args: argparse.Namespace) -> list[str]:
+    """The options a facing run shares with the run it completes (its target, PICS, seed and checks are its own)."""
+    out = ["--timeout", str(args.timeout), "--suite-budget", str(args.suite_budget), "-q"]
+    if args.testbed:
+        out += ["--testbed", args.testbed]
+    if args.strict:
+        out.append("--strict")
+    return out
 
 
 def _open_store(url: str, report_dir: Path) -> Any:
@@ -474,6 +494,12 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                           "loss=0.01,reorder=0.01,dup=0.01,delay=5ms,seed=S (also split=P, hold=, rto=); RoCEv2 "
                           "datagrams are lost, reordered, duplicated, delayed; an iWARP TCP stream is delayed, "
                           "stalled (what TCP makes of loss) and re-segmented (docs/kbtp-wire.md)")
+    run.add_argument("--facing", action="append", default=[], metavar="URL",
+                     help="a userspace wire facing the same device (repeatable): the checks the run through verbs "
+                          "left inconclusive because the device hides them (wire attacks, an initiator's one-sided "
+                          "operations) run again over it, and one report certifies both paths, each check naming "
+                          "the path that judged it; kbtp+roce:// or kbtp+iwarp:// (a target served on the device) "
+                          "for kbtp-target, cmd:... (an initiator on the device) for kbtp-initiator")
     _capture_arguments(run)
     run.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
                      help="record the run in the results store (kvconform gate reads it): sqlite:///PATH, "

@@ -35,8 +35,8 @@ from kvconform.reports.coverage import build_coverage
 from kvconform.results import TestResult, gating_failures
 from kvconform.verdicts import Verdict
 
-__all__ = ["FACING_REASONS", "RunPath", "facing_keyword", "facing_nodeids", "merge_paths", "merged_report", "path_of",
-           "read_path"]
+__all__ = ["FACING_REASONS", "FACING_SUITES", "RunPath", "facing_keyword", "facing_nodeids", "facing_suite",
+           "merge_paths", "merged_report", "path_of", "read_path", "run_facing"]
 
 # Inconclusive reasons a facing wire can settle (docs/interop-rdma.md, "What a verbs device hides"): the device
 # builds every packet itself (no wire attack can be crafted), executes the initiator's one-sided operations
@@ -142,7 +142,9 @@ def merged_report(catalog: Catalog, primary_doc: Mapping[str, Any], primary: Run
     rdir = None if report_dir is None else str(report_dir)
     # the evidence paths are already relative to the merged report (RunPath.evidence_dir): not rebased again
     doc = build_coverage(catalog, results, meta)
-    return certify(doc, primary_doc.get("identity"), strict=strict, exit_code=exit_code, report_dir=rdir)
+    out: dict[str, Any] = certify(doc, primary_doc.get("identity"), strict=strict, exit_code=exit_code,
+                                  report_dir=rdir)
+    return out
 
 
 def facing_keyword(nodeids: Iterable[str]) -> str:
@@ -161,3 +163,65 @@ def read_path(name: str, directory: str | Path, merged_dir: str | Path) -> RunPa
     except (OSError, ValueError) as exc:
         return RunPath(name, (), rel, f"its run left no report ({cov}: {getattr(exc, 'strerror', None) or exc})")
     return path_of(doc, name, "" if rel == "." else rel)
+
+
+# ---- kvconform run --facing URL: both paths in one run ----------------------------------------------------------
+
+# The suite a facing URL serves, by its form: a wire to a target served on the device, or (cmd:) an initiator
+# on the device launched against the harness's target on a userspace wire
+FACING_SUITES = {"kbtp+roce": "kbtp-target", "kbtp+iwarp": "kbtp-target", "cmd": "kbtp-initiator"}
+FACING_DIR = "facing-{n}"  # a facing run's report folder, inside the merged one
+PRIMARY_COVERAGE = "coverage-primary.json"  # the run through verbs as it ended, before the merge
+
+
+def facing_suite(url: str) -> str | None:
+    """The suite a ``--facing`` URL can judge checks of (None: not a facing form)."""
+    return FACING_SUITES.get(url.split(":", 1)[0])
+
+
+def run_facing(catalog: Catalog, report_dir: Path, urls: Sequence[str], run_args: Sequence[str], *,
+               bound_s: float) -> int:
+    """After the primary run wrote ``report_dir``: for each facing URL, `kvconform run` of its suite's checks the
+    primary left inconclusive for a reason of verbs (``FACING_REASONS``), with the primary's PICS and seed
+    (``run_args``: the rest of the options, e.g. --testbed), each bounded by ``bound_s``; then the merged report
+    replaces coverage.json and coverage.html (the primary's is kept as coverage-primary.json). Returns the merged
+    run's exit status."""
+    # lazy: only a run with --facing spawns the facing runs and writes the page
+    import shutil
+    import subprocess
+    import sys
+
+    from kvconform.reports.html import write_html
+
+    primary_doc = json.loads((report_dir / "coverage.json").read_text("utf-8"))
+    (report_dir / PRIMARY_COVERAGE).write_text(json.dumps(primary_doc, indent=1, default=str) + "\n", "utf-8")
+    meta = primary_doc.get("meta", {})
+    target = meta.get("target", {})
+    primary = path_of(primary_doc, str(target.get("name") or target.get("value") or "the primary path"))
+    pics = meta.get("pics", {}).get("kbtp")
+    paths: list[RunPath] = []
+    for n, url in enumerate(urls, 1):
+        sub = report_dir / FACING_DIR.format(n=n)
+        shutil.rmtree(sub, ignore_errors=True)
+        suite = facing_suite(url)
+        wanted = facing_nodeids(r for r in primary.results if r.suite == suite)
+        if not wanted:
+            paths.append(RunPath(url, (), FACING_DIR.format(n=n)))  # nothing for it to judge
+            continue
+        argv = [sys.executable, "-m", "kvconform", "run", str(suite), "--target", url, "--report-dir", str(sub),
+                "-k", facing_keyword(wanted), "--seed", str(meta.get("seed", 0)), *run_args]
+        if isinstance(pics, dict):
+            argv += ["--pics-set", f"kbtp={json.dumps(pics)}"]
+        print(f"kvconform: facing {url}: {len(wanted)} checks verbs could not judge", flush=True)
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=bound_s)
+            why = f"exit status {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"
+        except subprocess.TimeoutExpired:
+            why = f"it did not end within {bound_s:g} s"
+        path = read_path(url, sub, report_dir)
+        paths.append(replace(path, unreachable=f"{path.unreachable}; {why}") if path.unreachable else path)
+    doc = merged_report(catalog, primary_doc, primary, paths, strict=bool(meta.get("strict")), report_dir=report_dir)
+    (report_dir / "coverage.json").write_text(json.dumps(doc, indent=1, default=str) + "\n", "utf-8")
+    write_html(doc, report_dir / "coverage.html", report_dir)
+    print(f"kvconform: {doc['verdict']['text']}")
+    return int(doc["meta"]["exit_code"])

@@ -21,8 +21,10 @@ from kvconform.reports.facing import (
     merge_paths,
     merged_report,
     read_path,
+    run_facing,
 )
 from kvconform.results import TestResult
+from tests.served import served
 
 CATALOG = """\
 protocol: demo
@@ -190,3 +192,33 @@ def test_kvconform_report_facing_writes_the_merged_certification(tmp_path: Path,
     assert code == 0 and "PASSED" in said, said
     doc = json.loads((out / "coverage.json").read_text())
     assert doc["tests"][0]["message"].startswith(f"[judged on {WIRE}]") and (out / "coverage.html").is_file()
+
+
+@pytest.mark.slow  # two `kvconform run` processes and a served target: about 9 s
+def test_kvconform_run_facing_judges_what_verbs_left_over_the_served_wire(tmp_path: Path) -> None:
+    """run_facing (kvconform run --facing URL, after its run through verbs): the attack the primary could not craft
+    runs over the wire to the served reference and passes; a facing URL nothing listens at judges nothing."""
+    real = load_catalogs()
+    rid = "KBTP-WIRE-ATOMIC-ALIGN"
+    attack = TestResult("kbtp/target/test_wire_attacks.py::test_misaligned_atomic", "kbtp-target", (rid,), "MUST",
+                        "inconclusive", CRAFT, 0.1, None, 1, None, (rid,))
+    pics = {"kbtp": {"target": {"binding": "ib-rc", "features": ["DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE"]}}}
+    meta = {"exit_code": 1, "seed": 7, "pics": pics, "target": {"name": "rxe-ref"}, "strict": False}
+    write_coverage_json(tmp_path / "coverage.json", certify(build_coverage(real, [attack], meta), {}, strict=False,
+                                                            exit_code=1))
+    with served("kbtp-target", "--binding", "roce", "--port", "0", "--profile", "ib-rc",
+                "--features", "DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE") as where:
+        code = run_facing(real, tmp_path, [f"kbtp+roce://{where}", "kbtp+iwarp://127.0.0.1:1"], ["--timeout", "60"],
+                          bound_s=120)
+    doc = json.loads((tmp_path / "coverage.json").read_text())
+    (check,) = doc["tests"]
+    assert check["verdict"] == "pass", check["message"]
+    assert check["message"].startswith(f"[judged on kbtp+roce://{where}]")
+    assert code == 0 and doc["verdict"]["status"] == "PASSED"
+    assert (tmp_path / "coverage-primary.json").is_file() and (tmp_path / "facing-1" / "coverage.json").is_file()
+    assert [p["name"] for p in doc["meta"]["facing"]["paths"]] == [f"kbtp+roce://{where}", "kbtp+iwarp://127.0.0.1:1"]
+
+
+def test_a_facing_url_must_serve_a_suite_of_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "kbtp-target", "--facing", "http://127.0.0.1:1", "--report-dir", "/nonexistent/x"]) == 2
+    assert "--facing 'http://127.0.0.1:1'" in capsys.readouterr().err
