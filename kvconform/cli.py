@@ -129,11 +129,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if left_out:
         print(f"kvconform: target {target.name!r} does not play {', '.join(left_out)}; not run",
               file=sys.stderr)
-    if args.facing:
-        # lazy: only a run with --facing merges paths (reports.facing pulls in the report writers)
-        from kvconform.reports.facing import facing_suite, run_facing
+    # only a run with --facing merges paths (reports.facing pulls in the report writers)
+    facing: Any = importlib.import_module("kvconform.reports.facing") if args.facing else None
     for url in args.facing:
-        if facing_suite(url) not in chosen:
+        if facing.facing_suite(url) not in chosen:
             raise UsageError(f"--facing {url!r}: a facing wire is kbtp+roce:// or kbtp+iwarp:// (kbtp-target) or "
                              f"cmd:... (kbtp-initiator), for a suite this run runs ({', '.join(chosen)})")
     report_dir = _fresh_report_dir(Path(args.report_dir))
@@ -188,8 +187,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     try:
         code = _run_pytest(pytest_args)
         if args.facing and (report_dir / "coverage.json").is_file():
-            code = run_facing(load_catalogs(), report_dir, args.facing, _facing_args(args),
-                              bound_s=args.suite_budget + 600)
+            code = facing.run_facing(load_catalogs(), report_dir, args.facing, _facing_args(args),
+                                     bound_s=args.suite_budget + 600)
         for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence",
                      "manifest.sha256"):
             path = report_dir / name

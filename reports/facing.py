@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +35,7 @@ from typing import Any
 from kvconform.catalog import Catalog
 from kvconform.reports.certification import certify
 from kvconform.reports.coverage import build_coverage
+from kvconform.reports.html import write_html
 from kvconform.results import TestResult, gating_failures
 from kvconform.verdicts import Verdict
 
@@ -186,13 +190,6 @@ def run_facing(catalog: Catalog, report_dir: Path, urls: Sequence[str], run_args
     (``run_args``: the rest of the options, e.g. --testbed), each bounded by ``bound_s``; then the merged report
     replaces coverage.json and coverage.html (the primary's is kept as coverage-primary.json). Returns the merged
     run's exit status."""
-    # lazy: only a run with --facing spawns the facing runs and writes the page
-    import shutil
-    import subprocess
-    import sys
-
-    from kvconform.reports.html import write_html
-
     primary_doc = json.loads((report_dir / "coverage.json").read_text("utf-8"))
     (report_dir / PRIMARY_COVERAGE).write_text(json.dumps(primary_doc, indent=1, default=str) + "\n", "utf-8")
     meta = primary_doc.get("meta", {})

@@ -13,6 +13,7 @@ from kvconform.argtypes import USAGE_ERROR
 from kvconform.catalog import load_catalogs
 from kvconform.reports.certification import certify
 from kvconform.reports.coverage import build_coverage, load_coverage, write_coverage_json
+from kvconform.reports.facing import merged_report, path_of, read_path
 from kvconform.reports.html import write_html
 from kvconform.reports.manifest import ManifestError
 from kvconform.reports.signature import generate_key, sign, verify
@@ -79,9 +80,6 @@ def _report_verify(args: argparse.Namespace) -> int:
 
 def _report_facing(args: argparse.Namespace) -> int:
     """``kvconform report facing``: the merged certification (kvconform.reports.facing); exit 0 only on PASSED."""
-    # lazy: the merge is wanted only by this command
-    from kvconform.reports.facing import merged_report, path_of, read_path
-
     try:
         primary_doc = load_coverage(Path(args.primary) / "coverage.json")
     except (OSError, ValueError) as exc:
