@@ -13,8 +13,9 @@ Per check (by node id), across the paths that ran it:
 - else not applicable (the primary's reason).
 
 Every merged check's message starts with the path that judged it (``[judged on verbs:rxe0]``, ``[judged on
-kbtp+roce://...]``). A facing wire that could not be reached judged nothing: the checks waiting for it stay
-inconclusive and say which wire was unreachable and why; never a pass.
+kbtp+roce://...]``), or with the paths it was inconclusive on (``[inconclusive on verbs:rxe0, kbtp+roce://...]``).
+A facing wire that could not be reached judged nothing: the checks waiting for it stay inconclusive and say which
+wire was unreachable and why; never a pass.
 
 The merged results are rebuilt into a coverage document and certified like any run (reports/certification.py),
 so the certification verdict is the two paths' verdict.
@@ -104,8 +105,9 @@ def _merge_one(entries: list[tuple[RunPath, TestResult]], waiting: list[RunPath]
         reasons = [f"on {p.name}: {r.message}" for p, r in open_]
         reasons += [f"the facing wire {p.name} could not be reached ({p.unreachable}), so it judged nothing"
                     for p in waiting]
-        return replace(base, verdict=Verdict.INCONCLUSIVE, message="[inconclusive on every path] "
-                       + "; ".join(reasons), blamed=None)
+        names = ", ".join([p.name for p, _ in open_] + [p.name for p in waiting])
+        return replace(base, verdict=Verdict.INCONCLUSIVE, message=f"[inconclusive on {names}] " + "; ".join(reasons),
+                       blamed=None)
     p, r = entries[0]
     return _tagged(r, p.name)
 

@@ -107,7 +107,7 @@ def test_inconclusive_on_every_path_names_every_reason() -> None:
     facing = RunPath(WIRE, (_r("test_attack", "inconclusive", "DEMO-WIRE", "the target hung up"),))
     merged = _by_name(merge_paths(RunPath(VERBS, tuple(_primary())), [facing]))["test_attack"]
     assert merged.verdict == "inconclusive"
-    assert merged.message.startswith("[inconclusive on every path]")
+    assert merged.message.startswith(f"[inconclusive on {VERBS}, {WIRE}]")
     assert f"on {VERBS}: {CRAFT}" in merged.message and f"on {WIRE}: the target hung up" in merged.message
 
 
@@ -115,6 +115,7 @@ def test_an_unreachable_facing_wire_is_inconclusive_naming_it_never_a_pass(catal
     down = RunPath(WIRE, (), "facing", "connection refused")
     merged = _by_name(merge_paths(RunPath(VERBS, tuple(_primary())), [down]))
     assert merged["test_attack"].verdict == "inconclusive"
+    assert merged["test_attack"].message.startswith(f"[inconclusive on {VERBS}, {WIRE}]")
     assert f"the facing wire {WIRE} could not be reached (connection refused)" in merged["test_attack"].message
     doc = merged_report(catalog, _doc(catalog, _primary()), RunPath(VERBS, tuple(_primary())), [down])
     assert doc["verdict"]["status"] == "NOT CERTIFIABLE" and doc["verdict"]["inconclusive"] == ["DEMO-WIRE"]
