@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def _primary() -> list[TestResult]:
             _r("test_race", "pass", "DEMO-RACE")]
 
 
-def _doc(catalog: Catalog, results: list[TestResult]) -> dict[str, object]:
+def _doc(catalog: Catalog, results: list[TestResult]) -> dict[str, Any]:
     return certify(build_coverage(catalog, results, {"exit_code": 1}), {"target": {"name": "rxe-ref"}},
                    strict=False, exit_code=1)
 
