@@ -33,7 +33,8 @@ from tests.clean_runs import RARE_WINDOW
 
 from .disagreements import KNOWN
 
-pytestmark = [pytest.mark.rdma_vm, pytest.mark.timeout(4000)]  # the two runs it merges (one VM boot each)
+# the first test makes the two runs it merges (one VM boot each, bounded inside: 3000 s and 300 s + 2 x 1500 s)
+pytestmark = [pytest.mark.rdma_vm, pytest.mark.timeout(7000)]
 
 # siw's recorded wire deviations (disagreements.py), by the requirement their failing checks blame
 SIW_BROKEN = {"KBTP-WIRE-DDP-UNTAGGED", "KBTP-WIRE-MPA-CRC", "KBTP-WIRE-READ-BOUNDS"}
