@@ -36,8 +36,8 @@ __all__ = ["discover_suites", "main", "select_suites"]
 _COMMANDS = ("run", "suites", "serve", "vectors", "report")
 # What a run writes into --report-dir; all of it is removed first, so an aborted run never leaves an older
 # run's report looking like its own.
-REPORT_FILES = ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence", "pytest.ini",
-                "manifest.sha256", "manifest.sig")
+REPORT_FILES = ("coverage.json", "coverage-primary.json", "coverage.html", "junit.xml", "allure-results", "evidence",
+                "pytest.ini", "manifest.sha256", "manifest.sig")
 
 
 class UsageError(Exception):
@@ -129,6 +129,12 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if left_out:
         print(f"kvconform: target {target.name!r} does not play {', '.join(left_out)}; not run",
               file=sys.stderr)
+    # only a run with --facing merges paths (reports.facing pulls in the report writers)
+    facing: Any = importlib.import_module("kvconform.reports.facing") if args.facing else None
+    for url in args.facing:
+        if facing.facing_suite(url) not in chosen:
+            raise UsageError(f"--facing {url!r}: a facing wire is kbtp+roce:// or kbtp+iwarp:// (kbtp-target) or "
+                             f"cmd:... (kbtp-initiator), for a suite this run runs ({', '.join(chosen)})")
     report_dir = _fresh_report_dir(Path(args.report_dir))
     # Opened (and migrated) before the run: a database that cannot be opened is a usage error, not a lost run.
     store = _open_store(args.results_db, report_dir) if args.results_db is not None else None
@@ -180,6 +186,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     try:
         code = _run_pytest(pytest_args)
+        if args.facing and (report_dir / "coverage.json").is_file():
+            code = facing.run_facing(load_catalogs(), report_dir, args.facing, _facing_args(args),
+                                     bound_s=args.suite_budget + 600)
         for name in ("coverage.json", "coverage.html", "junit.xml", "allure-results", "evidence",
                      "manifest.sha256"):
             path = report_dir / name
@@ -191,6 +200,16 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         if store is not None:
             store.close()
     return code
+
+
+def _facing_args(args: argparse.Namespace) -> list[str]:
+    """The options a facing run shares with the run it completes (its target, PICS, seed and checks are its own)."""
+    out = ["--timeout", str(args.timeout), "--suite-budget", str(args.suite_budget), "-q"]
+    if args.testbed:
+        out += ["--testbed", args.testbed]
+    if args.strict:
+        out.append("--strict")
+    return out
 
 
 def _open_store(url: str, report_dir: Path) -> Any:
@@ -474,6 +493,12 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                           "loss=0.01,reorder=0.01,dup=0.01,delay=5ms,seed=S (also split=P, hold=, rto=); RoCEv2 "
                           "datagrams are lost, reordered, duplicated, delayed; an iWARP TCP stream is delayed, "
                           "stalled (what TCP makes of loss) and re-segmented (docs/kbtp-wire.md)")
+    run.add_argument("--facing", action="append", default=[], metavar="URL",
+                     help="a userspace wire facing the same device (repeatable): the checks the run through verbs "
+                          "left inconclusive because the device hides them (wire attacks, an initiator's one-sided "
+                          "operations) run again over it, and one report certifies both paths, each check naming "
+                          "the path that judged it; kbtp+roce:// or kbtp+iwarp:// (a target served on the device) "
+                          "for kbtp-target, cmd:... (an initiator on the device) for kbtp-initiator")
     _capture_arguments(run)
     run.add_argument("--results-db", nargs="?", const="", default=None, metavar="URL",
                      help="record the run in the results store (kvconform gate reads it): sqlite:///PATH, "
@@ -499,6 +524,17 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
     verify.add_argument("--pub", default=None, metavar="PUB.pem",
                         help="the signer's PEM public key (without it, a signature is checked against the key it "
                              "carries: integrity, not who signed)")
+    facing = rsub.add_parser("facing", help="one certification from a run through verbs and the runs of the wires "
+                                            "facing the same device (each check says which path judged it)")
+    facing.add_argument("--primary", required=True, metavar="DIR", help="the report folder of the run through verbs")
+    facing.add_argument("--primary-name", default=None, metavar="NAME",
+                        help="how the report names that path (default: its target, e.g. verbs:rxe0)")
+    facing.add_argument("--facing", action="append", default=[], metavar="NAME=DIR", required=True,
+                        help="a facing wire's name (its URL) and its run's report folder (repeatable); a folder "
+                             "without a coverage.json is a wire that could not be reached")
+    facing.add_argument("--suite", action="append", default=None, metavar="SUITE",
+                        help="certify only these suites' checks (one role), e.g. kbtp-target")
+    facing.add_argument("--out", required=True, metavar="DIR", help="where the merged coverage.json and .html go")
     keygen = rsub.add_parser("keygen", help="write a new signing key and its public key (KEY.pem.pub.pem)")
     keygen.add_argument("--key", required=True, metavar="KEY.pem")
     keygen.add_argument("--algorithm", choices=("ed25519", "p256"), default="ed25519")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvconform.testbeds.rdma_vm.build import Artefacts, find_cached
 from kvconform.testbeds.rdma_vm.vm import skip_reason
 from tests.lanes import deselect_lane
+
+from .lane import facing_runs, in_vm_runs
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,3 +44,15 @@ def vm_image() -> Artefacts:
     art = find_cached()
     assert art is not None
     return art
+
+
+@pytest.fixture(scope="session")
+def in_vm(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Any]:
+    """The in-VM runs (tests/rdma_vm/lane.py in_vm_runs), made once: the primary path of each certification."""
+    return in_vm_runs(vm_image, tmp_path_factory.mktemp("in-vm"))
+
+
+@pytest.fixture(scope="session")
+def facing(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The host's userspace wires facing rxe1 and siw1 (tests/rdma_vm/lane.py facing_runs), made once."""
+    return facing_runs(vm_image, tmp_path_factory.mktemp("facing"))

@@ -18,118 +18,43 @@ evidence (docs/interop-rdma.md); a recorded one that stops failing fails the tes
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvconform.testbeds.rdma_vm.build import Artefacts
-from kvconform.testbeds.rdma_vm.vm import HOST_FROM_GUEST, VM, Links
+from kvconform.testbeds.rdma_vm.vm import HOST_FROM_GUEST, VM
 from tests.clean_runs import SLOW_TARGET, VERBS, WIRE, unexpected
-from tests.mutants.runner import ROOT, run_suite
 from tests.served import served
 
 from .disagreements import KNOWN, still_failing
+from .lane import (
+    HOST_ADDRESS,
+    IWARP_FEATURES,
+    IWARP_PICS,
+    READY_S,
+    ROCE_FEATURES,
+    ROCE_PICS,
+    Ports,
+    console,
+    keep_results,
+)
 
 pytestmark = [pytest.mark.rdma_vm, pytest.mark.timeout(4000)]  # a VM boot and a suite run per test
 
-VM_TESTBED = ROOT / "testbeds" / "rdma-vm.yaml"
-HOST_ADDRESS = "10.78.0.1"  # the host's end of the RoCEv2 segment (links.sh gives the VM 10.78.0.2)
-# siw drops the FPDUs that arrive while it moves an accepted QP to RTS, and the stream hangs (interop-rdma #10):
-# the userspace initiator sends its RTR this long after the MPA Reply
-SIW_RTR_DELAY_MS = 200
-READY_S = 300.0  # two servers starting in the VM (Python imports on one TCG vCPU)
-SUITE_S = 1500.0
-ROCE_FEATURES = "DIRECT_LOAD,DIRECT_ALLOC,RECORD_COMPLETION,ADDR_LE"  # rxe: atomics, windows (testbeds/rdma-vm.yaml)
-IWARP_FEATURES = "DIRECT_LOAD,ADDR_LE"  # siw: no atomics, no memory windows
+
+# ---- the host's harness against the targets served in the VM (tests/rdma_vm/lane.py facing_runs) -------------
 
 
-def _pics(profile: str, features: str) -> tuple[str, ...]:
-    """The served reference's PICS, and a lane's budgets: the Generation drive cannot reach the 16-bit wrap across
-    the VM in its 150 s (about 14,000 of 32,768 cycles; the in-VM runs reach it), so it is not spent here, and
-    the black-box race checks repeat 8 times, not 20 (issue 13: the lane must fit CI's time)."""
-    return (f"kbtp.target.binding={profile}", f"kbtp.target.features=[{features.replace(',', ', ')}]",
-            "kbtp.target.generation_cycles=64", "kbtp.target.interleavings=8")
-
-
-ROCE_PICS = _pics("ib-rc", ROCE_FEATURES)
-IWARP_PICS = _pics("rdmap-5040", IWARP_FEATURES)
-
-
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class Ports:
-    """The host's 127.0.0.1 ports of one VM's links."""
-
-    link_host: int  # the RoCEv2 segment: this end's UDP port ...
-    link_qemu: int  # ... and qemu's
-    rxe: int  # forwarded to the target on rxe1's out-of-band exchange (guest 10.0.2.15:18515)
-    siw: int  # forwarded to the target on siw1's rdma_cm listener (guest 10.0.2.15:7471)
-
-    @classmethod
-    def pick(cls) -> Ports:
-        return cls(_free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_STREAM),
-                   _free_port(socket.SOCK_STREAM))
-
-    @property
-    def links(self) -> Links:
-        return Links(roce=(self.link_host, self.link_qemu), forwards=((self.rxe, 18515), (self.siw, 7471)))
-
-    @property
-    def ether(self) -> str:
-        return f"127.0.0.1:{self.link_host},127.0.0.1:{self.link_qemu}"
-
-
-def _console(line: str) -> None:
-    if line.startswith(("INTEROP", "LINKS", "SUITE")):
-        print(f"vm| {line}", flush=True)
-
-
-def _keep(results: Path, into: Path) -> None:
-    if results.is_dir():
-        shutil.copytree(results, into, dirs_exist_ok=True)
-
-
-# ---- the host's harness against the targets served in the VM ------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def vm_serving(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
-    """The VM serving the reference target on rxe1 and siw1 until the module's tests are done."""
-    ports = Ports.pick()
-    keep = tmp_path_factory.mktemp("vm-serving")
-    with VM(vm_image, links=ports.links) as machine:
-        try:
-            machine.start("sh testbeds/rdma-vm/interop-serve.sh 3000", on_line=_console)
-            ready = machine.wait_for(r"INTEROP-(SERVING|FAIL)", READY_S)
-            assert ready[1] == "SERVING", "\n".join(machine.lines[-40:])
-            yield ports
-        finally:
-            machine.stop()
-            _keep(machine.run_dir / "results", keep)
-            machine.cleanup()
-
-
-def test_host_roce_harness_against_the_target_on_rxe(vm_serving: Ports, tmp_path: Path) -> None:
+def test_host_roce_harness_against_the_target_on_rxe(facing: dict[str, Any]) -> None:
     """Userspace RoCEv2 (frames on the segment) -> rxe1; the RoCEv2 wire attacks aim at the kernel's rxe."""
-    url = f"kbtp+roce://127.0.0.1:{vm_serving.rxe}?ether={vm_serving.ether}&address={HOST_ADDRESS}"
-    run = run_suite("kbtp-target", url, tmp_path, pics=ROCE_PICS, testbed=VM_TESTBED, timeout=SUITE_S)
+    run = facing["host-roce-to-rxe1"]["run"]
     _judge(run.coverage, run.code, run.output, "host-roce-to-rxe1", reasons=WIRE + SLOW_TARGET)
 
 
-def test_host_iwarp_harness_against_the_target_on_siw(vm_serving: Ports, tmp_path: Path) -> None:
+def test_host_iwarp_harness_against_the_target_on_siw(facing: dict[str, Any]) -> None:
     """Userspace iWARP (MPA/DDP/RDMAP over TCP) -> siw1; the iWARP wire attacks aim at the kernel's siw."""
-    url = f"kbtp+iwarp://127.0.0.1:{vm_serving.siw}?rtr_delay_ms={SIW_RTR_DELAY_MS}"
-    run = run_suite("kbtp-target", url, tmp_path, pics=IWARP_PICS, testbed=VM_TESTBED, timeout=SUITE_S)
+    run = facing["host-iwarp-to-siw1"]["run"]
     _judge(run.coverage, run.code, run.output, "host-iwarp-to-siw1", reasons=WIRE + SLOW_TARGET)
 
 
@@ -158,9 +83,9 @@ def host_serving(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) 
                          f"> $KVCONFORM_VM_RUN/results/{name}.log 2>&1; echo \"SUITE-RAN {name} $?\"")
         with VM(vm_image, links=ports.links) as machine:
             try:
-                res = machine.run("\n".join(lines), timeout=2 * 1200 + READY_S, on_line=_console)
+                res = machine.run("\n".join(lines), timeout=2 * 1200 + READY_S, on_line=console)
             finally:
-                _keep(machine.run_dir / "results", keep)
+                keep_results(machine.run_dir / "results", keep)
                 machine.cleanup()
     assert not res.timed_out, "\n".join(res.lines[-40:])
     out: dict[str, Any] = {}
