@@ -1,8 +1,9 @@
 """Target specs: what ``--target`` names and the PICS (declared capabilities) that come with it.
 
 ``reference`` | a URL (``grpc://host:port``, ...) | ``cmd:<command template>`` |
-``python:<module>:<factory>`` | ``docker:IMAGE[:TAG]`` (an image following docs/docker-contract.md) | a target
-name from the testbed. Ad-hoc targets take the testbed's ``defaults.pics``; a named target its own;
+``python:<module>:<factory>`` | ``docker:IMAGE[:TAG]`` (an image following docs/docker-contract.md) |
+``sim:reference`` or ``sim:python:<module>:<factory>`` (an owned relay on the deterministic transport:
+targets/moqt_sim.py) | a target name from the testbed. Ad-hoc targets take the testbed's ``defaults.pics``; a named target its own;
 ``--pics-set`` overrides are applied last and recorded.
 """
 
@@ -36,10 +37,11 @@ __all__ = [
     "docker_roles",
     "parse_pics_override",
     "parse_target",
+    "sim_roles",
     "url_roles",
 ]
 
-TargetKind = Literal["reference", "url", "cmd", "python", "docker", "verbs"]
+TargetKind = Literal["reference", "url", "cmd", "python", "docker", "verbs", "sim"]
 
 
 def cmd_roles(command: str) -> set[str]:
@@ -58,6 +60,11 @@ def url_roles(url: str) -> set[str]:
         raise TargetError(f"--target {url!r}: URL scheme {scheme!r} is not handled by any lane "
                           f"(known: {', '.join(registry.url_schemes())})")
     return found
+
+
+def sim_roles() -> set[str]:
+    """The suites a ``sim:`` target plays: the roles with a driver on the deterministic transport (the relays)."""
+    return {r.name for r in registry.ROLES.values() if r.sim}
 
 
 def docker_roles() -> set[str]:
@@ -322,6 +329,13 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
         image = _docker_image(text[len("docker:"):], f"--target {text!r}")
         spec = TargetSpec(text, "docker", image, docker_roles(), copy.deepcopy(testbed.default_pics),
                           {"docker": docker_params(image, {}, testbed)}, defaults)
+    elif text.startswith("sim:"):
+        # A prefix, not a URL scheme: what follows is the owned relay as --target names it on sockets.
+        inner = text[len("sim:"):]
+        if inner != "reference" and not (inner.startswith("python:") and _PYTHON.match(inner[len("python:"):])):
+            raise TargetError(f"--target {text!r}: expected sim:reference or sim:python:<module>:<factory> (an "
+                              "owned relay on the deterministic transport)")
+        spec = TargetSpec(text, "sim", inner, sim_roles(), copy.deepcopy(testbed.default_pics), {}, defaults)
     elif text.startswith("python:"):
         ref = text[len("python:"):]
         if not _PYTHON.match(ref):
@@ -335,7 +349,8 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
     else:
         known = ", ".join(sorted(testbed.targets)) or "none"
         raise TargetError(
-            f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory>, docker:IMAGE[:TAG] or a target of "
+            f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory>, docker:IMAGE[:TAG], sim:... or a "
+            "target of "
             f"testbed {testbed.path} (its targets: {known})"
         )
     # An ad-hoc target's PICS are the testbed's defaults: the report marks each value that was not declared.

@@ -17,6 +17,7 @@ pacing, so a signature a byte longer would move every later timer). Endpoints ar
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,7 +182,9 @@ class _Delivery:
         self.net.stats.delivered += 1
         if self.net.on_deliver is not None:
             self.net.on_deliver(self.label, self.data)
-        target.protocol.datagram_received(self.data, self.src)
+        # In the receiver's context, as a socket's reader callback runs: what a relay starts on a datagram is the
+        # relay's (its tasks outlive the sender's run), not the sender's
+        target.context.run(target.protocol.datagram_received, self.data, self.src)
 
 
 class SimTransport(asyncio.DatagramTransport):
@@ -194,6 +197,7 @@ class SimTransport(asyncio.DatagramTransport):
         self.local = local
         self.remote = remote
         self.closing = False
+        self.context = contextvars.copy_context()  # the endpoint's, as asyncio's add_reader keeps it
 
     def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
         if self.closing:
