@@ -13,7 +13,8 @@ when it ends are cancelled. "Its own" is known from the context a task was creat
 datagram in the receiving endpoint's context, as a socket's reader callback does.
 
 Every ``run`` is bounded on its own (`VirtualClockLoop.rebound`): a horizon of virtual time and a number of loop
-turns, whatever earlier runs spent.
+turns, whatever earlier runs spent. Tasks hash by their creation number (`_NumberedTask`): sets of tasks iterate
+alike in every process.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ def transcript_line(entry: TranscriptEntry) -> str:
     return f"{t:12.6f} {who:<20} {direction:<8} {what} {digest}"
 
 
+class _NumberedTask(asyncio.Task):  # type: ignore[type-arg]
+    """A task that hashes by its creation number, not its address: a set of tasks (the relay's, asyncio.wait's)
+    iterates in the same order in every process, so what their cancellation or completion sets off does too
+    (addresses move with ASLR and with every allocation the process made before)."""
+
+    def __init__(self, number: int, *args: Any, **kwargs: Any) -> None:
+        self.number = number  # before Task.__init__: it adds the task to asyncio's WeakSet, which hashes it
+        super().__init__(*args, **kwargs)
+
+    def __hash__(self) -> int:
+        return self.number
+
+
 class SimSession:
     """One virtual-clock loop, its in-memory network and the transcript, for scenarios run one after another."""
 
@@ -59,11 +73,13 @@ class SimSession:
         self.runs = 0
         self.turns = 0  # loop turns over every run
         self._started: dict[int, weakref.WeakSet[asyncio.Task[Any]]] = {}
+        self._tasks_made = 0
         self.loop.set_task_factory(self._task_factory)
 
     def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any,
                       context: contextvars.Context | None = None) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
+        self._tasks_made += 1
+        task: asyncio.Task[Any] = _NumberedTask(self._tasks_made, coro, loop=loop, context=context)
         run = (context.get(_RUN) if context is not None else _RUN.get())
         if run is not None and run in self._started:
             self._started[run].add(task)
