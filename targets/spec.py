@@ -10,6 +10,7 @@ targets/moqt_sim.py) | a target name from the testbed. Ad-hoc targets take the t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import json
 import re
@@ -299,6 +300,23 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
     )
 
 
+def _sim(text: str, testbed: Testbed, defaults: str) -> TargetSpec:
+    """``sim:`` + what --target names on sockets, for an owned relay: ``reference`` or ``python:<module>:<factory>``,
+    or a testbed target with one of those drivers (whose PICS and implementation it keeps: ``sim:reference`` is the
+    loopback testbed's reference, declared as it is on sockets). A prefix, not a URL scheme."""
+    inner = text[len("sim:"):]
+    entry = testbed.targets.get(inner)
+    if entry is not None and entry["driver"] in ("reference", "python"):
+        spec = _named(inner, entry, testbed)
+        value = "reference" if spec.kind == "reference" else f"python:{spec.value}"
+        roles = sim_roles() if spec.roles is None else spec.roles & sim_roles()
+        return dataclasses.replace(spec, name=text, kind="sim", value=value, roles=roles)
+    if inner == "reference" or (inner.startswith("python:") and _PYTHON.match(inner[len("python:"):])):
+        return TargetSpec(text, "sim", inner, sim_roles(), copy.deepcopy(testbed.default_pics), {}, defaults)
+    raise TargetError(f"--target {text!r}: expected sim:reference, sim:python:<module>:<factory> or sim:<a testbed "
+                      "target whose driver is reference or python> (an owned relay on the deterministic transport)")
+
+
 def leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
     """Dotted paths of the non-mapping values of a PICS tree."""
     out: list[str] = []
@@ -330,12 +348,7 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
         spec = TargetSpec(text, "docker", image, docker_roles(), copy.deepcopy(testbed.default_pics),
                           {"docker": docker_params(image, {}, testbed)}, defaults)
     elif text.startswith("sim:"):
-        # A prefix, not a URL scheme: what follows is the owned relay as --target names it on sockets.
-        inner = text[len("sim:"):]
-        if inner != "reference" and not (inner.startswith("python:") and _PYTHON.match(inner[len("python:"):])):
-            raise TargetError(f"--target {text!r}: expected sim:reference or sim:python:<module>:<factory> (an "
-                              "owned relay on the deterministic transport)")
-        spec = TargetSpec(text, "sim", inner, sim_roles(), copy.deepcopy(testbed.default_pics), {}, defaults)
+        spec = _sim(text, testbed, defaults)
     elif text.startswith("python:"):
         ref = text[len("python:"):]
         if not _PYTHON.match(ref):
