@@ -148,13 +148,8 @@ def _write_reports(session: pytest.Session, state: KvconformState, context: Cont
         "report_dir": str(state.report_dir),
     }
     assert state.report_dir is not None
-    if target.kind == "sim":
-        # lazy: the deterministic transport's transcript, beside the seed that replays it (targets/moqt_sim.py)
-        from kvconform.targets import moqt_sim
-
-        transcript = moqt_sim.write_transcript(state.report_dir)
-        if transcript is not None:
-            meta["transcript"] = transcript
+    for more in config.hook.pytest_kvconform_report_meta(config=config, report_dir=state.report_dir):
+        meta.update(more)  # e.g. the deterministic transport's transcript, beside the seed that replays it
     doc = build_coverage(context.catalog(), state.results, meta,
                          all_protocols=bool(config.getoption("kvconform_all_protocols")),
                          report_dir=str(state.report_dir))

@@ -7,14 +7,16 @@ every scenario of the ``moqt-relay`` and ``kvcs-relay`` suites runs on it too (`
 asks `active` for it), so the suites' bounds cost virtual time, not wall time, and the run is a function of its
 seed. The network moves each datagram as a seeded random scheduler picks it among those due at the same instant
 (`kvconform.rdma.scheduler.RandomScheduler`, seeded from ``--seed``) with the fault plan ``Faults(seed)``: a
-loopback-like one-way delay, no loss; every loop turn costs a few microseconds of virtual time (``TURN_COST_S``). The relay reads the loop's clock for its cache and the loop's virtual wall clock for
-token expiry (``clock=``, ``wall_clock=``), never the machine's.
+loopback-like one-way delay, no loss; every loop turn costs a few microseconds of virtual time (``TURN_COST_S``).
+The relay reads the loop's clock for its cache and the loop's virtual wall clock for token expiry (``clock=``,
+``wall_clock=``), never the machine's.
 
 Everything the endpoints say and see (every MOQT session command and event: ``kvconform.moqt.quic.tapping``) goes
-into one transcript for the whole run; the report writer puts it in ``transcript.txt`` beside coverage.json and
-its SHA-256 in coverage.json's ``meta.transcript`` (`write_transcript`), and each check's evidence notes the digest
-of the part its scenarios wrote (`run`). Two runs with one seed give the same verdicts and the same transcript,
-byte for byte, in any process (tests/moqt/test_sim_suite.py).
+into one transcript for the whole run; at the end `write_transcript` puts it in ``transcript.txt`` beside
+coverage.json and its SHA-256 in coverage.json's ``meta.transcript`` (through the report hook of
+kvconform.fixtures.moqt), and each check's evidence notes the digest of the part its scenarios wrote (`run`). Two
+runs with one seed give the same verdicts and the same transcript, byte for byte, in any process
+(tests/moqt/test_sim_suite.py).
 
 One run is one process: the session's scenarios run one after the other on one loop (``-n`` is refused). Real
 sockets stay the transport of every other target.
@@ -25,17 +27,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from kvconform import evidence
 from kvconform.loading import import_python_target
 from kvconform.moqt.policy import PolicyError, policy_from_mapping
 from kvconform.moqt.relay import Relay
+from kvconform.moqt.simnet import Faults
+from kvconform.moqt.simsession import SimSession
+from kvconform.rdma.scheduler import RandomScheduler
 from kvconform.targets.spec import TargetSpec
 from kvconform.verdicts import TargetUnavailable
-
-if TYPE_CHECKING:
-    from kvconform.moqt.simsession import SimSession
 
 __all__ = ["SCHEDULER", "TRANSCRIPT_FILE", "SimRelay", "active", "run", "sim_relay", "write_transcript"]
 
@@ -81,11 +83,6 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def _join(seed: int) -> SimSession:
     global _shared, _users, _finished
     if _shared is None:
-        # lazy: the virtual loop and network (and the RDMA schedulers) only for a sim: target
-        from kvconform.moqt.simnet import Faults
-        from kvconform.moqt.simsession import SimSession
-        from kvconform.rdma.scheduler import RandomScheduler
-
         _shared = SimSession(RandomScheduler(seed), Faults(seed=seed, delay=LINK_DELAY_S), HORIZON_S, TURN_COST_S)
         _finished = None
     _users += 1
@@ -165,9 +162,11 @@ def sim_relay(suite: str, target: TargetSpec, seed: int) -> SimRelay:
 def write_transcript(report_dir: Path) -> dict[str, Any] | None:
     """Write the run's transcript to ``report_dir/transcript.txt``; what coverage.json records of it (file, SHA-256,
     lines, the network's scheduler, fault plan and statistics, virtual seconds). None when no sim: relay ran."""
+    global _finished
     sim = _shared if _shared is not None else _finished
     if sim is None:
         return None
+    _finished = None  # written once: a later run in this process (the harness's tests) starts its own
     text = sim.transcript_text()
     (report_dir / TRANSCRIPT_FILE).write_text(text, "utf-8")
     faults = sim.net.faults.describe()

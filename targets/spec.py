@@ -2,9 +2,9 @@
 
 ``reference`` | a URL (``grpc://host:port``, ...) | ``cmd:<command template>`` |
 ``python:<module>:<factory>`` | ``docker:IMAGE[:TAG]`` (an image following docs/docker-contract.md) |
-``sim:reference`` or ``sim:python:<module>:<factory>`` (an owned relay on the deterministic transport:
-targets/moqt_sim.py) | a target name from the testbed. Ad-hoc targets take the testbed's ``defaults.pics``; a named target its own;
-``--pics-set`` overrides are applied last and recorded.
+``sim:reference``, ``sim:python:<module>:<factory>`` or ``sim:<testbed target>`` (an owned relay on the
+deterministic transport: targets/moqt_sim.py) | a target name from the testbed. Ad-hoc targets take the testbed's
+``defaults.pics``; a named target its own; ``--pics-set`` overrides are applied last and recorded.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
 does not wait: it moves its clock to the earliest scheduled timer at once (trio's MockClock with autojump_threshold
 0), so aioquic's loss detection and idle timers, `asyncio.wait_for` bounds and the relay's `loop.time()` deadlines
 all run on virtual time, and a run does not depend on how fast the machine is. Nothing in the loop reads a real
-clock; a loop with no timer and nothing ready is a deadlock and raises `VirtualDeadlock` instead of hanging.
+clock; a loop with no timer and nothing ready is a deadlock and raises `VirtualDeadlock` instead of hanging. With
+``turn_cost`` each loop turn also moves the clock that much (as a real turn takes CPU time), so a task that spins
+on ``asyncio.sleep(0)`` until an answer comes lets the answer's timers come due instead of livelocking.
 
 The loop has no real I/O: `getaddrinfo` answers numeric addresses itself (no executor thread, whose timing no
 virtual clock controls), and datagram endpoints are made by the in-memory network attached as ``loop.network``
