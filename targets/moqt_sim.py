@@ -122,7 +122,7 @@ class SimRelay:
             return await relay.start()
 
         try:
-            self.relay = sim.run(_bounded(start()))
+            self.relay = sim.run(_bounded(start()), keep=True)  # the relay's own tasks outlive it
         except (OSError, TimeoutError) as exc:
             self.stop()
             raise TargetUnavailable(f"{self.relay_class.__name__} did not start on the simulated network: "

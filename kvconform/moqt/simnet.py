@@ -59,6 +59,23 @@ class _Stats:
     reordered: int = 0  # deliveries the scheduler took out of arrival order
 
 
+def _streams_hash_by_id() -> None:
+    """aioquic moves the streams a packet served to the end of its service queue in the iteration order of a set of
+    ``QuicStream`` objects (``QuicConnection._write_application``): by their addresses, which differ between
+    processes, so which stream's data the next packet carries first did too (seen as two fill streams' ends arriving
+    in either order). Hashing a stream by its id (unique in its connection; equality stays identity) makes that
+    order a function of the run. Harmless on sockets too; set once a SimNetwork exists."""
+    # lazy: aioquic's TLS stack, imported where QUIC is first used (kvconform.moqt.quic)
+    from aioquic.quic.stream import QuicStream
+
+    if QuicStream.__hash__ is not _stream_hash:
+        QuicStream.__hash__ = _stream_hash  # type: ignore[method-assign,assignment]
+
+
+def _stream_hash(stream: Any) -> int:
+    return int(stream.stream_id)
+
+
 @dataclass(slots=True)
 class SimNetwork:
     """The links between `SimTransport`s of one loop; ``loop.network = SimNetwork(loop, ...)`` attaches it."""
@@ -80,6 +97,7 @@ class SimNetwork:
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.faults.seed)
+        _streams_hash_by_id()
 
     def name(self, addr: Addr, label: str) -> None:
         """Call the endpoint that will be bound at ``addr`` ``label`` in step labels."""

@@ -8,13 +8,14 @@ fresh ``asyncio.run``), so what it waits for costs virtual time, not wall time, 
 earlier ``run`` serves it.
 
 Like ``asyncio.run``, a ``run`` leaves nothing of its own behind: the tasks it started that are still pending
-when it ends are cancelled. "Its own" is known from the context a task was created in (a context variable each
-``run`` sets); the relay's tasks belong to the ``run`` that started the relay, because the network delivers a
-datagram in the receiving endpoint's context, as a socket's reader callback does.
+when it ends are cancelled (unless it started a server: ``keep``). "Its own" is known from the context a task was
+created in (a context variable each ``run`` sets); the tasks a relay starts for its sessions are not those of the
+scenario whose datagrams set them off, because the network delivers a datagram in the receiving endpoint's context
+(the run that started the relay), as a socket's reader callback does.
 
 Every ``run`` is bounded on its own (`VirtualClockLoop.rebound`): a horizon of virtual time and a number of loop
-turns, whatever earlier runs spent. Tasks hash by their creation number (`_NumberedTask`): sets of tasks iterate
-alike in every process.
+turns, whatever earlier runs spent. Tasks hash by their creation number (`_NumberedTask`), and aioquic's streams by
+their id (`kvconform.moqt.simnet`): sets of them iterate alike in every process.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class SimSession:
     def transcript(self) -> list[TranscriptEntry]:
         return self.sim.transcript
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` to its end on the loop, then cancel the tasks it started that are still pending."""
+    def run(self, coro: Coroutine[Any, Any, T], *, keep: bool = False) -> T:
+        """Run ``coro`` to its end on the loop, then cancel the tasks it started that are still pending (with
+        ``keep``, not: a run that starts a server leaves its tasks running for the runs after it)."""
         if self.loop.is_closed():
             coro.close()
             raise RuntimeError("SimSession.run: the session is closed")
@@ -106,7 +108,8 @@ class SimSession:
                 try:
                     return self.loop.run_until_complete(task)
                 finally:
-                    self._cancel(run)
+                    if not keep or not task.done():
+                        self._cancel(run)
         finally:
             self.turns += self.loop.turns
             del self._started[run]
