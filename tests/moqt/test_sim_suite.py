@@ -78,6 +78,7 @@ def first_difference(a: bytes, b: bytes) -> str:
     return f"one transcript is a prefix of the other ({len(a.splitlines())} vs {len(b.splitlines())} lines)"
 
 
+@pytest.mark.slow
 @covering(RUN_BOUND, RUN_BOUND)
 @pytest.mark.parametrize("suite", sorted(SUBSET))
 def test_two_runs_with_one_seed_give_the_same_verdicts_and_transcript(suite: str, tmp_path: Path) -> None:
@@ -95,6 +96,7 @@ def test_two_runs_with_one_seed_give_the_same_verdicts_and_transcript(suite: str
     assert first.meta["network"]["dropped"] == 0 and first.meta["scheduler"] == f"random (seed {SEED})"
 
 
+@pytest.mark.slow
 @covering(RUN_BOUND, RUN_BOUND)
 def test_another_seed_gives_the_same_verdicts_over_another_transcript(tmp_path: Path) -> None:
     first = run_sim("moqt-relay", tmp_path / "first")
@@ -103,6 +105,7 @@ def test_another_seed_gives_the_same_verdicts_over_another_transcript(tmp_path: 
     assert first.meta["sha256"] != other.meta["sha256"], "the seed changed neither the schedule nor the checks' data"
 
 
+@pytest.mark.slow
 @covering(LANE.timeout)
 @pytest.mark.parametrize("name", MUTANTS)
 def test_a_mutant_relay_on_the_simulated_network_fails_on_its_requirement(name: str, tmp_path: Path) -> None:
