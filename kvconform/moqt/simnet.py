@@ -65,8 +65,7 @@ def _streams_hash_by_id() -> None:
     processes, so which stream's data the next packet carries first did too (seen as two fill streams' ends arriving
     in either order). Hashing a stream by its id (unique in its connection; equality stays identity) makes that
     order a function of the run. Harmless on sockets too; set once a SimNetwork exists."""
-    # lazy: aioquic's TLS stack, imported where QUIC is first used (kvconform.moqt.quic)
-    from aioquic.quic.stream import QuicStream
+    from aioquic.quic.stream import QuicStream  # lazy: aioquic's TLS stack, as kvconform.moqt.quic imports it
 
     if QuicStream.__hash__ is not _stream_hash:
         QuicStream.__hash__ = _stream_hash  # type: ignore[method-assign,assignment]
