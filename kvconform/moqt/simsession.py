@@ -120,6 +120,8 @@ class SimSession:
         for task in left:
             task.cancel()
         if left:
+            self.turns += self.loop.turns
+            self.loop.rebound(self.horizon)  # a run that ended in VirtualDeadlock spent its bounds
             self.loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_BOUND_S))
 
     def digest(self, start: int = 0, end: int | None = None) -> str:

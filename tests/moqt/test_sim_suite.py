@@ -13,6 +13,7 @@ a SUBSCRIBE through the relay, cache expiry on the loop's clock, tokens on its v
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -22,6 +23,10 @@ from typing import Any
 
 import pytest
 
+from kvconform.moqt.simclock import VirtualDeadlock
+from kvconform.moqt.simnet import Faults
+from kvconform.moqt.simsession import SimSession
+from kvconform.rdma.scheduler import FifoScheduler
 from tests.mutants import moqt
 from tests.mutants.runner import Lane
 from tests.spawn import covering, kvconform, spawn_env
@@ -44,6 +49,36 @@ MUTANTS = ("CacheForeverRelay", "ExpiryBlindRelay")
 # A string hash seed other than this process's (which spawned runs share through the fork server): a run with it
 # gets an interpreter of its own (tests/forkserver.py), whose str and bytes hashes differ from the others'.
 OTHER_HASH_SEED = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+
+
+def test_a_session_runs_one_scenario_after_another_on_virtual_time_and_cancels_what_each_leaves() -> None:
+    """What `kvconform.fixtures.moqt.run` relies on: like asyncio.run, a run leaves no task of its own behind
+    (unless it started a server: keep); a run that can never finish raises instead of hanging, and the session goes
+    on; waits cost virtual time."""
+    sim = SimSession(FifoScheduler(), Faults())
+
+    async def leave_a_task() -> asyncio.Task[None]:
+        return asyncio.ensure_future(asyncio.sleep(3600))
+
+    async def wait_forever() -> None:
+        await asyncio.Event().wait()
+
+    async def sleep_five() -> float:
+        start = asyncio.get_running_loop().time()
+        await asyncio.sleep(5)
+        return asyncio.get_running_loop().time() - start
+
+    try:
+        left = sim.run(leave_a_task())
+        assert left.cancelled()
+        with pytest.raises(VirtualDeadlock, match="no task can run"):
+            sim.run(wait_forever())
+        assert sim.run(sleep_five()) == pytest.approx(5.0)
+        kept = sim.run(leave_a_task(), keep=True)
+        assert not kept.done() and sim.runs == 4
+    finally:
+        sim.close()
+    assert kept.cancelled() and sim.loop.is_closed()
 
 
 @dataclass(frozen=True)
