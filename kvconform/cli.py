@@ -123,6 +123,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         target = parse_target(args.target, testbed, args.pics_set)
     except (TargetError, TestbedError) as exc:
         raise UsageError(str(exc)) from exc
+    if target.kind == "sim" and args.n not in (None, "0", "1"):
+        # Checks spread over workers by how fast each finishes: no seed fixes that.
+        raise UsageError(f"--target {target.name}: a run on the deterministic transport is one process (its seed "
+                         f"replays it); drop -n {args.n}")
     root = conformance_dir()
     suites = discover_suites(root)
     chosen, left_out = select_suites(args.suite, list(suites), target.roles, target.name)

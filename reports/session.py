@@ -148,6 +148,8 @@ def _write_reports(session: pytest.Session, state: KvconformState, context: Cont
         "report_dir": str(state.report_dir),
     }
     assert state.report_dir is not None
+    for more in config.hook.pytest_kvconform_report_meta(config=config, report_dir=state.report_dir):
+        meta.update(more)  # e.g. the deterministic transport's transcript, beside the seed that replays it
     doc = build_coverage(context.catalog(), state.results, meta,
                          all_protocols=bool(config.getoption("kvconform_all_protocols")),
                          report_dir=str(state.report_dir))

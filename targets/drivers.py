@@ -1,6 +1,6 @@
 """The driver of a suite for a target: what ``--target`` names (reference, ``python:``, ``cmd:``, a URL, a
-``docker:`` image, a verbs device) turned into the object a lane's fixtures drive, through the role's entry in
-``ROLES`` (targets/registry.py)."""
+``docker:`` image, a verbs device, a ``sim:`` relay on the deterministic transport) turned into the object a
+lane's fixtures drive, through the role's entry in ``ROLES`` (targets/registry.py)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ def _python(role: Role, value: str, options: Mapping[str, Any]) -> Any:
     return obj
 
 
-def driver_for(suite: str, target: TargetSpec, **options: Any) -> Any:
+def driver_for(suite: str, target: TargetSpec, *, seed: int = 0, **options: Any) -> Any:
     """The driver of ``suite`` for ``target``; ``options`` go to in-process drivers (reference, python:
-    subclasses). TargetUnavailable when the target cannot play the suite as given (nothing was exchanged)."""
+    subclasses); ``seed`` (the run's) to a ``sim:`` target's, whose network it schedules. TargetUnavailable when
+    the target cannot play the suite as given (nothing was exchanged)."""
     role = ROLES.get(suite)
     if role is None or role.reference is None:
         raise TargetUnavailable(f"no driver for suite {suite!r} (known: {', '.join(sorted(suite_roles()))})")
@@ -59,6 +60,10 @@ def driver_for(suite: str, target: TargetSpec, **options: Any) -> Any:
         return load_ref(role.url)(target.value)
     if target.kind == "docker":  # named, like every driver of the table: it brings the TLS stack (aioquic)
         return load_ref(DOCKER_DRIVER)(suite, target)
+    if target.kind == "sim":
+        if role.sim is None:
+            raise TargetUnavailable(f"sim target {target.name} cannot play {suite}: {role.describe()}")
+        return load_ref(role.sim)(suite, target, seed)
     if target.kind == "verbs":
         if role.verbs is None:
             raise TargetUnavailable(f"verbs target {target.name} cannot play {suite}: {role.describe()}")

@@ -70,6 +70,9 @@ class Role:
     optional: tuple[str, ...] = ()
     adapt: str | None = None  # "module:factory" turning a python: reference subclass into a driver, or None
     verbs: str | None = None  # "module:factory" called with a testbed's ``driver: verbs`` TargetSpec
+    # "module:factory" called with (suite, a ``sim:`` TargetSpec, seed): an owned implementation on the
+    # deterministic transport (targets/moqt_sim.py), or None
+    sim: str | None = None
     server: bool = False  # the harness dials it (a URL, or a copy started on {port}); the others connect to it
     container: Container | None = None  # None: no image can play it ...
     no_container: str = ""  # ... and why
@@ -128,6 +131,8 @@ class Role:
     def describe(self) -> str:
         """``<name>: <the --target forms that reach it>`` (``kvconform run --help``, ``kvconform suites``)."""
         forms = ["reference", "python:<module>:<factory>"] if self.is_suite else []
+        if self.sim:
+            forms += ["sim:reference", "sim:python:<module>:<factory>"]
         forms += [f"{s}://host:port" for s in self.url_schemes]
         if self.cmd:
             forms.append("cmd:<template with " + " ".join("{" + p + "}" for p in self.placeholders) + ">")
@@ -146,7 +151,8 @@ def _relay(name: str, *, matrix: bool = False) -> Role:
     """Both relay suites drive the same relay: by URL, in-process, or a copy the harness starts on {port} (with
     {certs}: the folder of its test certificate); an image of it gets its policy file too."""
     return Role(name, f"{_M}:RelayDriver", f"{_M}:reference_relay", url_schemes=("moqt",), url=f"{_M}:RemoteRelay",
-                adapt=f"{_M}:adapt_relay", placeholders=("port",), optional=("certs",), server=True,
+                adapt=f"{_M}:adapt_relay", sim="kvconform.targets.moqt_sim:sim_relay", placeholders=("port",),
+                optional=("certs",), server=True,
                 container=Container("server", "udp-bound", ("port", "policy", "certs")), matrix=matrix)
 
 

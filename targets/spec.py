@@ -1,14 +1,16 @@
 """Target specs: what ``--target`` names and the PICS (declared capabilities) that come with it.
 
 ``reference`` | a URL (``grpc://host:port``, ...) | ``cmd:<command template>`` |
-``python:<module>:<factory>`` | ``docker:IMAGE[:TAG]`` (an image following docs/docker-contract.md) | a target
-name from the testbed. Ad-hoc targets take the testbed's ``defaults.pics``; a named target its own;
-``--pics-set`` overrides are applied last and recorded.
+``python:<module>:<factory>`` | ``docker:IMAGE[:TAG]`` (an image following docs/docker-contract.md) |
+``sim:reference``, ``sim:python:<module>:<factory>`` or ``sim:<testbed target>`` (an owned relay on the
+deterministic transport: targets/moqt_sim.py) | a target name from the testbed. Ad-hoc targets take the testbed's
+``defaults.pics``; a named target its own; ``--pics-set`` overrides are applied last and recorded.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import json
 import re
@@ -36,10 +38,11 @@ __all__ = [
     "docker_roles",
     "parse_pics_override",
     "parse_target",
+    "sim_roles",
     "url_roles",
 ]
 
-TargetKind = Literal["reference", "url", "cmd", "python", "docker", "verbs"]
+TargetKind = Literal["reference", "url", "cmd", "python", "docker", "verbs", "sim"]
 
 
 def cmd_roles(command: str) -> set[str]:
@@ -58,6 +61,11 @@ def url_roles(url: str) -> set[str]:
         raise TargetError(f"--target {url!r}: URL scheme {scheme!r} is not handled by any lane "
                           f"(known: {', '.join(registry.url_schemes())})")
     return found
+
+
+def sim_roles() -> set[str]:
+    """The suites a ``sim:`` target plays: the roles with a driver on the deterministic transport (the relays)."""
+    return {r.name for r in registry.ROLES.values() if r.sim}
 
 
 def docker_roles() -> set[str]:
@@ -292,6 +300,23 @@ def _named(name: str, entry: Mapping[str, Any], testbed: Testbed) -> TargetSpec:
     )
 
 
+def _sim(text: str, testbed: Testbed, defaults: str) -> TargetSpec:
+    """``sim:`` + what --target names on sockets, for an owned relay: ``reference`` or ``python:<module>:<factory>``,
+    or a testbed target with one of those drivers (whose PICS and implementation it keeps: ``sim:reference`` is the
+    loopback testbed's reference, declared as it is on sockets). A prefix, not a URL scheme."""
+    inner = text[len("sim:"):]
+    entry = testbed.targets.get(inner)
+    if entry is not None and entry["driver"] in ("reference", "python"):
+        spec = _named(inner, entry, testbed)
+        value = "reference" if spec.kind == "reference" else f"python:{spec.value}"
+        roles = sim_roles() if spec.roles is None else spec.roles & sim_roles()
+        return dataclasses.replace(spec, name=text, kind="sim", value=value, roles=roles)
+    if inner == "reference" or (inner.startswith("python:") and _PYTHON.match(inner[len("python:"):])):
+        return TargetSpec(text, "sim", inner, sim_roles(), copy.deepcopy(testbed.default_pics), {}, defaults)
+    raise TargetError(f"--target {text!r}: expected sim:reference, sim:python:<module>:<factory> or sim:<a testbed "
+                      "target whose driver is reference or python> (an owned relay on the deterministic transport)")
+
+
 def leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
     """Dotted paths of the non-mapping values of a PICS tree."""
     out: list[str] = []
@@ -322,6 +347,8 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
         image = _docker_image(text[len("docker:"):], f"--target {text!r}")
         spec = TargetSpec(text, "docker", image, docker_roles(), copy.deepcopy(testbed.default_pics),
                           {"docker": docker_params(image, {}, testbed)}, defaults)
+    elif text.startswith("sim:"):
+        spec = _sim(text, testbed, defaults)
     elif text.startswith("python:"):
         ref = text[len("python:"):]
         if not _PYTHON.match(ref):
@@ -335,7 +362,8 @@ def parse_target(text: str, testbed: Testbed, pics_overrides: Iterable[str] = ()
     else:
         known = ", ".join(sorted(testbed.targets)) or "none"
         raise TargetError(
-            f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory>, docker:IMAGE[:TAG] or a target of "
+            f"--target {text!r}: not a URL, cmd:..., python:<module>:<factory>, docker:IMAGE[:TAG], sim:... or a "
+            "target of "
             f"testbed {testbed.path} (its targets: {known})"
         )
     # An ad-hoc target's PICS are the testbed's defaults: the report marks each value that was not declared.

@@ -4,7 +4,9 @@
 does not wait: it moves its clock to the earliest scheduled timer at once (trio's MockClock with autojump_threshold
 0), so aioquic's loss detection and idle timers, `asyncio.wait_for` bounds and the relay's `loop.time()` deadlines
 all run on virtual time, and a run does not depend on how fast the machine is. Nothing in the loop reads a real
-clock; a loop with no timer and nothing ready is a deadlock and raises `VirtualDeadlock` instead of hanging.
+clock; a loop with no timer and nothing ready is a deadlock and raises `VirtualDeadlock` instead of hanging. With
+``turn_cost`` each loop turn also moves the clock that much (as a real turn takes CPU time), so a task that spins
+on ``asyncio.sleep(0)`` until an answer comes lets the answer's timers come due instead of livelocking.
 
 The loop has no real I/O: `getaddrinfo` answers numeric addresses itself (no executor thread, whose timing no
 virtual clock controls), and datagram endpoints are made by the in-memory network attached as ``loop.network``
@@ -62,9 +64,14 @@ class _AutojumpSelector(selectors.SelectSelector):
 class VirtualClockLoop(asyncio.SelectorEventLoop):
     """A selector loop whose `time()` is virtual and autojumps to the next timer when idle (see module doc)."""
 
-    def __init__(self, start: float = 0.0, horizon: float = DEFAULT_HORIZON_S, max_turns: int = 2_000_000) -> None:
+    def __init__(self, start: float = 0.0, horizon: float = DEFAULT_HORIZON_S, max_turns: int = 2_000_000,
+                 turn_cost: float = 0.0) -> None:
         self._virtual_now = start
         self._horizon = start + horizon
+        # Virtual seconds every loop turn takes, as a real turn takes CPU time: a task that spins (``while not
+        # done: await asyncio.sleep(0)``) lets time pass and the timers it waits for come due. 0: time moves
+        # only when the loop is idle.
+        self.turn_cost = turn_cost
         self.network: DatagramNetwork | None = None
         self.jumps = 0
         self.turns = 0
@@ -73,6 +80,12 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def rebound(self, horizon: float = DEFAULT_HORIZON_S) -> None:
+        """Count the horizon and the turns again from now: a loop that runs many scenarios one after another
+        (`kvconform.moqt.simsession`) bounds each of them, not their sum."""
+        self._horizon = self._virtual_now + horizon
+        self.turns = 0
 
     def wall_time(self) -> float:
         """A virtual Unix time for code that reads the wall clock (token expiry): a fixed epoch plus `time()`."""
@@ -86,6 +99,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         if self.turns > self._max_turns:
             raise VirtualDeadlock(f"virtual loop: {self._max_turns} turns without finishing, at "
                                   f"t={self._virtual_now:.6f}s (a livelock)")
+        self._virtual_now += self.turn_cost
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         if not self._ready and not self._stopping:  # type: ignore[attr-defined]
             while scheduled and scheduled[0].cancelled():

@@ -17,6 +17,7 @@ pacing, so a signature a byte longer would move every later timer). Endpoints ar
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,22 @@ class _Stats:
     interleaved: int = 0  # sends whose stream order the seed drew (Faults.interleave)
 
 
+def _streams_hash_by_id() -> None:
+    """aioquic moves the streams a packet served to the end of its service queue in the iteration order of a set of
+    ``QuicStream`` objects (``QuicConnection._write_application``): by their addresses, which differ between
+    processes, so which stream's data the next packet carries first did too (seen as two fill streams' ends arriving
+    in either order). Hashing a stream by its id (unique in its connection; equality stays identity) makes that
+    order a function of the run. Harmless on sockets too; set once a SimNetwork exists."""
+    from aioquic.quic.stream import QuicStream  # lazy: aioquic's TLS stack, as kvconform.moqt.quic imports it
+
+    if QuicStream.__hash__ is not _stream_hash:
+        QuicStream.__hash__ = _stream_hash  # type: ignore[method-assign,assignment]
+
+
+def _stream_hash(stream: Any) -> int:
+    return int(stream.stream_id)
+
+
 @dataclass(slots=True)
 class SimNetwork:
     """The links between `SimTransport`s of one loop; ``loop.network = SimNetwork(loop, ...)`` attaches it."""
@@ -83,6 +100,7 @@ class SimNetwork:
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.faults.seed)
+        _streams_hash_by_id()
 
     def name(self, addr: Addr, label: str) -> None:
         """Call the endpoint that will be bound at ``addr`` ``label`` in step labels."""
@@ -192,7 +210,9 @@ class _Delivery:
         self.net.stats.delivered += 1
         if self.net.on_deliver is not None:
             self.net.on_deliver(self.label, self.data)
-        target.protocol.datagram_received(self.data, self.src)
+        # In the receiver's context, as a socket's reader callback runs: what a relay starts on a datagram is the
+        # relay's (its tasks outlive the sender's run), not the sender's
+        target.context.run(target.protocol.datagram_received, self.data, self.src)
 
 
 class SimTransport(asyncio.DatagramTransport):
@@ -205,6 +225,7 @@ class SimTransport(asyncio.DatagramTransport):
         self.local = local
         self.remote = remote
         self.closing = False
+        self.context = contextvars.copy_context()  # the endpoint's, as asyncio's add_reader keeps it
 
     def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
         if self.closing:

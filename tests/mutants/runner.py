@@ -92,9 +92,10 @@ class Lane:
         return run_suite(suite, target, report_dir, pics=pics, checks=checks, testbed=self.testbed,
                          timeout=self.timeout)
 
-    def assert_caught(self, name: str, report_dir: Path) -> None:
+    def assert_caught(self, name: str, report_dir: Path, *, transport: str = "") -> None:
+        """``transport``: ``sim:`` runs the mutant on the deterministic transport (targets/moqt_sim.py)."""
         m = self.mutants[name]
-        run = self.run(m.suite, f"python:{self.module.__name__}:{name}", report_dir, m.pics,
+        run = self.run(m.suite, f"{transport}python:{self.module.__name__}:{name}", report_dir, m.pics,
                        m.checks if self.select_checks else ())
         doc, output = run.coverage, run.output
         assert doc, f"no coverage.json from the run of {m.suite} against {name}:\n{output}"
