@@ -63,7 +63,7 @@ def driver_for(suite: str, target: TargetSpec, *, seed: int = 0, **options: Any)
     if target.kind == "sim":
         if role.sim is None:
             raise TargetUnavailable(f"sim target {target.name} cannot play {suite}: {role.describe()}")
-        return load_ref(role.sim)(suite, target, seed)
+        return load_ref(role.sim)(suite, target, seed, **options)
     if target.kind == "verbs":
         if role.verbs is None:
             raise TargetUnavailable(f"verbs target {target.name} cannot play {suite}: {role.describe()}")

@@ -80,10 +80,13 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
                                                    "virtual_s": round(sim.loop.time() - t0, 6)})
 
 
-def _join(seed: int) -> SimSession:
+def _join(seed: int, faults: str | None) -> SimSession:
     global _shared, _users, _finished
     if _shared is None:
-        _shared = SimSession(RandomScheduler(seed), Faults(seed=seed, delay=LINK_DELAY_S), HORIZON_S, TURN_COST_S)
+        plan = Faults(seed=seed, delay=LINK_DELAY_S)
+        if faults:
+            plan = Faults.from_spec(faults, seed, plan)
+        _shared = SimSession(RandomScheduler(seed), plan, HORIZON_S, TURN_COST_S)
         _finished = None
     _users += 1
     return _shared
@@ -100,9 +103,10 @@ def _leave() -> None:
 class SimRelay:
     """RelayDriver: a ``Relay`` (sub)class started on the process's `SimSession`, named ``label`` on its network."""
 
-    def __init__(self, relay_class: type[Relay], seed: int, label: str) -> None:
+    def __init__(self, relay_class: type[Relay], seed: int, label: str, faults: str | None = None) -> None:
         self.relay_class = relay_class
         self.seed = seed
+        self.faults = faults
         self.label = label
         self.relay: Relay | None = None
         self.sim: SimSession | None = None
@@ -112,7 +116,10 @@ class SimRelay:
             parsed = policy_from_mapping(policy, "harness policy from the PICS")
         except PolicyError as exc:
             raise TargetUnavailable(str(exc)) from exc
-        sim = self.sim = _join(self.seed)
+        try:
+            sim = self.sim = _join(self.seed, self.faults)
+        except ValueError as exc:
+            raise TargetUnavailable(f"--sim-faults: {exc}") from exc
         loop = sim.loop
 
         async def start() -> Relay:
@@ -146,17 +153,18 @@ async def _bounded(coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.wait_for(coro, START_TIMEOUT)
 
 
-def sim_relay(suite: str, target: TargetSpec, seed: int) -> SimRelay:
+def sim_relay(suite: str, target: TargetSpec, seed: int, sim_faults: str | None = None) -> SimRelay:
     """The driver of ``suite`` for a ``sim:`` target: ``target.value`` is ``reference`` or
-    ``python:<module>:<attr>`` naming a ``Relay`` subclass (nothing else runs on the simulated network)."""
+    ``python:<module>:<attr>`` naming a ``Relay`` subclass (nothing else runs on the simulated network);
+    ``sim_faults`` (``--sim-faults``) adds loss, duplication, jitter or stream interleaving to the seeded plan."""
     if target.value == "reference":
-        return SimRelay(Relay, seed, suite)
+        return SimRelay(Relay, seed, suite, sim_faults)
     obj = import_python_target(target.value.removeprefix("python:"))
     if not (isinstance(obj, type) and issubclass(obj, Relay)):
         raise TargetUnavailable(f"target {target.name}: {target.value} is not a subclass of "
                                 "kvconform.moqt.relay.Relay; only an in-process relay runs on the simulated network "
                                 "(run other relays by their moqt:// URL)")
-    return SimRelay(obj, seed, suite)
+    return SimRelay(obj, seed, suite, sim_faults)
 
 
 def write_transcript(report_dir: Path) -> dict[str, Any] | None:
