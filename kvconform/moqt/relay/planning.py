@@ -1,0 +1,171 @@
+"""Fill and FETCH planning: which Locations a fill or a FETCH covers, what of them comes from the cache and what
+is FETCHed upstream first, and the records a response carries, in order (sections 9.4, 11.2).
+
+Fills and FETCHes are served from the cache; Locations the cache does not know are FETCHed upstream within
+FILL_TIMEOUT (the adapter waits), and what stays unknown is reported with End of Unknown / Timed-Out Range
+records. MAX_CACHE_DURATION (Track Property 0x04) bounds how long an object may start being served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from kvconform.moqt.cache import MAX_ID, CachedObject, iter_groups, next_loc
+from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
+from kvconform.moqt.filters import LocationFilter, RangeFilter, passes_range_filters
+from kvconform.moqt.parameters import FillParameters, Parameters
+from kvconform.moqt.relay.forwarding import Forwarding
+from kvconform.moqt.relay.state import (
+    Downstream,
+    Peer,
+    Track,
+    UpstreamFetch,
+    int_param,
+    loc_before,
+    loc_tuple,
+    range_filter,
+    range_filters,
+)
+from kvconform.moqt.session import Request, SessionUsageError
+from kvconform.moqt.structures import Location, ParamType
+
+__all__ = ["Planning"]
+
+
+class Planning(Forwarding):
+    """The relay's fill and FETCH planning concept (a part of ``RelayCore``)."""
+
+    # -- fills --------------------------------------------------------------------------------------------
+
+    def start_fill(self, ds: Downstream, request_id: int, fill: FillParameters) -> None:
+        """Open a fill fetch stream for the message with ``request_id`` if its range is not empty (11.2)."""
+        inner = fill.params.get(ParamType.LOCATION_FILTER)
+        flt = inner if isinstance(inner, LocationFilter) else ds.request.location_filter
+        rng = (flt if flt is not None else LocationFilter.none()).fetch_range(ds.track.cache.largest)
+        if rng is None:
+            return
+        timeout = int_param(fill.params, ParamType.FILL_TIMEOUT)
+        order = ds.peer.session.fill_group_order(ds.request.stream_id, fill)
+        filters = range_filters(fill.params) or ds.filters
+        self.run_fill(ds, request_id, fill, rng[0], rng[1], order == GroupOrder.DESCENDING, filters, timeout)
+
+    def fill_items(self, ds: Downstream, start: Location, end: Location, descending: bool,
+                   filters: Sequence[RangeFilter], gap_kind: int) -> list[FetchObject | EndOfRange]:
+        """What a fill stream carries; the fetch rules apply (section 11.2)."""
+        return self.fetch_items(ds.track, start, end, descending, filters, gap_kind)
+
+    # -- filling the cache upstream ------------------------------------------------------------------------
+
+    def plan_gap_fetch(self, track: Track, start: Location, end: Location,
+                       timeout_ms: int | None) -> UpstreamFetch | int:
+        """The first step of making [start, end] (inclusive) known: the FETCH it opens upstream for the span the
+        cache does not know, for the adapter to wait on within ``timeout_ms`` (the request's FILL_TIMEOUT, a
+        total budget; 0 = only what is cached now; None = ``fill_timeout_ms`` without progress), or, with
+        nothing to wait for, the End of Range kind for what stays unknown: TIMED_OUT when the budget is 0 (or
+        nothing is missing), UNKNOWN when no source could tell (section 9.4)."""
+        gaps = track.cache.missing(start, next_loc(end))
+        if not gaps or (timeout_ms is not None and timeout_ms <= 0):
+            return EndOfRangeKind.TIMED_OUT
+        sources = [u.peer for u in track.upstreams if u.established] or self.publishers_for(track.namespace)
+        if not sources:
+            return EndOfRangeKind.UNKNOWN
+        return self.open_upstream_fetch(sources[0], track, gaps[0][0], gaps[-1][1])
+
+    def upstream_fetch_parameters(self, track: Track, flt: LocationFilter) -> Parameters:
+        """The relay's own FETCH upstream: only its range (parameters are hop-by-hop, section 3.3)."""
+        return Parameters.of((ParamType.LOCATION_FILTER, flt))
+
+    def open_upstream_fetch(self, source: Peer, track: Track, start: Location, end: Location,
+                            flt: LocationFilter | None = None) -> UpstreamFetch:
+        """FETCH [start, end) (or ``flt``) from ``source``; objects go to the cache as they arrive."""
+        params = self.upstream_fetch_parameters(track, flt if flt is not None else range_filter(start, end))
+        request = source.session.fetch(track.namespace, track.name, params)
+        fetch = UpstreamFetch(source, request, track, start, end, self.new_completion(), self.new_signal())
+        source.fetches[request.stream_id] = fetch
+        track.counters.upstream_fetches += 1
+        return fetch
+
+    def _cancel_upstream_fetch(self, fetch: UpstreamFetch) -> None:
+        with contextlib.suppress(SessionUsageError):
+            fetch.peer.session.cancel(fetch.request.stream_id)
+        self._fetch_finished(fetch, False)
+
+    def _fetch_finished(self, fetch: UpstreamFetch, ok: bool) -> None:
+        if fetch.done.done():
+            return
+        if ok and fetch.ok is not None:
+            # Ascending, no Range Filters, FIN: gaps up to End Location do not exist (section 9.4). An End
+            # Location short of a requested end within Largest Object is the publisher's "last Object"
+            # clamp (e.g. an End of Group marker, which FETCH cannot carry), so the rest is absent too.
+            cache = fetch.track.cache
+            cache.note_largest(fetch.ok.end_location)
+            assert cache.largest is not None
+            end = fetch.end if fetch.end <= next_loc(cache.largest) else next_loc(fetch.ok.end_location)
+            cache.mark_nonexistent(fetch.start, end)
+            for a, b in fetch.unknown:
+                cache.known.remove(a, b)
+        fetch.peer.fetches.pop(fetch.request.stream_id, None)
+        fetch.done.set_result(ok)
+
+    # -- what a response carries -----------------------------------------------------------------------------
+
+    def fetch_items(self, track: Track, start: Location, end: Location, descending: bool,
+                    filters: Sequence[RangeFilter], gap_kind: int) -> list[FetchObject | EndOfRange]:
+        """The cached objects of [start, end] in the requested group order (objects ascending within a
+        group), without status objects (FETCH carries none); in Ascending order what the cache does not
+        know is marked with ``gap_kind`` records (End of Unknown / Timed-Out Range, section 9.4)."""
+        cache = track.cache
+        objects = [o for o in cache.objects(start, next_loc(end)) if not o.is_status and passes_range_filters(
+            filters, subgroup_id=o.subgroup or 0, object_id=o.object, priority=o.priority,
+            track_properties=cache.track_properties)]
+        items: list[FetchObject | EndOfRange] = [self.to_fetch_object(o) for o in iter_groups(objects, descending)]
+        if descending:
+            return items
+        out: list[FetchObject | EndOfRange] = []
+        prev_end = start  # first Location not yet covered by a record
+        gaps = cache.missing(start, next_loc(end))
+        merged = sorted(
+            [(i.location, 0, i) for i in items]
+            + [(a, 1, EndOfRange(gap_kind, *loc_tuple(loc_before(b)))) for a, b in gaps],
+            key=lambda t: (t[0], t[1]))
+        for loc, is_gap, item in merged:
+            if is_gap and loc > prev_end:
+                # known-absent Locations before an unknown range get their own record (0x8C)
+                out.append(EndOfRange(EndOfRangeKind.NON_EXISTENT, *loc_tuple(loc_before(loc))))
+            out.append(item)
+            prev_end = next_loc(item.location)
+        return out
+
+    def to_fetch_object(self, obj: CachedObject) -> FetchObject:
+        """A cached object as a fetch object: every field as received (immutability, section 12)."""
+        return FetchObject(obj.group, obj.object, obj.payload, obj.subgroup, obj.priority,
+                           obj.properties if obj.properties else None)
+
+    def write_fetch_items(self, peer: Peer, stream_id: int, items: Sequence[FetchObject | EndOfRange]) -> None:
+        """Write fetch objects / End of Range records on an open fetch or fill stream."""
+        session = peer.session
+        for item in items:
+            if not session.data_stream_open(stream_id):
+                return
+            session.write_fetch_object(stream_id, item)
+
+    def serve_fetch_range(self, peer: Peer, req: Request, track: Track, stream_id: int,
+                          items: Sequence[FetchObject | EndOfRange]) -> None:
+        """Write a FETCH response's objects (already in the requested order) on its fetch stream."""
+        self.write_fetch_items(peer, stream_id, items)
+
+    def fetch_end_location(self, track: Track, items: Sequence[FetchObject | EndOfRange],
+                           end: Location) -> Location:
+        """FETCH_OK's End Location: the last Location actually covered (section 13 #9); a whole-group end or a
+        Largest Object that is an End of Track marker is not an object a FETCH can carry."""
+        covered = [i.location for i in items if i.location <= end]
+        return max(covered) if covered else min(end, Location(end.group, MAX_ID))
+
+    def _ends_track(self, track: Track, end_location: Location) -> bool:
+        eot = track.cache.end_of_track
+        if eot is None or end_location >= eot:
+            return False
+        after = next_loc(end_location)
+        return not track.cache.missing(after, eot) and not any(
+            not o.is_status for o in track.cache.objects(after, eot))
