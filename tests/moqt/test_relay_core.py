@@ -1,0 +1,170 @@
+"""The relay's core (``kvconform.moqt.relay.core.RelayCore``) driven directly, without asyncio, sockets or a clock:
+session events and ``now`` go in, the core's session calls and timers come out (issue 24 item 1). The sessions
+are recorders; the core's timers and deferred calls are lists this test runs itself, at the ``now`` it chooses.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvconform.moqt.cache import ObjectCache
+from kvconform.moqt.errors import RequestErrorCode
+from kvconform.moqt.messages import PublishNamespace, Subscribe, SubscribeOk
+from kvconform.moqt.parameters import Parameters
+from kvconform.moqt.policy import Grant, Policy, Right, TokenKey
+from kvconform.moqt.relay import RelayCore
+from kvconform.moqt.relay.state import Completion, PlainCompletion, PlainSignal, Signal
+from kvconform.moqt.session import MessageReceived, Request, RequestReceived
+from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
+
+NS = TrackNamespace((b"kvconform", b"core"))
+NAME = b"track"
+CORE = Path(__file__).resolve().parents[2] / "kvconform" / "moqt" / "relay"
+ADAPTER_MODULES = {"adapter.py", "serve.py", "__init__.py"}  # the asyncio side, and the package's re-exports
+
+
+@dataclass
+class RecordingSession:
+    """What the core asks of a session, in order; requests it opens get stream ids 0, 4, 8, ..."""
+
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    requests: dict[int, Request] = field(default_factory=dict)
+    next_stream: int = 0
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.calls.append((name, args))
+
+    def subscribe(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> Request:
+        req = Request(self.next_stream, self.next_stream // 2, Subscribe(self.next_stream // 2, namespace, name, params),
+                      local=True)
+        self.next_stream += 4
+        self.calls.append(("subscribe", (namespace, name)))
+        return req
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+@dataclass
+class Conn:
+    session: RecordingSession = field(default_factory=RecordingSession)
+
+
+class SansIoRelay(RelayCore):
+    """The core with its adapter hooks answered by plain objects: timers are (deadline, callback) entries."""
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        super().__init__(policy=policy, cache=ObjectCache(clock=lambda: 0.0))  # the cache's expiry is not used here
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.soon: list[Callable[[], None]] = []
+        self.waits: list[tuple[str, Any]] = []
+
+    def new_completion(self) -> Completion[Any]:
+        return PlainCompletion()
+
+    def new_signal(self) -> Signal:
+        return PlainSignal()
+
+    def set_timer(self, deadline: float, callback: Callable[[], None]) -> Any:
+        entry = (deadline, callback)
+        self.timers.append(entry)
+        return entry
+
+    def cancel_timer(self, handle: Any) -> None:
+        self.timers.remove(handle)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def run_subscribe_when_ready(self, peer: Any, req: Request, msg: Subscribe, track: Any) -> None:
+        self.waits.append(("subscribe", req.stream_id))
+
+    def advance(self, now: float) -> None:
+        """Time passes to ``now``: the deferred calls run, then every timer due by then."""
+        self.now = now
+        while self.soon:
+            self.soon.pop(0)()
+        for entry in sorted(t for t in self.timers if t[0] <= now):
+            self.timers.remove(entry)
+            entry[1]()
+
+
+def _subscribe(relay: SansIoRelay, stream_id: int, rendezvous_ms: int) -> tuple[Any, Request]:
+    peer = relay.open_peer(Conn())
+    msg = Subscribe(stream_id // 4, NS, NAME, Parameters.of((ParamType.RENDEZVOUS_TIMEOUT, rendezvous_ms)))
+    req = Request(stream_id, stream_id // 4, msg, local=False)
+    relay.dispatch(peer, RequestReceived(stream_id, req, msg))
+    return peer, req
+
+
+def test_a_rendezvous_is_a_pending_wait_ended_by_the_timer_the_core_asked_for() -> None:
+    relay = SansIoRelay()
+    relay.now = 100.0
+    subscriber, _ = _subscribe(relay, 0, rendezvous_ms=1500)
+    track = relay.tracks[(NS.fields, NAME)]
+    assert track.waiting == 1 and [t[0] for t in relay.timers] == [101.5]  # deadline = now + RENDEZVOUS_TIMEOUT
+    assert subscriber.session.calls == []  # held: no answer yet
+    relay.advance(101.4)
+    assert subscriber.session.calls == [] and track.waiting == 1
+    relay.advance(101.5)
+    assert track.waiting == 0 and relay.timers == []
+    assert [(n, a[1]) for n, a in subscriber.session.calls] == [("reject", RequestErrorCode.TIMEOUT)]
+
+
+def test_a_publisher_arriving_serves_the_held_subscribe_and_cancels_its_timer() -> None:
+    relay = SansIoRelay()
+    relay.now = 5.0
+    subscriber, _ = _subscribe(relay, 0, rendezvous_ms=10_000)
+    publisher = relay.open_peer(Conn())
+    announce = PublishNamespace(0, NS)
+    relay.dispatch(publisher, RequestReceived(1, Request(1, 0, announce, local=False), announce))
+    assert publisher.session.names() == ["request_ok"]  # the SUBSCRIBE is looked at after the announce is done
+    relay.advance(5.001)
+    assert relay.timers == [] and relay.tracks[(NS.fields, NAME)].waiting == 0
+    assert publisher.session.calls[1] == ("subscribe", (NS, NAME))  # aggregated onto an upstream SUBSCRIBE
+    assert relay.waits == [("subscribe", 0)] and subscriber.session.calls == []  # held until it is Established
+    up = publisher.upstream[0]
+    relay.dispatch(publisher, MessageReceived(0, up.request, SubscribeOk(1)))
+    assert up.ready.done() and isinstance(up.ready.result(), SubscribeOk)
+    assert relay._answered(up.track) is up
+
+
+def test_token_expiry_is_judged_at_the_wall_time_passed_in() -> None:
+    key = TokenKey(0, b"soon-gone")
+    policy = Policy(tokens={key: Grant("t", subscribe=(NS.fields,), expires=1_000.0)})
+    relay = SansIoRelay(policy)
+    peer = relay.open_peer(Conn())
+    params = Parameters.of((ParamType.AUTHORIZATION_TOKEN, AuthToken.use_value(key.value, key.type)))
+    relay.wall_now = 999.0
+    assert relay.authorize(peer, Right.SUBSCRIBE, NS, params).allowed
+    relay.wall_now = 1_000.0
+    decision = relay.authorize(peer, Right.SUBSCRIBE, NS, params)
+    assert not decision.allowed and decision.code == RequestErrorCode.EXPIRED_AUTH_TOKEN
+
+
+def test_the_core_modules_import_neither_asyncio_nor_a_clock() -> None:
+    """Every module of the relay package but the adapter's is sans-I/O: no asyncio, time, socket or threading
+    import, no quic (the adapter's transport) outside ``TYPE_CHECKING``, and no ``loop.time()``."""
+    banned = {"asyncio", "time", "socket", "threading", "selectors", "kvconform.moqt.quic", "kvconform.moqt.client"}
+    core = sorted(p for p in CORE.glob("*.py") if p.name not in ADAPTER_MODULES)
+    assert {p.name for p in core} >= {"state.py", "authorization.py", "aggregation.py", "namespaces.py",
+                                      "planning.py", "forwarding.py", "core.py", "hooks.py"}
+    found = []
+    for path in core:
+        tree = ast.parse(path.read_text("utf-8"))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                       for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: import {n}" for n in names if n.split(".")[0] in banned or n in banned]
+            if isinstance(node, ast.Attribute) and node.attr in ("time", "monotonic", "get_running_loop"):
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert not found, found
