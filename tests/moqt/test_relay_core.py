@@ -39,8 +39,8 @@ class RecordingSession:
         return lambda *args, **kwargs: self.calls.append((name, args))
 
     def subscribe(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> Request:
-        req = Request(self.next_stream, self.next_stream // 2, Subscribe(self.next_stream // 2, namespace, name, params),
-                      local=True)
+        rid = self.next_stream // 2
+        req = Request(self.next_stream, rid, Subscribe(rid, namespace, name, params), local=True)
         self.next_stream += 4
         self.calls.append(("subscribe", (namespace, name)))
         return req
@@ -61,7 +61,6 @@ class SansIoRelay(RelayCore):
         super().__init__(policy=policy, cache=ObjectCache(clock=lambda: 0.0))  # the cache's expiry is not used here
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.soon: list[Callable[[], None]] = []
-        self.waits: list[tuple[str, Any]] = []
 
     def new_completion(self) -> Completion[Any]:
         return PlainCompletion()
@@ -79,9 +78,6 @@ class SansIoRelay(RelayCore):
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.soon.append(callback)
-
-    def run_subscribe_when_ready(self, peer: Any, req: Request, msg: Subscribe, track: Any) -> None:
-        self.waits.append(("subscribe", req.stream_id))
 
     def advance(self, now: float) -> None:
         """Time passes to ``now``: the deferred calls run, then every timer due by then."""
@@ -124,13 +120,30 @@ def test_a_publisher_arriving_serves_the_held_subscribe_and_cancels_its_timer() 
     relay.dispatch(publisher, RequestReceived(1, Request(1, 0, announce, local=False), announce))
     assert publisher.session.names() == ["request_ok"]  # the SUBSCRIBE is looked at after the announce is done
     relay.advance(5.001)
-    assert relay.timers == [] and relay.tracks[(NS.fields, NAME)].waiting == 0
+    assert relay.tracks[(NS.fields, NAME)].waiting == 0  # the rendezvous timer is gone (the one left is below)
     assert publisher.session.calls[1] == ("subscribe", (NS, NAME))  # aggregated onto an upstream SUBSCRIBE
-    assert relay.waits == [("subscribe", 0)] and subscriber.session.calls == []  # held until it is Established
+    track = relay.tracks[(NS.fields, NAME)]
+    assert [w.request.stream_id for w in track.establishing] == [0]  # held until the upstream is Established
+    assert [t[0] for t in relay.timers] == [5.001 + relay.upstream_timeout] and subscriber.session.calls == []
     up = publisher.upstream[0]
     relay.dispatch(publisher, MessageReceived(0, up.request, SubscribeOk(1)))
     assert up.ready.done() and isinstance(up.ready.result(), SubscribeOk)
-    assert relay._answered(up.track) is up
+    relay.advance(5.002)
+    assert subscriber.session.names() == ["subscribe_ok"] and relay.timers == [] and not track.establishing
+    assert [ds.request.stream_id for ds in track.subscribers] == [0]
+
+
+def test_a_held_subscribe_is_refused_with_timeout_when_no_upstream_answers_in_time() -> None:
+    relay = SansIoRelay()
+    publisher = relay.open_peer(Conn())
+    announce = PublishNamespace(0, NS)
+    relay.dispatch(publisher, RequestReceived(1, Request(1, 0, announce, local=False), announce))
+    relay.now = 20.0
+    subscriber, _ = _subscribe(relay, 0, rendezvous_ms=0)
+    relay.advance(20.0 + relay.upstream_timeout - 0.001)
+    assert subscriber.session.calls == []
+    relay.advance(20.0 + relay.upstream_timeout)
+    assert [(n, a[1]) for n, a in subscriber.session.calls] == [("reject", RequestErrorCode.TIMEOUT)]
 
 
 def test_token_expiry_is_judged_at_the_wall_time_passed_in() -> None:

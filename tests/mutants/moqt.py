@@ -19,7 +19,7 @@ from kvconform.moqt.cache import CachedObject
 from kvconform.moqt.data import SG_FIRST_OBJECT, EndOfRange, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
 from kvconform.moqt.errors import MoqtDecodeError, RequestErrorCode, SessionError, StreamResetCode
 from kvconform.moqt.filters import RangeFilter
-from kvconform.moqt.messages import Fetch, PublishNamespace, Subscribe, SubscribeNamespace
+from kvconform.moqt.messages import Fetch, PublishNamespace, RequestError, Subscribe, SubscribeNamespace, SubscribeOk
 from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Decision, Policy, Right, is_prefix
 from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, UpstreamFetch, _Refusal
@@ -329,7 +329,7 @@ class ForwardsPublishNamespaceRelay(Relay):
 class EagerOkRelay(Relay):
     """MOQT-RELAY-ESTABLISHED-BEFORE-OK: answers SUBSCRIBE_OK without waiting for the upstream subscription."""
 
-    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+    def hold_until_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
         self.accept_subscribe(peer, req, msg, track)
 
 
@@ -337,10 +337,17 @@ class ClosesOnUnknownCodeRelay(Relay):
     """MOQT-ERR-UNKNOWN-CODE: closes the publisher's session when it refuses a SUBSCRIBE with a code the relay
     does not know."""
 
-    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
-        sources = [u.peer for u in track.upstreams]
+    sources: dict[int, list[Peer]]  # a held SUBSCRIBE (id of its Request) -> the publishers asked for it
+
+    def hold_until_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+        self.__dict__.setdefault("sources", {})[id(req)] = [u.peer for u in track.upstreams]
+        super().hold_until_established(peer, req, msg, track)
+
+    def subscribe_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track,
+                              last: SubscribeOk | RequestError | None) -> None:
+        sources = self.__dict__.setdefault("sources", {}).pop(id(req), [])
         try:
-            await super()._subscribe_when_ready(peer, req, msg, track)
+            super().subscribe_established(peer, req, msg, track, last)
         except _Refusal as refusal:
             if refusal.code not in set(RequestErrorCode):
                 for source in sources:

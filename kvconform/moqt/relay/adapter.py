@@ -1,12 +1,14 @@
 """The relay's asyncio adapter: QUIC sockets (``kvconform.moqt.quic``), one task per session feeding its events
-to the core with ``now``, timers for the core's pending waits, and the request flows that wait on upstream
-answers within bounds (an upstream subscription Established, an upstream FETCH's progress, TRACK_STATUS, the
-streams of an ended upstream subscription). What to send and to whom is the core's (``core.RelayCore``).
+to the core with ``now``, timers for the core's pending waits (RENDEZVOUS_TIMEOUT, an upstream subscription
+Established, TRACK_STATUS upstream), and the request flows that still wait here within bounds (fills and FETCHes
+on an upstream FETCH's progress, the streams of an ended upstream subscription). What to send and to whom is
+the core's (``core.RelayCore``).
 
 Mutant relays (``tests/mutants``) subclass ``Relay`` and override one small method per behaviour:
 ``authorize``, ``forward_object``, ``serve_fill``, ``fill_items``, ``fetch_items``, ``serve_fetch_range``,
 ``write_fetch_items``, ``subscription_passes``, ``track_properties``, ``upstream_subscribe_parameters``,
-``upstream_fetch_parameters``, ``accept_subscribe``, ``start_fill``. The session's checked writers refuse what a
+``upstream_fetch_parameters``, ``accept_subscribe``, ``start_fill``, and the core's ``hold_until_established`` /
+``subscribe_established`` (a held SUBSCRIBE's wait and its end). The session's checked writers refuse what a
 broken relay would send (descending groups on an Ascending stream, a repeated Object ID); a mutant writes
 such bytes on the stream with ``peer.session.send_raw(stream_id, ...)``, encoding them with
 ``data.FetchStreamWriter`` (another group order) or ``craft.raw_fetch_object``.
@@ -26,8 +28,8 @@ from kvconform.moqt.cache import MAX_ID, ObjectCache, next_loc
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
 from kvconform.moqt.errors import RequestErrorCode, StreamResetCode
 from kvconform.moqt.filters import LocationFilter, RangeFilter
-from kvconform.moqt.messages import Fetch, RequestError, RequestOk, Subscribe, SubscribeOk, TrackStatus
-from kvconform.moqt.parameters import FillParameters, Parameters
+from kvconform.moqt.messages import Fetch
+from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.policy import Policy, Right
 from kvconform.moqt.relay.core import RelayCore
 from kvconform.moqt.relay.state import (
@@ -172,12 +174,6 @@ class Relay(RelayCore):
     def run_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
         self._spawn(self._refusing(peer, req, self.handle_fetch(peer, req, msg)), peer)
 
-    def run_track_status(self, peer: Peer, req: Request, msg: TrackStatus) -> None:
-        self._spawn(self._refusing(peer, req, self.handle_track_status(peer, req, msg)), peer)
-
-    def run_subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
-        self._spawn(self._refusing(peer, req, self._subscribe_when_ready(peer, req, msg, track)), peer)
-
     def run_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location, end: Location,
                  descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
         task = self._spawn(self.serve_fill(ds, request_id, fill, start, end, descending, filters, timeout_ms),
@@ -250,28 +246,6 @@ class Relay(RelayCore):
         finally:
             self._advance()
             self.close_peer(peer)
-
-    # -- SUBSCRIBE held until an upstream subscription is Established ----------------------------------
-
-    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
-        """Hold the downstream SUBSCRIBE until an upstream subscription is Established (section 12)."""
-        last: SubscribeOk | RequestError | None = None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.upstream_timeout
-        while self._answered(track) is None:
-            pending = [u.ready for u in track.upstreams if not u.ready.done()]
-            if not pending or loop.time() >= deadline:
-                break
-            done, _ = await asyncio.wait(pending, timeout=deadline - loop.time(),  # type: ignore[type-var]
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                last = fut.result()
-        self._advance()
-        if peer.gone or req.state is not RequestState.PENDING:
-            return  # the subscriber cancelled meanwhile
-        if self._answered(track) is None:
-            raise self.upstream_refusal(track, last)
-        self.accept_subscribe(peer, req, msg, track)
 
     # -- fills ----------------------------------------------------------------------------------------
 
@@ -452,35 +426,6 @@ class Relay(RelayCore):
             session.end_data_stream(sid)
         with contextlib.suppress(SessionUsageError):
             session.finish_request(req.stream_id)
-
-    # -- TRACK_STATUS ---------------------------------------------------------------------------------
-
-    async def handle_track_status(self, peer: Peer, req: Request, msg: TrackStatus) -> None:
-        self._require(peer, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
-        self._check_track_name(msg.track_namespace)
-        track = self.tracks.get((msg.track_namespace.fields, msg.track_name))
-        if track is not None and (any(u.established for u in track.upstreams) or track.cache.end_of_track):
-            largest, props = track.cache.largest, self.track_properties(track)
-        else:
-            sources = self.publishers_for(msg.track_namespace)
-            if not sources:
-                raise Refusal(RequestErrorCode.DOES_NOT_EXIST, "no publisher for this track")
-            upstream = sources[0].session.track_status(msg.track_namespace, msg.track_name)
-            fut: asyncio.Future[RequestOk | RequestError | None] = asyncio.get_running_loop().create_future()
-            sources[0].status_requests[upstream.stream_id] = fut
-            try:
-                answer = await asyncio.wait_for(fut, self.upstream_timeout)
-            except TimeoutError:
-                answer = None
-            if isinstance(answer, RequestError):
-                raise Refusal(answer.error_code, answer.reason.decode("utf-8", "replace"))
-            if answer is None:
-                raise Refusal(RequestErrorCode.TIMEOUT, "upstream TRACK_STATUS was not answered")
-            largest, props = answer.largest_object, answer.track_properties
-        if peer.gone:
-            return
-        params = Parameters.of((ParamType.LARGEST_OBJECT, largest)) if largest is not None else Parameters()
-        peer.session.request_ok(req.stream_id, params, props)
 
     # -- ending upstream subscriptions ----------------------------------------------------------------
 

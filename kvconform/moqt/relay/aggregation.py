@@ -1,10 +1,11 @@
 """Subscription aggregation and upstream choice (section 12).
 
 A downstream SUBSCRIBE is aggregated onto one upstream subscription per publisher (LOCATION_FILTER Next
-Object); SUBSCRIBE_OK is sent only once one upstream subscription is Established (the adapter waits for the
-answers, bounded), with LARGEST_OBJECT = max(upstream LARGEST_OBJECT, largest Location received). A SUBSCRIBE
+Object); SUBSCRIBE_OK is sent only once one upstream subscription is Established (a pending wait with a timer at
+``upstream_timeout``), with LARGEST_OBJECT = max(upstream LARGEST_OBJECT, largest Location received). A SUBSCRIBE
 with RENDEZVOUS_TIMEOUT and no publisher yet is a pending wait of the core: a timer at its deadline refuses it
-with TIMEOUT, a publisher arriving first serves it (section 7.1).
+with TIMEOUT, a publisher arriving first serves it (section 7.1). TRACK_STATUS of a track the relay does not
+follow is asked of a publisher the same way.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import functools
 from kvconform.moqt.cache import FullTrackName
 from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.filters import LocationFilter
-from kvconform.moqt.messages import Publish, RequestError, Subscribe, SubscribeOk
+from kvconform.moqt.messages import Publish, RequestError, RequestOk, Subscribe, SubscribeOk, TrackStatus
 from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.policy import Right
 from kvconform.moqt.relay.planning import Planning
 from kvconform.moqt.relay.state import (
     Downstream,
+    EstablishWait,
     Peer,
     Refusal,
     Rendezvous,
+    StatusWait,
     Track,
     Upstream,
     cache_duration,
@@ -71,7 +74,7 @@ class Aggregation(Planning):
             return
         for source in sources:
             self.open_upstream(source, track)
-        self.run_subscribe_when_ready(peer, req, msg, track)
+        self.hold_until_established(peer, req, msg, track)
 
     def hold_for_rendezvous(self, peer: Peer, req: Request, msg: Subscribe, track: Track, timeout_ms: int) -> None:
         """Hold a SUBSCRIBE until a matching PUBLISH_NAMESPACE or PUBLISH arrives (RENDEZVOUS_TIMEOUT,
@@ -115,12 +118,6 @@ class Aggregation(Planning):
             self.cancel_timer(rv.timer)
             rv.timer = None
 
-    def _drop_rendezvous(self, peer: Peer) -> None:
-        """A session ended: forget the SUBSCRIBEs it had waiting (nothing is answered on a closed session)."""
-        for track in self.tracks.values():
-            for rv in [r for r in track.rendezvous if r.peer is peer]:
-                self._end_rendezvous(rv)
-
     # -- upstream subscriptions -----------------------------------------------------------------------------
 
     def upstream_subscribe_parameters(self, track: Track) -> Parameters:
@@ -133,6 +130,120 @@ class Aggregation(Planning):
         source.upstream[request.stream_id] = up
         track.upstreams.append(up)
         return up
+
+    def hold_until_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+        """Hold the downstream SUBSCRIBE until an upstream subscription is Established (section 12): a pending
+        wait, looked at once the request has been handled and whenever an upstream answers, with a timer at
+        ``upstream_timeout``."""
+        wait = EstablishWait(peer, req, msg, track, self.now + self.upstream_timeout)
+        track.establishing.append(wait)
+        wait.timer = self.set_timer(wait.deadline, functools.partial(self._establish_deadline, wait))
+        wait.woken = True
+        self.call_soon(functools.partial(self._look_at_establish, wait))
+
+    def upstream_answered(self, up: Upstream, answer: SubscribeOk | RequestError | None) -> None:
+        """The upstream subscription ``up`` was answered (None: it failed otherwise): the SUBSCRIBEs held for its
+        track look again once the event being handled is done."""
+        up.ready.set_result(answer)
+        for wait in up.track.establishing:
+            wait.last = answer
+            if not wait.woken:
+                wait.woken = True
+                self.call_soon(functools.partial(self._look_at_establish, wait))
+
+    def _look_at_establish(self, wait: EstablishWait) -> None:
+        wait.woken = False
+        track = wait.track
+        if wait not in track.establishing:
+            return
+        if self._answered(track) is None and any(not u.ready.done() for u in track.upstreams) \
+                and self.now < wait.deadline:
+            return  # answers still to come
+        self._settle_establish(wait)
+
+    def _establish_deadline(self, wait: EstablishWait) -> None:
+        wait.timer = None  # fired
+        self._settle_establish(wait)
+
+    def _settle_establish(self, wait: EstablishWait) -> None:
+        if wait not in wait.track.establishing:
+            return
+        wait.track.establishing.remove(wait)
+        if wait.timer is not None:
+            self.cancel_timer(wait.timer)
+            wait.timer = None
+        try:
+            self.subscribe_established(wait.peer, wait.request, wait.message, wait.track, wait.last)
+        except Refusal as refusal:
+            self._refuse(wait.peer, wait.request, refusal.code, refusal.reason)
+
+    def subscribe_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track,
+                              last: SubscribeOk | RequestError | None) -> None:
+        """The end of a held SUBSCRIBE's wait: SUBSCRIBE_OK if an upstream subscription is Established, else
+        the refusal ``upstream_refusal`` gives (``last``: the latest upstream answer seen while waiting)."""
+        if peer.gone or req.state is not RequestState.PENDING:
+            return  # the subscriber cancelled meanwhile
+        if self._answered(track) is None:
+            raise self.upstream_refusal(track, last)
+        self.accept_subscribe(peer, req, msg, track)
+
+    def _drop_waits(self, peer: Peer) -> None:
+        """A session ended: forget the SUBSCRIBEs it had waiting (nothing is answered on a closed session)."""
+        for track in self.tracks.values():
+            for rv in [r for r in track.rendezvous if r.peer is peer]:
+                self._end_rendezvous(rv)
+            for wait in [w for w in track.establishing if w.peer is peer]:
+                track.establishing.remove(wait)
+                if wait.timer is not None:
+                    self.cancel_timer(wait.timer)
+                    wait.timer = None
+
+    # -- TRACK_STATUS -----------------------------------------------------------------------------------------
+
+    def handle_track_status(self, peer: Peer, req: Request, msg: TrackStatus) -> None:
+        """TRACK_STATUS: answered from what the relay knows of a track it follows, else asked of a publisher
+        (a pending wait with a timer at ``upstream_timeout``)."""
+        self._require(peer, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
+        self._check_track_name(msg.track_namespace)
+        track = self.tracks.get((msg.track_namespace.fields, msg.track_name))
+        if track is not None and (any(u.established for u in track.upstreams) or track.cache.end_of_track):
+            self._answer_track_status(peer, req, track.cache.largest, self.track_properties(track))
+            return
+        sources = self.publishers_for(msg.track_namespace)
+        if not sources:
+            raise Refusal(RequestErrorCode.DOES_NOT_EXIST, "no publisher for this track")
+        upstream = sources[0].session.track_status(msg.track_namespace, msg.track_name)
+        wait = StatusWait(peer, req, sources[0], upstream.stream_id)
+        sources[0].status_requests[upstream.stream_id] = wait
+        wait.timer = self.set_timer(self.now + self.upstream_timeout, functools.partial(self._status_deadline, wait))
+
+    def _status_deadline(self, wait: StatusWait) -> None:
+        wait.timer = None  # fired
+        self.track_status_answered(wait, None)
+
+    def track_status_answered(self, wait: StatusWait, answer: RequestOk | RequestError | None) -> None:
+        """The source answered (None: it did not, in time or at all): answer the requester."""
+        if wait.done:
+            return
+        wait.done = True
+        if wait.timer is not None:
+            self.cancel_timer(wait.timer)
+            wait.timer = None
+        peer, req = wait.requester, wait.request
+        if peer.gone:
+            return
+        if isinstance(answer, RequestError):
+            self._refuse(peer, req, answer.error_code, answer.reason.decode("utf-8", "replace"))
+        elif answer is None:
+            self._refuse(peer, req, RequestErrorCode.TIMEOUT, "upstream TRACK_STATUS was not answered")
+        else:
+            self._answer_track_status(peer, req, answer.largest_object, answer.track_properties)
+
+    @staticmethod
+    def _answer_track_status(peer: Peer, req: Request, largest: Location | None,
+                             props: tuple[KeyValuePair, ...]) -> None:
+        params = Parameters.of((ParamType.LARGEST_OBJECT, largest)) if largest is not None else Parameters()
+        peer.session.request_ok(req.stream_id, params, props)
 
     def _answered(self, track: Track) -> Upstream | None:
         """An upstream subscription that is Established, or was answered with SUBSCRIBE_OK and is ending

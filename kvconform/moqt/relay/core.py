@@ -152,7 +152,7 @@ class RelayCore(Namespaces):
         msg = req.message
         try:
             if isinstance(msg, TrackStatus):
-                self.run_track_status(peer, req, msg)
+                self.handle_track_status(peer, req, msg)
             elif isinstance(msg, Fetch):
                 self.run_fetch(peer, req, msg)
             elif isinstance(msg, Subscribe):
@@ -178,8 +178,8 @@ class RelayCore(Namespaces):
             if fetch is not None and fetch.ok is None:
                 self._fetch_finished(fetch, False)
             status = peer.status_requests.pop(sid, None)
-            if status is not None and not status.done():
-                status.set_result(None)
+            if status is not None:
+                self.track_status_answered(status, None)
             return
         if event.reset_code is None:
             return  # FIN from a requester: no more updates, not a cancellation (section 4.4)
@@ -202,10 +202,10 @@ class RelayCore(Namespaces):
             if isinstance(msg, SubscribeOk):
                 self._learn_track(up.track, msg.track_properties, msg.largest_object)
                 if not up.ready.done():
-                    up.ready.set_result(msg)
+                    self.upstream_answered(up, msg)
             elif isinstance(msg, RequestError) and not up.ready.done():
                 up.track.upstreams.remove(up)
-                up.ready.set_result(msg)
+                self.upstream_answered(up, msg)
             elif isinstance(msg, PublishDone):
                 up.done = msg
                 self.run_upstream_done(up)
@@ -225,8 +225,8 @@ class RelayCore(Namespaces):
             return
         status = peer.status_requests.pop(sid, None)
         if status is not None:
-            if isinstance(msg, RequestOk | RequestError) and not status.done():
-                status.set_result(msg)
+            if isinstance(msg, RequestOk | RequestError):
+                self.track_status_answered(status, msg)
             return
         if isinstance(msg, RequestUpdate):
             self._on_update(peer, event.request, msg)
@@ -267,7 +267,7 @@ class RelayCore(Namespaces):
         peer.gone = True
         for task in list(peer.tasks):
             task.cancel()
-        self._drop_rendezvous(peer)
+        self._drop_waits(peer)
         for sid in list(peer.publications):
             self._withdraw(peer, sid)
         peer.namespace_subs.clear()
@@ -278,8 +278,7 @@ class RelayCore(Namespaces):
             self._drop_upstream(up, f"upstream {peer} closed")
         for fetch in list(peer.fetches.values()):
             self._fetch_finished(fetch, False)
-        for fut in peer.status_requests.values():
-            if not fut.done():
-                fut.set_result(None)
+        for status in list(peer.status_requests.values()):
+            self.track_status_answered(status, None)
         if peer in self.peers:
             self.peers.remove(peer)

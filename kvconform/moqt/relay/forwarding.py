@@ -189,7 +189,7 @@ class Forwarding(Authorization):
         if up.done is not None:
             return
         if not up.ready.done():
-            up.ready.set_result(None)
+            self.upstream_answered(up, None)
         up.done = PublishDone(PublishDoneCode.INTERNAL_ERROR, 0, reason.encode())
         if up in up.track.upstreams:
             up.track.upstreams.remove(up)

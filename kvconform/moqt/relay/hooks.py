@@ -4,8 +4,7 @@ The core (``RelayCore``: authorization, aggregation, namespaces, planning, forwa
 events and ``now`` come in (the adapter sets ``now`` and ``wall_now`` before each call); commands go out on the
 sessions (``kvconform.moqt.session.Session`` is sans-I/O too) and as the hooks below, which the asyncio adapter
 (``adapter.Relay``) implements: a timer at a deadline, a deferred call, a callback once streams have left, and
-the request flows that still wait inside the adapter (an upstream answer, a fill, a FETCH, TRACK_STATUS, the
-end of an upstream subscription).
+the request flows that still wait inside the adapter (a fill, a FETCH, the end of an upstream subscription).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvconform.moqt.cache import FullTrackName, ObjectCache
 from kvconform.moqt.filters import RangeFilter
-from kvconform.moqt.messages import Fetch, Subscribe, TrackStatus
+from kvconform.moqt.messages import Fetch
 from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.policy import Policy
 from kvconform.moqt.relay.state import Completion, Downstream, Peer, RelayCounters, Signal, Track, Upstream
@@ -46,7 +45,7 @@ class CoreBase:
     # -- commands to the adapter ------------------------------------------------------------------------
 
     def new_completion(self) -> Completion[Any]:
-        """A result the adapter can wait for (``Upstream.ready``, ``UpstreamFetch.done``, TRACK_STATUS)."""
+        """A result the adapter can wait for (``Upstream.ready``, ``UpstreamFetch.done``)."""
         raise NotImplementedError
 
     def new_signal(self) -> Signal:
@@ -69,12 +68,6 @@ class CoreBase:
         raise NotImplementedError
 
     def run_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
-        raise NotImplementedError
-
-    def run_track_status(self, peer: Peer, req: Request, msg: TrackStatus) -> None:
-        raise NotImplementedError
-
-    def run_subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
         raise NotImplementedError
 
     def run_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location, end: Location,
@@ -110,3 +103,5 @@ class CoreBase:
         def _fetch_finished(self, fetch: UpstreamFetch, ok: bool) -> None: ...
 
         def _answered(self, track: Track) -> Upstream | None: ...
+
+        def upstream_answered(self, up: Upstream, answer: Any) -> None: ...

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from kvconform.moqt.cache import MAX_ID, FullTrackName, TrackCache
 from kvconform.moqt.data import SubgroupHeader
 from kvconform.moqt.filters import LocationFilter, RangeFilter
-from kvconform.moqt.messages import FetchOk, PublishDone, RequestError, RequestOk, Subscribe, SubscribeOk
+from kvconform.moqt.messages import FetchOk, PublishDone, RequestError, Subscribe, SubscribeOk
 from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import TokenKey
 from kvconform.moqt.session import Request, RequestState
@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_FILL_TIMEOUT_MS",
     "Completion",
     "Downstream",
+    "EstablishWait",
     "InStream",
     "Peer",
     "PlainCompletion",
@@ -45,6 +46,7 @@ __all__ = [
     "RelayCounters",
     "Rendezvous",
     "Signal",
+    "StatusWait",
     "Track",
     "TrackCounters",
     "Upstream",
@@ -186,7 +188,7 @@ class Peer:
     fetches: dict[int, UpstreamFetch] = field(default_factory=dict)  # our FETCH request streams
     fetch_streams: dict[int, UpstreamFetch] = field(default_factory=dict)  # their fetch data streams
     in_streams: dict[int, InStream] = field(default_factory=dict)  # its subgroup streams
-    status_requests: dict[int, Completion[RequestOk | RequestError | None]] = field(default_factory=dict)
+    status_requests: dict[int, StatusWait] = field(default_factory=dict)  # our TRACK_STATUS request streams
     tasks: set[Any] = field(default_factory=set)  # the adapter's work for this session (Cancellable)
     gone: bool = False
 
@@ -213,6 +215,35 @@ class Rendezvous:
 
 
 @dataclass(eq=False)
+class EstablishWait:
+    """A SUBSCRIBE held until one of its track's upstream subscriptions is Established (section 12): a pending
+    wait of the core, looked at again whenever an upstream answers, ended at ``deadline`` by the adapter's
+    timer (``upstream_timeout``)."""
+
+    peer: Peer
+    request: Request
+    message: Subscribe
+    track: Track
+    deadline: float  # on the core's ``now`` scale
+    last: SubscribeOk | RequestError | None = None  # the latest upstream answer seen while waiting
+    timer: Any = None
+    woken: bool = False  # a look after an upstream answer is scheduled
+
+
+@dataclass(eq=False)
+class StatusWait:
+    """A TRACK_STATUS the relay sent upstream for a requester's TRACK_STATUS: answered when the source answers,
+    or with TIMEOUT at the adapter's timer (``upstream_timeout``) or when the source's request ends first."""
+
+    requester: Peer
+    request: Request
+    source: Peer
+    stream_id: int  # the relay's request stream to the source
+    timer: Any = None
+    done: bool = False
+
+
+@dataclass(eq=False)
 class Track:
     """Everything the relay knows about one Full Track Name."""
 
@@ -224,6 +255,7 @@ class Track:
     counters: TrackCounters = field(default_factory=TrackCounters)
     rendezvous: list[Rendezvous] = field(default_factory=list)  # SUBSCRIBEs waiting for a publisher
     wake_pending: bool = False  # a source arrived; the adapter's wake-up has not run yet
+    establishing: list[EstablishWait] = field(default_factory=list)  # SUBSCRIBEs waiting for SUBSCRIBE_OK upstream
 
     @property
     def waiting(self) -> int:
