@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.moqt.cache import ObjectCache
-from kvconform.moqt.errors import RequestErrorCode
-from kvconform.moqt.messages import PublishNamespace, Subscribe, SubscribeOk
+from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode
+from kvconform.moqt.messages import PublishDone, PublishNamespace, Subscribe, SubscribeOk
 from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Grant, Policy, Right, TokenKey
 from kvconform.moqt.relay import RelayCore
-from kvconform.moqt.relay.state import Completion, PlainCompletion, PlainSignal, Signal
+from kvconform.moqt.relay.state import DONE_GRACE, Completion, PlainCompletion, PlainSignal, Signal
 from kvconform.moqt.session import MessageReceived, Request, RequestReceived
 from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
 
@@ -61,6 +61,7 @@ class SansIoRelay(RelayCore):
         super().__init__(policy=policy, cache=ObjectCache(clock=lambda: 0.0))  # the cache's expiry is not used here
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.soon: list[Callable[[], None]] = []
+        self.sent_waits: list[Any] = []  # sessions whose PUBLISH_DONE waits for its streams to leave
 
     def new_completion(self) -> Completion[Any]:
         return PlainCompletion()
@@ -78,6 +79,9 @@ class SansIoRelay(RelayCore):
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.soon.append(callback)
+
+    def after_sent(self, peer: Any, stream_ids: Any, callback: Callable[[], None], timeout: float) -> None:
+        self.sent_waits.append(peer)
 
     def advance(self, now: float) -> None:
         """Time passes to ``now``: the deferred calls run, then every timer due by then."""
@@ -131,6 +135,25 @@ def test_a_publisher_arriving_serves_the_held_subscribe_and_cancels_its_timer() 
     relay.advance(5.002)
     assert subscriber.session.names() == ["subscribe_ok"] and relay.timers == [] and not track.establishing
     assert [ds.request.stream_id for ds in track.subscribers] == [0]
+
+
+def test_an_upstream_publish_done_ends_the_subscriptions_after_the_grace_without_progress() -> None:
+    relay = SansIoRelay()
+    publisher = relay.open_peer(Conn())
+    announce = PublishNamespace(0, NS)
+    relay.dispatch(publisher, RequestReceived(1, Request(1, 0, announce, local=False), announce))
+    subscriber, _ = _subscribe(relay, 0, rendezvous_ms=0)
+    up = publisher.upstream[0]
+    relay.dispatch(publisher, MessageReceived(0, up.request, SubscribeOk(1)))
+    relay.advance(0.0)
+    track = relay.tracks[(NS.fields, NAME)]
+    assert len(track.subscribers) == 1
+    relay.now = 50.0
+    relay.dispatch(publisher, MessageReceived(0, up.request, PublishDone(PublishDoneCode.TRACK_ENDED, 1, b"")))
+    relay.advance(50.0 + DONE_GRACE - 0.001)  # one data stream counted, none ended: wait, DONE_GRACE at most
+    assert len(track.subscribers) == 1 and relay.sent_waits == []
+    relay.advance(50.0 + DONE_GRACE)
+    assert track.subscribers == [] and relay.sent_waits == [subscriber] and up not in track.upstreams
 
 
 def test_a_held_subscribe_is_refused_with_timeout_when_no_upstream_answers_in_time() -> None:

@@ -1,8 +1,8 @@
 """The relay's asyncio adapter: QUIC sockets (``kvconform.moqt.quic``), one task per session feeding its events
 to the core with ``now``, timers for the core's pending waits (RENDEZVOUS_TIMEOUT, an upstream subscription
-Established, TRACK_STATUS upstream), and the request flows that still wait here within bounds (fills and FETCHes
-on an upstream FETCH's progress, the streams of an ended upstream subscription). What to send and to whom is
-the core's (``core.RelayCore``).
+Established, TRACK_STATUS upstream, an upstream subscription's end), and the request flows that still wait here
+within bounds (fills and FETCHes on an upstream FETCH's progress). What to send and to whom is the core's
+(``core.RelayCore``).
 
 Mutant relays (``tests/mutants``) subclass ``Relay`` and override one small method per behaviour:
 ``authorize``, ``forward_object``, ``serve_fill``, ``fill_items``, ``fetch_items``, ``serve_fetch_range``,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -35,7 +36,6 @@ from kvconform.moqt.relay.core import RelayCore
 from kvconform.moqt.relay.state import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_FILL_TIMEOUT_MS,
-    DONE_GRACE,
     UPSTREAM_TIMEOUT,
     Completion,
     Downstream,
@@ -43,7 +43,6 @@ from kvconform.moqt.relay.state import (
     Refusal,
     Signal,
     Track,
-    Upstream,
     UpstreamFetch,
     int_param,
     loc_before,
@@ -87,6 +86,7 @@ class Relay(RelayCore):
         self._server: quic.MoqtServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.Handle] = set()
+        self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -96,6 +96,7 @@ class Relay(RelayCore):
         return self
 
     async def close(self, timeout: float = 5.0) -> None:
+        self._closing = True
         for handle in list(self._timers):
             handle.cancel()
         self._timers.clear()
@@ -132,6 +133,8 @@ class Relay(RelayCore):
 
     def _run(self, callback: Callback) -> None:
         """Run a core callback (a timer, a deferred call) as a session event is run."""
+        if self._closing:
+            return  # the relay is stopping: its tasks are cancelled, nothing more is sent
         self._advance()
         try:
             callback()
@@ -180,9 +183,7 @@ class Relay(RelayCore):
                            ds.peer)
         ds.fill_tasks.add(task)
         task.add_done_callback(ds.fill_tasks.discard)
-
-    def run_upstream_done(self, up: Upstream) -> None:
-        self._spawn(self._upstream_done(up))
+        task.add_done_callback(lambda _: self._run(functools.partial(self.fill_done, ds)))
 
     # -- tasks ----------------------------------------------------------------------------------------
 
@@ -426,35 +427,3 @@ class Relay(RelayCore):
             session.end_data_stream(sid)
         with contextlib.suppress(SessionUsageError):
             session.finish_request(req.stream_id)
-
-    # -- ending upstream subscriptions ----------------------------------------------------------------
-
-    async def _upstream_done(self, up: Upstream) -> None:
-        """PUBLISH_DONE upstream: once its data streams have ended (bounded: DONE_GRACE without progress),
-        end the downstream subscriptions that have no other source, after their own streams closed
-        (section 6.2)."""
-        assert up.done is not None
-        progress: asyncio.Event = up.progress  # type: ignore[assignment]
-        while up.streams_ended < up.done.stream_count:
-            progress.clear()
-            try:
-                await asyncio.wait_for(progress.wait(), DONE_GRACE)
-            except TimeoutError:
-                break
-        self._advance()
-        track = up.track
-        if not any(u.established for u in track.upstreams if u is not up):
-            # Subscribers accepted while this runs (``_answered``) are ended here too.
-            handled: set[Downstream] = set()
-            while batch := [ds for ds in track.subscribers if ds not in handled]:
-                for ds in batch:
-                    handled.add(ds)
-                    await self._finish_downstream(ds, up.done.status_code, up.done.reason.decode("utf-8", "replace"))
-        if up in track.upstreams:
-            track.upstreams.remove(up)
-
-    async def _finish_downstream(self, ds: Downstream, status: int, reason: str) -> None:
-        if ds.fill_tasks:
-            await asyncio.wait(set(ds.fill_tasks), timeout=DONE_GRACE)
-        self._advance()
-        self._end_downstream(ds, status, reason)

@@ -126,7 +126,7 @@ class Aggregation(Planning):
 
     def open_upstream(self, source: Peer, track: Track) -> Upstream:
         request = source.session.subscribe(track.namespace, track.name, self.upstream_subscribe_parameters(track))
-        up = Upstream(source, request, track, self.new_completion(), self.new_signal())
+        up = Upstream(source, request, track, self.new_completion())
         source.upstream[request.stream_id] = up
         track.upstreams.append(up)
         return up
@@ -290,7 +290,7 @@ class Aggregation(Planning):
         track = self.track_for(msg.track_namespace, msg.track_name)
         ready = self.new_completion()
         ready.set_result(None)
-        up = Upstream(peer, req, track, ready, self.new_signal())
+        up = Upstream(peer, req, track, ready)
         peer.upstream[req.stream_id] = up
         track.upstreams.append(up)
         self._learn_track(track, msg.track_properties, req.largest)

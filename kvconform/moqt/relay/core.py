@@ -208,7 +208,7 @@ class RelayCore(Namespaces):
                 self.upstream_answered(up, msg)
             elif isinstance(msg, PublishDone):
                 up.done = msg
-                self.run_upstream_done(up)
+                self.upstream_done(up)
             return
         fetch = peer.fetches.get(sid)
         if fetch is not None:

@@ -17,7 +17,16 @@ from kvconform.moqt.errors import PublishDoneCode, StreamResetCode
 from kvconform.moqt.filters import passes_range_filters
 from kvconform.moqt.messages import PublishDone
 from kvconform.moqt.relay.authorization import Authorization
-from kvconform.moqt.relay.state import PUBLISH_DONE_AFTER_SENT, Downstream, InStream, Peer, Track, Upstream
+from kvconform.moqt.relay.state import (
+    DONE_GRACE,
+    PUBLISH_DONE_AFTER_SENT,
+    Downstream,
+    InStream,
+    Peer,
+    Track,
+    Upstream,
+    UpstreamEnding,
+)
 from kvconform.moqt.session import DataStreamEnded, DataStreamOpened, ObjectReceived, SessionUsageError
 from kvconform.moqt.structures import PropertyType, find_kvp
 
@@ -75,8 +84,8 @@ class Forwarding(Authorization):
             if st.first_id is None:
                 st.first_id = obj.object_id
             st.last_id = obj.object_id
-            if st.upstream.done is not None:
-                st.upstream.progress.set()  # still arriving: the upstream's end keeps waiting
+            if st.upstream.ending is not None:
+                self._ending_progress(st.upstream.ending)  # still arriving: the upstream's end keeps waiting
             for ds in list(track.subscribers):
                 if self.subscription_passes(ds, obj, cached.priority):
                     with contextlib.suppress(SessionUsageError):
@@ -136,7 +145,8 @@ class Forwarding(Authorization):
                         else:
                             ds.peer.session.reset_data_stream(sid, event.reset_code)
             up.streams_ended += 1
-            up.progress.set()
+            if up.ending is not None:
+                self._ending_progress(up.ending)
             return
         fetch = peer.fetch_streams.pop(event.stream_id, None)
         if fetch is not None:
@@ -148,6 +158,83 @@ class Forwarding(Authorization):
                     self._fetch_finished(fetch, True)
 
     # -- ending subscriptions ---------------------------------------------------------------------------
+
+    def upstream_done(self, up: Upstream) -> None:
+        """PUBLISH_DONE upstream: once its data streams have ended (bounded: DONE_GRACE without progress), end
+        the downstream subscriptions that have no other source, after their fills finished (DONE_GRACE at most
+        each) and their own streams closed (section 6.2). Looked at first once the event is handled."""
+        ending = up.ending = UpstreamEnding(up, self.now + DONE_GRACE)
+        ending.timer = self.set_timer(ending.deadline, functools.partial(self._ending_deadline, ending))
+        self._ending_look_soon(ending)
+
+    def _ending_look_soon(self, ending: UpstreamEnding) -> None:
+        if not ending.look_pending:
+            ending.look_pending = True
+            self.call_soon(functools.partial(self._ending_look, ending))
+
+    def _ending_progress(self, ending: UpstreamEnding) -> None:
+        if ending.phase == "streams":
+            ending.deadline = self.now + DONE_GRACE  # idle time, not total: the timer moves on when it fires
+            self._ending_look_soon(ending)
+
+    def _ending_look(self, ending: UpstreamEnding) -> None:
+        ending.look_pending = False
+        up = ending.up
+        assert up.done is not None
+        if ending.phase == "streams" and up.streams_ended >= up.done.stream_count:
+            self._ending_subscribers(ending)
+
+    def _ending_deadline(self, ending: UpstreamEnding) -> None:
+        ending.timer = None  # fired
+        if self.now < ending.deadline:  # progress since it was set: wait on
+            ending.timer = self.set_timer(ending.deadline, functools.partial(self._ending_deadline, ending))
+        elif ending.phase == "streams":
+            self._ending_subscribers(ending)
+        elif ending.phase == "subscribers" and ending.current is not None:
+            self._ending_next(ending)
+
+    def _ending_subscribers(self, ending: UpstreamEnding) -> None:
+        if ending.timer is not None:
+            self.cancel_timer(ending.timer)
+            ending.timer = None
+        ending.phase = "subscribers"
+        up = ending.up
+        ending.ends_subscribers = not any(u.established for u in up.track.upstreams if u is not up)
+        self._ending_next(ending)
+
+    def _ending_next(self, ending: UpstreamEnding) -> None:
+        """End the next subscription not handled yet (subscribers accepted meanwhile too, ``_answered``); one
+        with a fill still running waits for it first, DONE_GRACE at most."""
+        up, track = ending.up, ending.up.track
+        assert up.done is not None
+        if ending.current is not None:
+            ds, ending.current = ending.current, None
+            if ending.timer is not None:
+                self.cancel_timer(ending.timer)
+                ending.timer = None
+            self._end_downstream(ds, up.done.status_code, up.done.reason.decode("utf-8", "replace"))
+        while ending.ends_subscribers:
+            ds = next((d for d in track.subscribers if d not in ending.handled), None)
+            if ds is None:
+                break
+            ending.handled.add(ds)
+            if ds.fill_tasks:
+                ending.current = ds
+                ending.deadline = self.now + DONE_GRACE
+                ending.timer = self.set_timer(ending.deadline, functools.partial(self._ending_deadline, ending))
+                return
+            self._end_downstream(ds, up.done.status_code, up.done.reason.decode("utf-8", "replace"))
+        ending.phase = "ended"
+        if up in track.upstreams:
+            track.upstreams.remove(up)
+
+    def fill_done(self, ds: Downstream) -> None:
+        """A fill of ``ds`` finished (the adapter's task for it ended): an upstream's end waiting for it goes on."""
+        if ds.fill_tasks:
+            return
+        for up in list(ds.track.upstreams):
+            if up.ending is not None and up.ending.current is ds:
+                self._ending_next(up.ending)
 
     def _end_downstream(self, ds: Downstream, status: int, reason: str) -> None:
         if ds.finished:

@@ -4,7 +4,7 @@ The core (``RelayCore``: authorization, aggregation, namespaces, planning, forwa
 events and ``now`` come in (the adapter sets ``now`` and ``wall_now`` before each call); commands go out on the
 sessions (``kvconform.moqt.session.Session`` is sans-I/O too) and as the hooks below, which the asyncio adapter
 (``adapter.Relay``) implements: a timer at a deadline, a deferred call, a callback once streams have left, and
-the request flows that still wait inside the adapter (a fill, a FETCH, the end of an upstream subscription).
+the request flows that still wait inside the adapter (a fill, a FETCH).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class CoreBase:
         raise NotImplementedError
 
     def new_signal(self) -> Signal:
-        """A flag the adapter can wait for (progress of an upstream subscription or FETCH)."""
+        """A flag the adapter can wait for (an upstream FETCH's progress)."""
         raise NotImplementedError
 
     def set_timer(self, deadline: float, callback: Callback) -> Any:
@@ -72,9 +72,6 @@ class CoreBase:
 
     def run_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location, end: Location,
                  descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
-        raise NotImplementedError
-
-    def run_upstream_done(self, up: Upstream) -> None:
         raise NotImplementedError
 
     # -- what one concept calls of another (declared for the type checker) -------------------------------

@@ -1,9 +1,11 @@
 """The relay's state: sessions, tracks, the subscriptions it holds upstream and serves downstream, its own
 FETCHes, and its counters. Plain data: no asyncio, no clock.
 
-What the asyncio adapter waits on (an upstream subscription's answer, a FETCH's end, progress on either)
-is held as a ``Completion`` or a ``Signal``: interfaces the adapter fills with asyncio objects and a test
-with plain ones (``PlainCompletion``, ``PlainSignal``), so the core sets them without knowing who waits.
+What the adapter may wait on (an upstream subscription's answer, an upstream FETCH's end and progress) is held
+as a ``Completion`` or a ``Signal``: interfaces the adapter fills with asyncio objects and a test with plain ones
+(``PlainCompletion``, ``PlainSignal``), so the core sets them without knowing who waits. The core's own pending
+waits (``Rendezvous``, ``EstablishWait``, ``StatusWait``, ``UpstreamEnding``) carry a deadline on the core's
+``now`` scale and the handle of the adapter's timer for it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "Track",
     "TrackCounters",
     "Upstream",
+    "UpstreamEnding",
     "UpstreamFetch",
 ]
 
@@ -278,13 +281,30 @@ class Upstream:
     request: Request
     track: Track
     ready: Completion[SubscribeOk | RequestError | None]  # None: the request failed otherwise
-    progress: Signal  # set as objects and stream ends arrive after PUBLISH_DONE
     done: PublishDone | None = None
     streams_ended: int = 0
+    ending: UpstreamEnding | None = None  # after PUBLISH_DONE: its end being carried out
 
     @property
     def established(self) -> bool:
         return self.request.state is RequestState.ESTABLISHED and self.done is None and not self.peer.gone
+
+
+@dataclass(eq=False)
+class UpstreamEnding:
+    """An upstream subscription's PUBLISH_DONE being carried out, a pending wait of the core in two phases: its data
+    streams ending (``streams``: until PUBLISH_DONE's Stream Count have ended, or DONE_GRACE without progress),
+    then its downstream subscriptions ending one by one, each once its fills finished (``subscribers``: DONE_GRACE
+    at most each), section 6.2."""
+
+    up: Upstream
+    deadline: float  # on the core's ``now`` scale: the current phase's bound
+    phase: str = "streams"  # "streams", "subscribers", "ended"
+    ends_subscribers: bool = False  # no other upstream subscription of the track was Established
+    handled: set[Downstream] = field(default_factory=set)
+    current: Downstream | None = None  # the subscription whose fills are awaited
+    timer: Any = None
+    look_pending: bool = False
 
 
 @dataclass(eq=False)
