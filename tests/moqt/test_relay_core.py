@@ -13,13 +13,13 @@ from typing import Any
 
 from kvconform.moqt.cache import ObjectCache
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode
-from kvconform.moqt.messages import PublishDone, PublishNamespace, Subscribe, SubscribeOk
+from kvconform.moqt.messages import Fetch, PublishDone, PublishNamespace, Subscribe, SubscribeOk
 from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Grant, Policy, Right, TokenKey
 from kvconform.moqt.relay import RelayCore
-from kvconform.moqt.relay.state import DONE_GRACE, Completion, PlainCompletion, PlainSignal, Signal
+from kvconform.moqt.relay.state import DONE_GRACE, Completion, PlainCompletion
 from kvconform.moqt.session import MessageReceived, Request, RequestReceived
-from kvconform.moqt.structures import AuthToken, ParamType, TrackNamespace
+from kvconform.moqt.structures import AuthToken, Location, ParamType, TrackNamespace
 
 NS = TrackNamespace((b"kvconform", b"core"))
 NAME = b"track"
@@ -45,6 +45,13 @@ class RecordingSession:
         self.calls.append(("subscribe", (namespace, name)))
         return req
 
+    def fetch(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> Request:
+        rid = self.next_stream // 2
+        req = Request(self.next_stream, rid, Fetch(rid, namespace, name, params), local=True)
+        self.next_stream += 4
+        self.calls.append(("fetch", (namespace, name)))
+        return req
+
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 
@@ -65,9 +72,6 @@ class SansIoRelay(RelayCore):
 
     def new_completion(self) -> Completion[Any]:
         return PlainCompletion()
-
-    def new_signal(self) -> Signal:
-        return PlainSignal()
 
     def set_timer(self, deadline: float, callback: Callable[[], None]) -> Any:
         entry = (deadline, callback)
@@ -154,6 +158,21 @@ def test_an_upstream_publish_done_ends_the_subscriptions_after_the_grace_without
     assert len(track.subscribers) == 1 and relay.sent_waits == []
     relay.advance(50.0 + DONE_GRACE)
     assert track.subscribers == [] and relay.sent_waits == [subscriber] and up not in track.upstreams
+
+
+def test_a_wait_for_an_upstream_fetch_gives_up_after_fill_timeout_without_progress() -> None:
+    relay = SansIoRelay()
+    publisher = relay.open_peer(Conn())
+    fetch = relay.open_upstream_fetch(publisher, relay.track_for(NS, NAME), Location(0, 0), Location(4, 0))
+    result = relay.wait_for_fetch(fetch, None)  # no FILL_TIMEOUT: bounded by progress
+    assert [t[0] for t in relay.timers] == [relay.fill_timeout_ms / 1000.0]
+    relay.now = 3.0
+    relay._fetch_progress(fetch)  # an object arrived: a new window from now
+    relay.advance(3.0)
+    assert [t[0] for t in relay.timers] == [3.0 + relay.fill_timeout_ms / 1000.0] and not result.done()
+    relay.advance(3.0 + relay.fill_timeout_ms / 1000.0)
+    assert result.done() and result.result() is False  # gave up: the FETCH is cancelled upstream
+    assert publisher.session.names() == ["fetch", "cancel"] and fetch.done.done() and publisher.fetches == {}
 
 
 def test_a_held_subscribe_is_refused_with_timeout_when_no_upstream_answers_in_time() -> None:

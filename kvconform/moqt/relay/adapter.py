@@ -1,8 +1,8 @@
 """The relay's asyncio adapter: QUIC sockets (``kvconform.moqt.quic``), one task per session feeding its events
 to the core with ``now``, timers for the core's pending waits (RENDEZVOUS_TIMEOUT, an upstream subscription
 Established, TRACK_STATUS upstream, an upstream subscription's end), and the request flows that still wait here
-within bounds (fills and FETCHes on an upstream FETCH's progress). What to send and to whom is the core's
-(``core.RelayCore``).
+as coroutines over the core's waits (fills and FETCHes, awaiting an upstream FETCH through ``wait_for_fetch``).
+What to send and to whom, and every deadline, is the core's (``core.RelayCore``).
 
 Mutant relays (``tests/mutants``) subclass ``Relay`` and override one small method per behaviour:
 ``authorize``, ``forward_object``, ``serve_fill``, ``fill_items``, ``fetch_items``, ``serve_fetch_range``,
@@ -41,7 +41,6 @@ from kvconform.moqt.relay.state import (
     Downstream,
     Peer,
     Refusal,
-    Signal,
     Track,
     UpstreamFetch,
     int_param,
@@ -146,9 +145,6 @@ class Relay(RelayCore):
 
     def new_completion(self) -> Completion[Any]:
         return asyncio.get_running_loop().create_future()
-
-    def new_signal(self) -> Signal:
-        return asyncio.Event()
 
     def set_timer(self, deadline: float, callback: Callback) -> asyncio.TimerHandle:
         def fire() -> None:
@@ -291,28 +287,12 @@ class Relay(RelayCore):
 
     async def _await_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None,
                            until: Callable[[], bool] | None = None) -> bool:
-        """Wait for an upstream FETCH to finish, or only until ``until()`` holds: within ``timeout_ms`` in all
-        (a request's FILL_TIMEOUT), or, with None, for as long as it makes progress (its answer or records
-        arriving, ``fill_timeout_ms`` at most between two). False (and the FETCH cancelled) when the budget
-        ran out."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000.0
-        done: asyncio.Future[Any] = fetch.done  # type: ignore[assignment]
-        progress: asyncio.Event = fetch.progress  # type: ignore[assignment]
-        while not done.done() and not (until is not None and until()):
-            progress.clear()
-            wait = self.fill_timeout_ms / 1000.0 if deadline is None else deadline - loop.time()
-            progressed: asyncio.Future[Any] = asyncio.ensure_future(progress.wait())
-            try:
-                await asyncio.wait({progressed, done}, timeout=max(wait, 0.0), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                progressed.cancel()
-            if not done.done() and not progress.is_set():
-                self._advance()
-                self._cancel_upstream_fetch(fetch)
-                return False
+        """The core's ``wait_for_fetch``, awaited: True once the FETCH finished (or ``until()`` held), False
+        (the FETCH cancelled) when the budget ran out."""
+        result: asyncio.Future[bool] = self.wait_for_fetch(fetch, timeout_ms, until)  # type: ignore[assignment]
+        ok = await result
         self._advance()
-        return True
+        return ok
 
     # -- FETCH ----------------------------------------------------------------------------------------
 
@@ -326,11 +306,10 @@ class Relay(RelayCore):
         flt = req.location_filter or LocationFilter.none()
         descending = int_param(params, ParamType.GROUP_ORDER) == GroupOrder.DESCENDING
         timeout_ms = int_param(params, ParamType.FILL_TIMEOUT)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000.0
+        deadline = None if timeout_ms is None else self.now + timeout_ms / 1000.0
 
         def budget() -> int | None:  # what is left of the request's FILL_TIMEOUT (None: by progress)
-            return None if deadline is None else max(int((deadline - loop.time()) * 1000), 0)
+            return self.fetch_budget(deadline)
 
         end_of_track: bool | None = None
         live = any(u.established for u in track.upstreams) or track.cache.end_of_track is not None

@@ -214,7 +214,7 @@ class RelayCore(Namespaces):
         if fetch is not None:
             if isinstance(msg, FetchOk):
                 fetch.ok = msg
-                fetch.progress.set()
+                self._fetch_progress(fetch)
                 if msg.track_properties:
                     self._learn_track(fetch.track, msg.track_properties, None)
                 if fetch.stream_fin:

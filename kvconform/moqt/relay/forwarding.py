@@ -101,7 +101,7 @@ class Forwarding(Authorization):
             fetch.prev = obj.location
             return
         fetch.prev = obj.location
-        fetch.progress.set()
+        self._fetch_progress(fetch)
         self._admit(fetch.track, CachedObject(obj.group_id, obj.object_id, obj.subgroup_id, obj.publisher_priority,
                                               obj.payload, 0, obj.properties or b"", self.now))
 

@@ -4,7 +4,7 @@ The core (``RelayCore``: authorization, aggregation, namespaces, planning, forwa
 events and ``now`` come in (the adapter sets ``now`` and ``wall_now`` before each call); commands go out on the
 sessions (``kvconform.moqt.session.Session`` is sans-I/O too) and as the hooks below, which the asyncio adapter
 (``adapter.Relay``) implements: a timer at a deadline, a deferred call, a callback once streams have left, and
-the request flows that still wait inside the adapter (a fill, a FETCH).
+the request flows the adapter runs as coroutines (a fill, a FETCH), awaiting the core's waits.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Fetch
 from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.policy import Policy
-from kvconform.moqt.relay.state import Completion, Downstream, Peer, RelayCounters, Signal, Track, Upstream
+from kvconform.moqt.relay.state import Completion, Downstream, Peer, RelayCounters, Track, Upstream
 from kvconform.moqt.session import Request
 from kvconform.moqt.structures import KeyValuePair, Location, TrackNamespace
 
@@ -46,10 +46,6 @@ class CoreBase:
 
     def new_completion(self) -> Completion[Any]:
         """A result the adapter can wait for (``Upstream.ready``, ``UpstreamFetch.done``)."""
-        raise NotImplementedError
-
-    def new_signal(self) -> Signal:
-        """A flag the adapter can wait for (an upstream FETCH's progress)."""
         raise NotImplementedError
 
     def set_timer(self, deadline: float, callback: Callback) -> Any:
@@ -98,6 +94,8 @@ class CoreBase:
         def _end_downstream(self, ds: Downstream, status: int, reason: str) -> None: ...
 
         def _fetch_finished(self, fetch: UpstreamFetch, ok: bool) -> None: ...
+
+        def _fetch_progress(self, fetch: UpstreamFetch) -> None: ...
 
         def _answered(self, track: Track) -> Upstream | None: ...
 

@@ -9,7 +9,8 @@ records. MAX_CACHE_DURATION (Track Property 0x04) bounds how long an object may 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from kvconform.moqt.cache import MAX_ID, CachedObject, iter_groups, next_loc
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
@@ -17,7 +18,9 @@ from kvconform.moqt.filters import LocationFilter, RangeFilter, passes_range_fil
 from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.relay.forwarding import Forwarding
 from kvconform.moqt.relay.state import (
+    Completion,
     Downstream,
+    FetchWait,
     Peer,
     Track,
     UpstreamFetch,
@@ -81,7 +84,7 @@ class Planning(Forwarding):
         """FETCH [start, end) (or ``flt``) from ``source``; objects go to the cache as they arrive."""
         params = self.upstream_fetch_parameters(track, flt if flt is not None else range_filter(start, end))
         request = source.session.fetch(track.namespace, track.name, params)
-        fetch = UpstreamFetch(source, request, track, start, end, self.new_completion(), self.new_signal())
+        fetch = UpstreamFetch(source, request, track, start, end, self.new_completion())
         source.fetches[request.stream_id] = fetch
         track.counters.upstream_fetches += 1
         return fetch
@@ -107,6 +110,74 @@ class Planning(Forwarding):
                 cache.known.remove(a, b)
         fetch.peer.fetches.pop(fetch.request.stream_id, None)
         fetch.done.set_result(ok)
+        self._fetch_notify(fetch)
+
+    # -- waiting for an upstream FETCH -------------------------------------------------------------------------
+
+    def wait_for_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None,
+                       until: Callable[[], bool] | None = None) -> Completion[bool]:
+        """Wait for an upstream FETCH to finish, or only until ``until()`` holds: within ``timeout_ms`` in all
+        (a request's FILL_TIMEOUT), or, with None, for as long as it makes progress (its answer or records
+        arriving, ``fill_timeout_ms`` at most between two). The result is False (and the FETCH cancelled) when
+        the budget ran out. A pending wait: a timer per window, looked at again as the FETCH progresses."""
+        deadline = None if timeout_ms is None else self.now + timeout_ms / 1000.0
+        wait = FetchWait(fetch, deadline, until, self.new_completion())
+        if fetch.done.done() or (until is not None and until()):
+            wait.result.set_result(True)
+            return wait.result
+        fetch.waits.append(wait)
+        self._fetch_window(wait)
+        return wait.result
+
+    def fetch_budget(self, deadline: float | None) -> int | None:
+        """What is left (ms) of a request's FILL_TIMEOUT ending at ``deadline`` (None: bounded by progress)."""
+        return None if deadline is None else max(int((deadline - self.now) * 1000), 0)
+
+    def _fetch_progress(self, fetch: UpstreamFetch) -> None:
+        fetch.progress.set()
+        self._fetch_notify(fetch)
+
+    def _fetch_notify(self, fetch: UpstreamFetch) -> None:
+        for wait in fetch.waits:
+            if not wait.look_pending:
+                wait.look_pending = True
+                self.call_soon(functools.partial(self._fetch_look, wait))
+
+    def _fetch_window(self, wait: FetchWait) -> None:
+        """Wait on: what is left of the budget, or ``fill_timeout_ms`` for the next progress."""
+        wait.fetch.progress.clear()
+        end = self.now + self.fill_timeout_ms / 1000.0 if wait.deadline is None else wait.deadline
+        if wait.timer is not None:
+            self.cancel_timer(wait.timer)
+        wait.timer = self.set_timer(end, functools.partial(self._fetch_window_over, wait))
+
+    def _fetch_look(self, wait: FetchWait) -> None:
+        wait.look_pending = False
+        if wait.result.done():
+            return
+        fetch = wait.fetch
+        if fetch.done.done() or (wait.until is not None and wait.until()):
+            self._fetch_wait_over(wait, True)
+        elif fetch.progress.is_set():
+            self._fetch_window(wait)
+
+    def _fetch_window_over(self, wait: FetchWait) -> None:
+        wait.timer = None  # fired
+        if wait.result.done():
+            return
+        if not wait.fetch.done.done() and not wait.fetch.progress.is_set():
+            self._fetch_wait_over(wait, False)
+            self._cancel_upstream_fetch(wait.fetch)
+        else:
+            self._fetch_look(wait)
+
+    def _fetch_wait_over(self, wait: FetchWait, ok: bool) -> None:
+        if wait in wait.fetch.waits:
+            wait.fetch.waits.remove(wait)
+        if wait.timer is not None:
+            self.cancel_timer(wait.timer)
+            wait.timer = None
+        wait.result.set_result(ok)
 
     # -- what a response carries -----------------------------------------------------------------------------
 

@@ -1,17 +1,17 @@
 """The relay's state: sessions, tracks, the subscriptions it holds upstream and serves downstream, its own
 FETCHes, and its counters. Plain data: no asyncio, no clock.
 
-What the adapter may wait on (an upstream subscription's answer, an upstream FETCH's end and progress) is held
-as a ``Completion`` or a ``Signal``: interfaces the adapter fills with asyncio objects and a test with plain ones
-(``PlainCompletion``, ``PlainSignal``), so the core sets them without knowing who waits. The core's own pending
-waits (``Rendezvous``, ``EstablishWait``, ``StatusWait``, ``UpstreamEnding``) carry a deadline on the core's
-``now`` scale and the handle of the adapter's timer for it.
+What the adapter may await (an upstream subscription's answer, an upstream FETCH's end, the end of a wait for one)
+is a ``Completion``: an interface the adapter fills with asyncio futures and a test with ``PlainCompletion``, so
+the core sets them without knowing who waits. The core's own pending waits (``Rendezvous``, ``EstablishWait``,
+``StatusWait``, ``UpstreamEnding``, ``FetchWait``) carry a deadline on the core's ``now`` scale and the handle of
+the adapter's timer for it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -40,6 +40,7 @@ __all__ = [
     "Completion",
     "Downstream",
     "EstablishWait",
+    "FetchWait",
     "InStream",
     "Peer",
     "PlainCompletion",
@@ -47,7 +48,6 @@ __all__ = [
     "Refusal",
     "RelayCounters",
     "Rendezvous",
-    "Signal",
     "StatusWait",
     "Track",
     "TrackCounters",
@@ -85,16 +85,6 @@ class Completion(Protocol[T]):
     def set_result(self, result: T, /) -> None: ...
 
 
-class Signal(Protocol):
-    """A flag the core sets and the adapter's waiter clears (an ``asyncio.Event`` is one)."""
-
-    def set(self) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def is_set(self) -> bool: ...
-
-
 class Cancellable(Protocol):
     """Work the adapter runs for the core (an ``asyncio.Task`` is one)."""
 
@@ -122,7 +112,7 @@ class PlainCompletion(Generic[T]):
 
 @dataclass
 class PlainSignal:
-    """A ``Signal`` without a loop: for driving the core directly."""
+    """A flag the core sets as something arrives and its waiters clear."""
 
     flag: bool = False
 
@@ -350,12 +340,27 @@ class UpstreamFetch:
     start: Location
     end: Location
     done: Completion[bool]  # True: FETCH_OK and the data stream ended with FIN
-    progress: Signal  # set as its answer and objects arrive
+    progress: PlainSignal = field(default_factory=PlainSignal)  # set as its answer and objects arrive
+    waits: list[FetchWait] = field(default_factory=list)  # who waits for it (fills, FETCHes)
     ok: FetchOk | None = None
     error: RequestError | None = None
     stream_fin: bool = False
     prev: Location | None = None  # last record seen on the data stream
     unknown: list[tuple[Location, Location]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class FetchWait:
+    """A wait for an upstream FETCH to finish, or only until ``until()`` holds: within ``deadline`` in all (a
+    request's FILL_TIMEOUT), or, with None, for as long as it makes progress (``fill_timeout_ms`` at most between
+    two answers or records). A pending wait of the core; ``result`` is False when the budget ran out."""
+
+    fetch: UpstreamFetch
+    deadline: float | None  # on the core's ``now`` scale
+    until: Callable[[], bool] | None
+    result: Completion[bool]
+    timer: Any = None
+    look_pending: bool = False
 
 
 class Refusal(Exception):
