@@ -90,6 +90,7 @@ class Relay(RelayCore):
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> Relay:
+        self._closing = False
         self._server = await quic.serve(self.host, self.requested_port, self._serve_peer,
                                         config_factory=self.session_config, idle_timeout=self.idle_timeout)
         return self
