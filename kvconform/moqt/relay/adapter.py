@@ -21,7 +21,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from kvconform.moqt import quic
@@ -168,7 +168,7 @@ class Relay(RelayCore):
         handle = asyncio.get_running_loop().call_soon(fire)
         self._timers.add(handle)
 
-    def after_sent(self, peer: Peer, stream_ids: Iterable[int], callback: Callback, timeout: float) -> None:
+    def after_sent(self, peer: Peer, stream_ids: Sequence[int], callback: Callback, timeout: float) -> None:
         peer.conn.when_sent(stream_ids, callback, timeout)
 
     def run_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:

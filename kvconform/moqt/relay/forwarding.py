@@ -208,13 +208,13 @@ class Forwarding(Authorization):
         up, track = ending.up, ending.up.track
         assert up.done is not None
         if ending.current is not None:
-            ds, ending.current = ending.current, None
+            waited, ending.current = ending.current, None
             if ending.timer is not None:
                 self.cancel_timer(ending.timer)
                 ending.timer = None
-            self._end_downstream(ds, up.done.status_code, up.done.reason.decode("utf-8", "replace"))
+            self._end_downstream(waited, up.done.status_code, up.done.reason.decode("utf-8", "replace"))
         while ending.ends_subscribers:
-            ds = next((d for d in track.subscribers if d not in ending.handled), None)
+            ds: Downstream | None = next((d for d in track.subscribers if d not in ending.handled), None)
             if ds is None:
                 break
             ending.handled.add(ds)

@@ -9,7 +9,7 @@ the request flows the adapter runs as coroutines (a fill, a FETCH), awaiting the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvconform.moqt.cache import FullTrackName, ObjectCache
@@ -59,7 +59,7 @@ class CoreBase:
         """Call ``callback`` after the event being handled (and what it woke) has run."""
         raise NotImplementedError
 
-    def after_sent(self, peer: Peer, stream_ids: Iterable[int], callback: Callback, timeout: float) -> None:
+    def after_sent(self, peer: Peer, stream_ids: Sequence[int], callback: Callback, timeout: float) -> None:
         """Call ``callback`` once the data and FIN (or reset) of ``stream_ids`` have left, ``timeout`` at most."""
         raise NotImplementedError
 

@@ -270,7 +270,9 @@ class Upstream:
     peer: Peer
     request: Request
     track: Track
-    ready: Completion[SubscribeOk | RequestError | None]  # None: the request failed otherwise
+    # A Completion[SubscribeOk | RequestError | None] (None: the request failed otherwise), typed Any: under the
+    # adapter it is the asyncio.Future that subclasses await (targets/kvcs/recording_relay.py, asyncio.wait).
+    ready: Any
     done: PublishDone | None = None
     streams_ended: int = 0
     ending: UpstreamEnding | None = None  # after PUBLISH_DONE: its end being carried out
