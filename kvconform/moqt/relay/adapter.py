@@ -1,7 +1,7 @@
 """The relay's asyncio adapter: QUIC sockets (``kvconform.moqt.quic``), one task per session feeding its events
 to the core with ``now``, timers for the core's pending waits (RENDEZVOUS_TIMEOUT, an upstream subscription
 Established, TRACK_STATUS upstream, an upstream subscription's end), and the request flows that still wait here
-as coroutines over the core's waits (fills and FETCHes, awaiting an upstream FETCH through ``wait_for_fetch``).
+as coroutines over the core's waits (FETCH, awaiting an upstream FETCH through ``wait_for_fetch``).
 What to send and to whom, and every deadline, is the core's (``core.RelayCore``).
 
 Mutant relays (``tests/mutants``) subclass ``Relay`` and override one small method per behaviour:
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -27,10 +26,9 @@ from typing import Any
 from kvconform.moqt import quic
 from kvconform.moqt.cache import MAX_ID, ObjectCache, next_loc
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
-from kvconform.moqt.errors import RequestErrorCode, StreamResetCode
+from kvconform.moqt.errors import RequestErrorCode
 from kvconform.moqt.filters import LocationFilter, RangeFilter
 from kvconform.moqt.messages import Fetch
-from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.policy import Policy, Right
 from kvconform.moqt.relay.core import RelayCore
 from kvconform.moqt.relay.state import (
@@ -38,7 +36,6 @@ from kvconform.moqt.relay.state import (
     DEFAULT_FILL_TIMEOUT_MS,
     UPSTREAM_TIMEOUT,
     Completion,
-    Downstream,
     Peer,
     Refusal,
     Track,
@@ -174,14 +171,6 @@ class Relay(RelayCore):
     def run_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
         self._spawn(self._refusing(peer, req, self.handle_fetch(peer, req, msg)), peer)
 
-    def run_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location, end: Location,
-                 descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
-        task = self._spawn(self.serve_fill(ds, request_id, fill, start, end, descending, filters, timeout_ms),
-                           ds.peer)
-        ds.fill_tasks.add(task)
-        task.add_done_callback(ds.fill_tasks.discard)
-        task.add_done_callback(lambda _: self._run(functools.partial(self.fill_done, ds)))
-
     # -- tasks ----------------------------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None], peer: Peer | None = None) -> asyncio.Task[None]:
@@ -244,34 +233,6 @@ class Relay(RelayCore):
         finally:
             self._advance()
             self.close_peer(peer)
-
-    # -- fills ----------------------------------------------------------------------------------------
-
-    async def serve_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location,
-                         end: Location, descending: bool, filters: Sequence[RangeFilter],
-                         timeout_ms: int | None) -> None:
-        """A fill fetch stream: FETCH_HEADER at once, the range from cache (gaps fetched upstream), FIN.
-        Failure = reset (section 11.2)."""
-        session = ds.peer.session
-        sid = session.open_fill_stream(ds.request.stream_id, request_id, fill)
-        ds.fill_streams.add(sid)
-        try:
-            gap_kind = await self.ensure_cached(ds.track, start, end, timeout_ms)
-            items = self.fill_items(ds, start, end, descending, filters, gap_kind)
-            self.write_fetch_items(ds.peer, sid, items)
-            ds.track.counters.fill_objects += sum(isinstance(i, FetchObject) for i in items)
-            if session.data_stream_open(sid):
-                session.end_data_stream(sid)
-        except asyncio.CancelledError:
-            with contextlib.suppress(SessionUsageError):
-                session.reset_data_stream(sid, StreamResetCode.CANCELLED)
-            raise
-        except Exception:
-            with contextlib.suppress(SessionUsageError):
-                session.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
-            raise
-        finally:
-            ds.fill_streams.discard(sid)
 
     # -- cache filling --------------------------------------------------------------------------------
 

@@ -229,7 +229,7 @@ class Forwarding(Authorization):
             track.upstreams.remove(up)
 
     def fill_done(self, ds: Downstream) -> None:
-        """A fill of ``ds`` finished (the adapter's task for it ended): an upstream's end waiting for it goes on."""
+        """A fill of ``ds`` finished: an upstream's end waiting for it goes on."""
         if ds.fill_tasks:
             return
         for up in list(ds.track.upstreams):
@@ -244,8 +244,8 @@ class Forwarding(Authorization):
             ds.track.subscribers.remove(ds)
         ds.peer.downstream.pop(ds.request.stream_id, None)
         session = ds.peer.session
-        for task in ds.fill_tasks:
-            task.cancel()
+        for job in list(ds.fill_tasks):
+            job.cancel()
         with contextlib.suppress(SessionUsageError):
             for sid in ds.fill_streams:  # an unfinished fill failed: reset, never FIN (section 11.2)
                 session.reset_data_stream(sid, StreamResetCode.CANCELLED)
@@ -269,8 +269,8 @@ class Forwarding(Authorization):
         ds.finished = True
         if ds in ds.track.subscribers:
             ds.track.subscribers.remove(ds)
-        for task in ds.fill_tasks:
-            task.cancel()
+        for job in list(ds.fill_tasks):
+            job.cancel()
 
     def _drop_upstream(self, up: Upstream, reason: str) -> None:
         if up.done is not None:

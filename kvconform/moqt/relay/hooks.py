@@ -4,7 +4,7 @@ The core (``RelayCore``: authorization, aggregation, namespaces, planning, forwa
 events and ``now`` come in (the adapter sets ``now`` and ``wall_now`` before each call); commands go out on the
 sessions (``kvconform.moqt.session.Session`` is sans-I/O too) and as the hooks below, which the asyncio adapter
 (``adapter.Relay``) implements: a timer at a deadline, a deferred call, a callback once streams have left, and
-the request flows the adapter runs as coroutines (a fill, a FETCH), awaiting the core's waits.
+the FETCH flow the adapter runs as coroutines, awaiting the core's waits.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvconform.moqt.cache import FullTrackName, ObjectCache
-from kvconform.moqt.filters import RangeFilter
 from kvconform.moqt.messages import Fetch
 from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.policy import Policy
@@ -64,10 +63,6 @@ class CoreBase:
         raise NotImplementedError
 
     def run_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
-        raise NotImplementedError
-
-    def run_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location, end: Location,
-                 descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
         raise NotImplementedError
 
     # -- what one concept calls of another (declared for the type checker) -------------------------------

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Sequence
 
 from kvconform.moqt.cache import MAX_ID, CachedObject, iter_groups, next_loc
 from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchObject, GroupOrder
+from kvconform.moqt.errors import StreamResetCode
 from kvconform.moqt.filters import LocationFilter, RangeFilter, passes_range_filters
 from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.relay.forwarding import Forwarding
@@ -21,6 +23,7 @@ from kvconform.moqt.relay.state import (
     Completion,
     Downstream,
     FetchWait,
+    FillJob,
     Peer,
     Track,
     UpstreamFetch,
@@ -34,6 +37,8 @@ from kvconform.moqt.session import Request, SessionUsageError
 from kvconform.moqt.structures import Location, ParamType
 
 __all__ = ["Planning"]
+
+log = logging.getLogger("kvconform.moqt.relay")
 
 
 class Planning(Forwarding):
@@ -51,7 +56,81 @@ class Planning(Forwarding):
         timeout = int_param(fill.params, ParamType.FILL_TIMEOUT)
         order = ds.peer.session.fill_group_order(ds.request.stream_id, fill)
         filters = range_filters(fill.params) or ds.filters
-        self.run_fill(ds, request_id, fill, rng[0], rng[1], order == GroupOrder.DESCENDING, filters, timeout)
+        self.serve_fill(ds, request_id, fill, rng[0], rng[1], order == GroupOrder.DESCENDING, filters, timeout)
+
+    def serve_fill(self, ds: Downstream, request_id: int, fill: FillParameters, start: Location, end: Location,
+                   descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
+        """A fill fetch stream: FETCH_HEADER at once, the range from cache once the gaps are FETCHed upstream
+        (a pending wait, ``timeout_ms``: the fill's FILL_TIMEOUT), FIN. Failure = reset (section 11.2)."""
+        sid = ds.peer.session.open_fill_stream(ds.request.stream_id, request_id, fill)
+        job = FillJob(ds, sid, start, end, descending, tuple(filters))
+        job.on_cancel = functools.partial(self._cancel_fill, job)
+        ds.fill_streams.add(sid)
+        ds.fill_tasks.add(job)
+        try:
+            planned = self.plan_gap_fetch(ds.track, start, end, timeout_ms)
+        except Exception as exc:
+            self._fill_failed(job, exc)
+            return
+        if isinstance(planned, UpstreamFetch):
+            job.wait = self._wait_for_fetch(planned, timeout_ms, None, functools.partial(self._fill_fetched, job))
+        else:
+            self._fill_ready(job, planned)
+
+    def _fill_fetched(self, job: FillJob, ok: bool) -> None:
+        self._fill_ready(job, EndOfRangeKind.UNKNOWN if ok else EndOfRangeKind.TIMED_OUT)
+
+    def _fill_ready(self, job: FillJob, gap_kind: int) -> None:
+        if job.cancelled or job.finished:
+            return
+        try:
+            self.finish_fill(job, gap_kind)
+        except Exception as exc:
+            self._fill_failed(job, exc)
+            return
+        self._fill_ended(job)
+
+    def finish_fill(self, job: FillJob, gap_kind: int) -> None:
+        """Write the fill's records (``fill_items``) and end the stream with FIN."""
+        ds, sid = job.ds, job.stream_id
+        session = ds.peer.session
+        items = self.fill_items(ds, job.start, job.end, job.descending, job.filters, gap_kind)
+        self.write_fetch_items(ds.peer, sid, items)
+        ds.track.counters.fill_objects += sum(isinstance(i, FetchObject) for i in items)
+        if session.data_stream_open(sid):
+            session.end_data_stream(sid)
+
+    def _fill_failed(self, job: FillJob, exc: Exception) -> None:
+        with contextlib.suppress(SessionUsageError):
+            job.ds.peer.session.reset_data_stream(job.stream_id, StreamResetCode.INTERNAL_ERROR)
+        if isinstance(exc, SessionUsageError):  # the peer went away while we were writing to it
+            log.debug("relay fill: %s", exc)
+        else:  # a relay bug must not take other sessions down
+            self.counters.internal_errors += 1
+            log.error("relay fill failed", exc_info=exc)
+        self._fill_ended(job)
+
+    def _cancel_fill(self, job: FillJob) -> None:
+        """The subscription ended or was cancelled before the fill was written: reset, never FIN (11.2)."""
+        if job.cancelled or job.finished:
+            return
+        job.cancelled = True
+        with contextlib.suppress(SessionUsageError):
+            job.ds.peer.session.reset_data_stream(job.stream_id, StreamResetCode.CANCELLED)
+        wait = job.wait
+        if wait is not None and not wait.result.done():  # the FETCH upstream goes on, for the cache
+            if wait in wait.fetch.waits:
+                wait.fetch.waits.remove(wait)
+            if wait.timer is not None:
+                self.cancel_timer(wait.timer)
+                wait.timer = None
+        self._fill_ended(job)
+
+    def _fill_ended(self, job: FillJob) -> None:
+        job.finished = True
+        job.ds.fill_streams.discard(job.stream_id)
+        job.ds.fill_tasks.discard(job)
+        self.fill_done(job.ds)
 
     def fill_items(self, ds: Downstream, start: Location, end: Location, descending: bool,
                    filters: Sequence[RangeFilter], gap_kind: int) -> list[FetchObject | EndOfRange]:
@@ -120,14 +199,18 @@ class Planning(Forwarding):
         (a request's FILL_TIMEOUT), or, with None, for as long as it makes progress (its answer or records
         arriving, ``fill_timeout_ms`` at most between two). The result is False (and the FETCH cancelled) when
         the budget ran out. A pending wait: a timer per window, looked at again as the FETCH progresses."""
+        return self._wait_for_fetch(fetch, timeout_ms, until, None).result
+
+    def _wait_for_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None, until: Callable[[], bool] | None,
+                        then: Callable[[bool], None] | None) -> FetchWait:
         deadline = None if timeout_ms is None else self.now + timeout_ms / 1000.0
-        wait = FetchWait(fetch, deadline, until, self.new_completion())
+        wait = FetchWait(fetch, deadline, until, self.new_completion(), then)
         if fetch.done.done() or (until is not None and until()):
-            wait.result.set_result(True)
-            return wait.result
+            self._fetch_wait_over(wait, True)
+            return wait
         fetch.waits.append(wait)
         self._fetch_window(wait)
-        return wait.result
+        return wait
 
     def fetch_budget(self, deadline: float | None) -> int | None:
         """What is left (ms) of a request's FILL_TIMEOUT ending at ``deadline`` (None: bounded by progress)."""
@@ -178,6 +261,8 @@ class Planning(Forwarding):
             self.cancel_timer(wait.timer)
             wait.timer = None
         wait.result.set_result(ok)
+        if wait.then is not None:
+            wait.then(ok)
 
     # -- what a response carries -----------------------------------------------------------------------------
 

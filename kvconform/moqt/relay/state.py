@@ -41,6 +41,7 @@ __all__ = [
     "Downstream",
     "EstablishWait",
     "FetchWait",
+    "FillJob",
     "InStream",
     "Peer",
     "PlainCompletion",
@@ -322,7 +323,7 @@ class Downstream:
     forward: bool
     filters: tuple[RangeFilter, ...] = ()
     sent: set[Location] = field(default_factory=set)
-    fill_tasks: set[Any] = field(default_factory=set)  # the adapter's fills for it (Cancellable)
+    fill_tasks: set[FillJob] = field(default_factory=set)  # its fills still running
     fill_streams: set[int] = field(default_factory=set)  # open fill fetch streams
     finished: bool = False
 
@@ -361,8 +362,31 @@ class FetchWait:
     deadline: float | None  # on the core's ``now`` scale
     until: Callable[[], bool] | None
     result: Completion[bool]
+    then: Callable[[bool], None] | None = None  # the core's own continuation, if a core flow waits
     timer: Any = None
     look_pending: bool = False
+
+
+@dataclass(eq=False)
+class FillJob:
+    """A fill fetch stream being served (section 11.2): waiting, if the cache lacks part of [start, end], for the
+    FETCH the relay sent upstream (``wait``), then written from the cache and ended. ``cancel`` (the subscription
+    ended or was cancelled) resets the stream; ``Downstream.fill_tasks`` holds the jobs still running."""
+
+    ds: Downstream
+    stream_id: int
+    start: Location
+    end: Location
+    descending: bool
+    filters: tuple[RangeFilter, ...]
+    on_cancel: Callable[[], None] | None = None  # the core's, set when the job starts
+    wait: FetchWait | None = None
+    cancelled: bool = False
+    finished: bool = False
+
+    def cancel(self) -> None:
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 class Refusal(Exception):
