@@ -14,9 +14,9 @@ from typing import Any
 from kvconform.moqt.cache import ObjectCache
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode
 from kvconform.moqt.messages import Fetch, PublishDone, PublishNamespace, Subscribe, SubscribeOk
-from kvconform.moqt.parameters import Parameters
+from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.policy import Grant, Policy, Right, TokenKey
-from kvconform.moqt.relay import RelayCore
+from kvconform.moqt.relay import Downstream, RelayCore
 from kvconform.moqt.relay.state import DONE_GRACE, Completion, PlainCompletion
 from kvconform.moqt.session import MessageReceived, Request, RequestReceived
 from kvconform.moqt.structures import AuthToken, Location, ParamType, TrackNamespace
@@ -51,6 +51,13 @@ class RecordingSession:
         self.next_stream += 4
         self.calls.append(("fetch", (namespace, name)))
         return req
+
+    def open_fill_stream(self, request_stream: int, request_id: int, fill: FillParameters) -> int:
+        self.calls.append(("open_fill_stream", (request_stream,)))
+        return 101
+
+    def data_stream_open(self, stream_id: int) -> bool:
+        return True
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -173,6 +180,25 @@ def test_a_wait_for_an_upstream_fetch_gives_up_after_fill_timeout_without_progre
     relay.advance(3.0 + relay.fill_timeout_ms / 1000.0)
     assert result.done() and result.result() is False  # gave up: the FETCH is cancelled upstream
     assert publisher.session.names() == ["fetch", "cancel"] and fetch.done.done() and publisher.fetches == {}
+
+
+def test_a_fill_waits_for_the_gap_fetched_upstream_then_is_written_and_ended() -> None:
+    relay = SansIoRelay()
+    publisher = relay.open_peer(Conn())
+    announce = PublishNamespace(0, NS)
+    relay.dispatch(publisher, RequestReceived(1, Request(1, 0, announce, local=False), announce))
+    subscriber = relay.open_peer(Conn())
+    track = relay.track_for(NS, NAME)
+    req = Request(0, 0, Subscribe(0, NS, NAME), local=False)
+    ds = Downstream(subscriber, req, track, Location(0, 0), None, True)
+    relay.serve_fill(ds, 0, FillParameters.of(), Location(0, 0), Location(2, 0), False, (), None)
+    assert subscriber.session.names() == ["open_fill_stream"] and len(ds.fill_tasks) == 1  # FETCH_HEADER at once
+    assert publisher.session.names()[-1] == "fetch" and ds.fill_streams == {101}  # the gap, asked upstream
+    fetch = next(iter(publisher.fetches.values()))
+    relay._fetch_finished(fetch, False)  # the upstream FETCH ended without an answer: the gap stays unknown
+    relay.advance(0.0)
+    assert subscriber.session.names()[-2:] == ["write_fetch_object", "end_data_stream"]  # End of Unknown Range, FIN
+    assert ds.fill_tasks == set() and ds.fill_streams == set()
 
 
 def test_a_held_subscribe_is_refused_with_timeout_when_no_upstream_answers_in_time() -> None:
