@@ -19,10 +19,20 @@ from kvconform.moqt.cache import CachedObject
 from kvconform.moqt.data import SG_FIRST_OBJECT, EndOfRange, FetchObject, GroupOrder, ObjectStatus, SubgroupObject
 from kvconform.moqt.errors import MoqtDecodeError, RequestErrorCode, SessionError, StreamResetCode
 from kvconform.moqt.filters import RangeFilter
-from kvconform.moqt.messages import Fetch, PublishNamespace, Subscribe, SubscribeNamespace
+from kvconform.moqt.messages import Fetch, PublishNamespace, RequestError, Subscribe, SubscribeNamespace, SubscribeOk
 from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Decision, Policy, Right, is_prefix
-from kvconform.moqt.relay import Downstream, InStream, Peer, Relay, Track, Upstream, UpstreamFetch, _Refusal
+from kvconform.moqt.relay import (
+    Downstream,
+    FillJob,
+    InStream,
+    Peer,
+    Relay,
+    Track,
+    Upstream,
+    UpstreamFetch,
+    _Refusal,
+)
 from kvconform.moqt.session import Event, Request, SessionUsageError, SetupReceived
 from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, ParamType, SetupOption, TrackNamespace
 from tests.mutants import Mutant
@@ -105,9 +115,9 @@ class DropsFillRelay(Relay):
 class DoubleFillRelay(Relay):
     """MOQT-FILL-EXACTLY-ONCE: serves each fill twice, so every fill object is delivered two times."""
 
-    async def serve_fill(self, *args: Any, **kwargs: Any) -> None:
+    def serve_fill(self, *args: Any, **kwargs: Any) -> None:
         for _ in range(2):
-            await super().serve_fill(*args, **kwargs)
+            super().serve_fill(*args, **kwargs)
 
 
 class AlteringRelay(Relay):
@@ -135,13 +145,11 @@ class FinAfterDoneRelay(Relay):
 
     held: dict[tuple[int, int], int]
 
-    async def serve_fill(self, ds: Downstream, request_id: int, fill: Any, start: Location, end: Location,
-                         descending: bool, filters: Sequence[RangeFilter], timeout_ms: int | None) -> None:
-        session = ds.peer.session
-        sid = session.open_fill_stream(ds.request.stream_id, request_id, fill)
-        gap_kind = await self.ensure_cached(ds.track, start, end, timeout_ms)
-        self.write_fetch_items(ds.peer, sid, self.fill_items(ds, start, end, descending, filters, gap_kind))
-        self.__dict__.setdefault("held", {})[(ds.peer.number, ds.request.stream_id)] = sid
+    def finish_fill(self, job: FillJob, gap_kind: int) -> None:
+        ds = job.ds
+        self.write_fetch_items(ds.peer, job.stream_id,
+                               self.fill_items(ds, job.start, job.end, job.descending, job.filters, gap_kind))
+        self.__dict__.setdefault("held", {})[(ds.peer.number, ds.request.stream_id)] = job.stream_id
 
     def _end_downstream(self, ds: Downstream, status: int, reason: str) -> None:
         sid = self.__dict__.setdefault("held", {}).pop((ds.peer.number, ds.request.stream_id), None)
@@ -337,7 +345,7 @@ class ForwardsPublishNamespaceRelay(Relay):
 class EagerOkRelay(Relay):
     """MOQT-RELAY-ESTABLISHED-BEFORE-OK: answers SUBSCRIBE_OK without waiting for the upstream subscription."""
 
-    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+    def hold_until_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
         self.accept_subscribe(peer, req, msg, track)
 
 
@@ -345,10 +353,17 @@ class ClosesOnUnknownCodeRelay(Relay):
     """MOQT-ERR-UNKNOWN-CODE: closes the publisher's session when it refuses a SUBSCRIBE with a code the relay
     does not know."""
 
-    async def _subscribe_when_ready(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
-        sources = [u.peer for u in track.upstreams]
+    sources: dict[int, list[Peer]]  # a held SUBSCRIBE (id of its Request) -> the publishers asked for it
+
+    def hold_until_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track) -> None:
+        self.__dict__.setdefault("sources", {})[id(req)] = [u.peer for u in track.upstreams]
+        super().hold_until_established(peer, req, msg, track)
+
+    def subscribe_established(self, peer: Peer, req: Request, msg: Subscribe, track: Track,
+                              last: SubscribeOk | RequestError | None) -> None:
+        sources = self.__dict__.setdefault("sources", {}).pop(id(req), [])
         try:
-            await super()._subscribe_when_ready(peer, req, msg, track)
+            super().subscribe_established(peer, req, msg, track, last)
         except _Refusal as refusal:
             if refusal.code not in set(RequestErrorCode):
                 for source in sources:

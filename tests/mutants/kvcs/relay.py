@@ -158,7 +158,7 @@ class NoGapFetchRelay(Relay):
     """KVCS-RELAY-CACHE: never fetches upstream what its cache lacks (a relay that joined a publication
     mid-production reports the earlier layers as unknown instead of filling the gap)."""
 
-    async def ensure_cached(self, track: Track, start: Location, end: Location, timeout_ms: int | None) -> int:
+    def plan_gap_fetch(self, track: Track, start: Location, end: Location, timeout_ms: int | None) -> int:
         return int(EndOfRangeKind.UNKNOWN)
 
 
