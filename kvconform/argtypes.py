@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
-__all__ = ["USAGE_ERROR", "OneLineParser", "name_values", "port", "port_or_zero", "positive_float", "positive_int"]
+__all__ = ["USAGE_ERROR", "OneLineParser", "name_values", "port", "port_or_zero", "positive_float", "positive_int",
+           "sim_fault_fields", "sim_faults"]
 
 USAGE_ERROR = 2
 
@@ -73,4 +74,44 @@ def name_values(text: str) -> str:
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items or any(not n.strip() or not sep or not v.strip() for n, sep, v in (p.partition("=") for p in items)):
         raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE[,NAME=VALUE...] is expected")
+    return text
+
+
+def sim_fault_fields(spec: str) -> dict[str, Any]:
+    """``loss=P,dup=P,jitter=K,delay=MS,interleave=0|1`` as `kvconform.moqt.simnet.Faults` fields (jitter: K quanta
+    of 1 ms); ValueError naming the key and what it takes."""
+    fields: dict[str, Any] = {}
+    for item in (p.strip() for p in spec.split(",") if p.strip()):
+        key, _, text = (part.strip() for part in item.partition("="))
+        try:
+            if key in ("loss", "dup"):
+                value = float(text)
+                if not 0.0 <= value < 1.0:
+                    raise ValueError("a probability in [0, 1)")
+                fields["loss" if key == "loss" else "duplicate"] = value
+            elif key == "jitter":
+                fields["jitter_steps"], fields["jitter_quantum"] = int(text), 0.001
+                if fields["jitter_steps"] < 0:
+                    raise ValueError("a count of 1 ms quanta, 0 or more")
+            elif key == "delay":
+                fields["delay"] = float(text.removesuffix("ms")) / 1000.0
+                if fields["delay"] < 0:
+                    raise ValueError("milliseconds, 0 or more")
+            elif key == "interleave":
+                if text not in ("0", "1"):
+                    raise ValueError("0 or 1")
+                fields["interleave"] = text == "1"
+            else:
+                raise ValueError("not one of loss, dup, jitter, delay, interleave")
+        except ValueError as exc:
+            raise ValueError(f"{spec!r}: {key}={text}: {exc}") from None
+    return fields
+
+
+def sim_faults(text: str) -> str:
+    """``--sim-faults``: checked here, used by the simulated network."""
+    try:
+        sim_fault_fields(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import kvconform.conformance as pkg
-from kvconform.argtypes import USAGE_ERROR, OneLineParser, name_values, positive_float
+from kvconform.argtypes import USAGE_ERROR, OneLineParser, name_values, positive_float, sim_faults
 from kvconform.capture import MODES, TOOLS
 from kvconform.catalog import CatalogError, load_catalogs
 from kvconform.components import COMPONENTS, SUMMARIES, component
@@ -125,13 +125,6 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         raise UsageError(str(exc)) from exc
     if args.sim_faults and target.kind != "sim":
         raise UsageError(f"--sim-faults: target {target.name} is not on the deterministic transport (sim:...)")
-    if args.sim_faults:
-        # lazy: the simulated network loads aioquic and TLS, which a run of another target never needs
-        from kvconform.moqt.simnet import Faults
-        try:
-            Faults.from_spec(args.sim_faults, 0)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
     if target.kind == "sim" and args.n not in (None, "0", "1"):
         # Checks spread over workers by how fast each finishes: no seed fixes that.
         raise UsageError(f"--target {target.name}: a run on the deterministic transport is one process (its seed "
@@ -508,7 +501,7 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                           "loss=0.01,reorder=0.01,dup=0.01,delay=5ms,seed=S (also split=P, hold=, rto=); RoCEv2 "
                           "datagrams are lost, reordered, duplicated, delayed; an iWARP TCP stream is delayed, "
                           "stalled (what TCP makes of loss) and re-segmented (docs/kbtp-wire.md)")
-    run.add_argument("--sim-faults", type=name_values, default=None, metavar="SPEC",
+    run.add_argument("--sim-faults", type=sim_faults, default=None, metavar="SPEC",
                      help="with a sim: target, faults its simulated network adds to the seeded schedule: "
                           "loss=0.01,dup=0.01,jitter=3,delay=1,interleave=1 (jitter: up to K ms more per datagram, "
                           "so datagrams reorder; interleave: streams of one priority leave in a seeded order)")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvconform.argtypes import sim_fault_fields
 from kvconform.moqt import tls
 from kvconform.rdma.scheduler import FifoScheduler, ScheduleError, Scheduler, Step
 
@@ -50,36 +51,9 @@ class Faults:
 
     @classmethod
     def from_spec(cls, spec: str, seed: int, base: Faults | None = None) -> Faults:
-        """``loss=P,dup=P,jitter=K,delay=MS,interleave=0|1`` (``kvconform run --sim-faults``) over ``base``: K jitter
-        quanta of 1 ms; a wrong key or value raises ValueError naming it."""
-        base = base if base is not None else cls()
-        fields: dict[str, Any] = {"seed": seed}
-        for item in (p.strip() for p in spec.split(",") if p.strip()):
-            key, _, text = item.partition("=")
-            key, text = key.strip(), text.strip()
-            try:
-                if key in ("loss", "dup"):
-                    value = float(text)
-                    if not 0.0 <= value < 1.0:
-                        raise ValueError("a probability in [0, 1)")
-                    fields["loss" if key == "loss" else "duplicate"] = value
-                elif key == "jitter":
-                    fields["jitter_steps"], fields["jitter_quantum"] = int(text), 0.001
-                    if fields["jitter_steps"] < 0:
-                        raise ValueError("a count of 1 ms quanta, 0 or more")
-                elif key == "delay":
-                    fields["delay"] = float(text.removesuffix("ms")) / 1000.0
-                    if fields["delay"] < 0:
-                        raise ValueError("milliseconds, 0 or more")
-                elif key == "interleave":
-                    if text not in ("0", "1"):
-                        raise ValueError("0 or 1")
-                    fields["interleave"] = text == "1"
-                else:
-                    raise ValueError("not one of loss, dup, jitter, delay, interleave")
-            except ValueError as exc:
-                raise ValueError(f"sim faults {spec!r}: {key}={text}: {exc}") from None
-        return replace(base, **fields)
+        """``loss=P,dup=P,jitter=K,delay=MS,interleave=0|1`` (``kvconform run --sim-faults``, parsed by
+        `kvconform.argtypes.sim_fault_fields`) over ``base``; a wrong key or value raises ValueError naming it."""
+        return replace(base if base is not None else cls(), seed=seed, **sim_fault_fields(spec))
 
     def describe(self) -> dict[str, object]:
         return {"seed": self.seed, "loss": self.loss, "duplicate": self.duplicate, "delay": self.delay,
