@@ -164,6 +164,7 @@ class MoqtProtocol(_ProtocolBase):
         self.terminated = asyncio.Event()
         self.alpn: str | None = None
         self.refused: OSError | None = None  # the peer's host said nothing listens there (client side)
+        self.alpn_refusal: str | None = None  # a client offered no ALPN of ours (server side): one line saying so
         self._pump_scheduled = False
         # when_sent: (streams, callback) waiting until those streams' data and FIN have left once
         self._sent_waiters: list[tuple[tuple[int, ...], Callable[[], None]]] = []
@@ -213,6 +214,13 @@ class MoqtProtocol(_ProtocolBase):
             # transport close (0x1c), an idle timeout and a lost path carry one.
             session.connection_terminated(event.error_code, event.reason_phrase,
                                           transport=event.frame_type is not None)
+            if event.error_code == NO_APPLICATION_PROTOCOL and self.alpn is None and not self._quic._is_client:
+                # A client whose ALPNs are none of ours: aioquic's TLS refused its ClientHello (server side).
+                paths = getattr(self._quic, "_network_paths", None) or []
+                peer = f"{paths[0].addr[0]}:{paths[0].addr[1]}" if paths else "a client"
+                self.alpn_refusal = (f"ALPN: {peer} offered none of {ALPN!r}: the handshake ended with TLS alert "
+                                     f"120 no_application_protocol; this harness speaks {ALPN!r} only "
+                                     "(MOQT-SETUP-ALPN, profile §1)")
             self.established.set()  # wake a waiter for a handshake that will never complete
             self.terminated.set()
         # No transmit here: aioquic calls `transmit()` right after handing over a datagram's (or a
@@ -752,6 +760,9 @@ class MoqtServer:
         self._transport = transport
         self.connections: list[MoqtConnection] = []
         self.tasks: set[asyncio.Task[None]] = set()
+        # One line per client whose handshake ended because it offered no ALPN of ours (profile §1): a peer of
+        # another draft, which the suites that wait for it name instead of waiting in vain.
+        self.alpn_refusals: list[str] = []
 
     @property
     def host(self) -> str:
@@ -837,6 +848,8 @@ async def _run_handler(
         if connection.session.started:
             await handler(connection)
     finally:
+        if protocol.alpn_refusal is not None:
+            server.alpn_refusals.append(protocol.alpn_refusal)
         if connection.session.closed is None:
             connection.session.close(SessionError.NO_ERROR, "")
             protocol._pump()

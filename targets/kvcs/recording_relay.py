@@ -61,7 +61,7 @@ from kvconform.moqt.session import (
 from kvconform.moqt.structures import KeyValuePair, Location, ParamType, TrackNamespace
 from kvconform.targets.kvcs.publisher import PublisherDriver, PublisherExit
 from kvconform.targets.kvcs.send_schedule import SendSchedule, ShowsSchedule
-from kvconform.verdicts import Findings, inconclusive
+from kvconform.verdicts import DriverError, Findings, inconclusive
 
 __all__ = ["CASES", "PARSE_ERRORS", "PUBLISH_TIMEOUT", "Announce", "Answer", "Case", "Observation", "PublisherRun",
            "RecordingRelay", "Seen", "findings", "need_live", "need_publication", "observe", "publishing",
@@ -604,6 +604,11 @@ def observe(case: Case, driver: PublisherDriver, seed: int, *,
     started = time.monotonic()
     with publishing(case, driver, seed) as run:
         complete = _wait_publication(run.thread, run.relay, driver, run.spec, run.keys, run.notes)
+        refusals = run.relay.alpn_refusals
+        if refusals and not run.relay.announces:
+            # A publisher of another draft: one line naming it, for every check (not "no PUBLISH_NAMESPACE").
+            raise DriverError(f"the publisher's QUIC handshake was refused {len(refusals)} time(s): {refusals[0]}",
+                              requirement="MOQT-SETUP-ALPN")
         _probe(run.thread, run.relay, run.notes)
     if log is not None:
         log(f"{case.name}: complete={complete} after {time.monotonic() - started:.1f} s")
@@ -629,6 +634,8 @@ def _wait_publication(thread: LoopThread, relay: RecordingRelay, driver: Publish
         if not driver.running():
             notes.append(f"the publisher exited after {now - started:.1f} s, before the publication was complete")
             return False
+        if not relay.announces and relay.alpn_refusals:
+            return False  # it speaks another draft: waiting longer shows nothing more
         if not relay.announces and now - started > ANNOUNCE_TIMEOUT:
             notes.append(f"no PUBLISH_NAMESPACE within {ANNOUNCE_TIMEOUT} s")
             return False

@@ -201,3 +201,22 @@ def test_a_publisher_that_publishes_nothing_fails_one_requirement(tmp_path: Path
     unsure = verdicts.get("inconclusive", [])
     assert unsure and all("no object" in t["message"] for t in unsure), {t["message"][:80] for t in unsure}
     assert run.code == 1
+
+
+@pytest.mark.slow
+@covering(RUN_BOUND)
+@pytest.mark.idle_bound
+def test_a_consumer_of_another_draft_is_named_once_on_the_alpn_rule(tmp_path: Path) -> None:
+    """The relays' TLS refuses its ALPN: the first check fails on MOQT-SETUP-ALPN with the one line naming what was
+    offered, every later one is inconclusive with that line (no missing layer blamed anywhere)."""
+    run = run_suite("kvcs-consumer", "python:tests.kvcs.other_draft:OtherDraftConsumer", tmp_path, testbed=None,
+                    checks=SOME_CHECKS)
+    assert run.coverage, run.output
+    _no_harness_errors(run)
+    verdicts = _by_verdict(run)
+    failed = verdicts.get("fail", [])
+    assert len(failed) == 1 and failed[0]["blamed"] == "MOQT-SETUP-ALPN", failed
+    line = "offered none of 'moqt-22': the handshake ended with TLS alert 120 no_application_protocol"
+    assert line in failed[0]["message"], failed[0]["message"]
+    later = verdicts.get("inconclusive", [])
+    assert later and all(line in t["message"] for t in later), later

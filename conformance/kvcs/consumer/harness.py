@@ -531,6 +531,11 @@ async def play(driver: ConsumerDriver, stage: Stage, tmp: Path, budget: float) -
         out = tmp / "result.json"
         started = time.monotonic()
         run = await asyncio.wait_for(asyncio.to_thread(driver.fetch, request, out), budget + GRACE + 15.0)
+        refusals = [line for r in relays for line in r.alpn_refusals]
+        if refusals and not any(r.asked for r in relays):
+            # A consumer of another draft: the relays' TLS refused it, so there is nothing else to judge.
+            raise DriverError(f"the consumer's QUIC handshake was refused {len(refusals)} time(s): {refusals[0]}",
+                              requirement="MOQT-SETUP-ALPN")
         if tasks:  # let a live production finish (bounded) so its times are known even if the consumer left early
             await asyncio.wait(tasks, timeout=PUBLISH_TIMEOUT)
         evidence.record("received", "consumer run", {

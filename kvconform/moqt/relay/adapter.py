@@ -121,6 +121,11 @@ class Relay(RelayCore):
         assert self._server is not None, "relay not started"
         return self._server.url
 
+    @property
+    def alpn_refusals(self) -> list[str]:
+        """One line per client refused for offering no ALPN of ours (a peer of another draft, profile §1)."""
+        return list(self._server.alpn_refusals) if self._server is not None else []
+
     # -- time in, hooks out ---------------------------------------------------------------------------
 
     def _advance(self) -> None:

@@ -21,6 +21,7 @@ from kvconform.kvcs.payload import decode_object, encode_raw
 from kvconform.kvcs.publisher import KvcsPublisher
 from kvconform.kvcs.publisher_core import TrackOut
 from kvconform.kvcs.tracks import MANIFEST, MANIFEST_COSE, DataTrack
+from kvconform.moqt import quic
 from kvconform.moqt.client import LocalTrack
 from kvconform.moqt.data import ObjectStatus
 from kvconform.moqt.errors import PublishDoneCode
@@ -396,10 +397,19 @@ class FewStreamsPublisher(KvcsPublisher):
         with granting_streams_uni(FEW_STREAMS):
             await super().run(*args, **kwargs)
 
+class OtherDraftPublisher(KvcsPublisher):
+    """MOQT-SETUP-ALPN: offers only the ALPN of another draft (moqt-23): the relay's TLS refuses the handshake, so
+    no session ever starts (the harness names the refusal once instead of waiting for a PUBLISH_NAMESPACE)."""
+
+    async def run(self, url: str, *args: Any, **kwargs: Any) -> None:
+        await quic.connect(url, alpn=("moqt-23",), timeout=5.0)
+
+
 SUITE = "kvcs-publisher"
 SIGNING = ("kvcs.publisher.signing=true",)
 
 MUTANTS: dict[str, Mutant] = {
+    "OtherDraftPublisher": Mutant(SUITE, "MOQT-SETUP-ALPN", ("test_groups_are_published_in_layer_order",)),
     "NoTokenPublisher": Mutant(SUITE, "KVCS-PUB-ANNOUNCE",
                                ("test_publish_namespace_is_the_full_namespace_with_the_scope_token",)),
     "ContentDerivedIdPublisher": Mutant(SUITE, "KVCS-NS-PUBID-RANDOM",
