@@ -28,6 +28,7 @@ from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
 from kvconform.targets.kbtp_bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
 from kvconform.targets.kbtp_client import HarnessInitiator
+from kvconform.targets.kbtp_order import OrderWitness, install
 from kvconform.verdicts import HarnessBug, TargetUnavailable, Violation, check, inconclusive
 
 START_GENERATION = 0xFFFE  # the first binding of every entry gets 0xFFFF (all ones), its free 1 (zero skipped)
@@ -182,6 +183,7 @@ class InitiatorBed:
     failure: str | None = None  # how the initiator under test failed, when it did
     initiator_node: Any = field(init=False, default=None)  # None: the initiator is another process
     initiator_conn: Any = field(init=False, default=None)
+    order_witness: OrderWitness | None = field(init=False, default=None)  # see witness_order
     _runs: int = 0
 
     def __post_init__(self) -> None:
@@ -356,6 +358,14 @@ class InitiatorBed:
             inconclusive("the check orders the initiator's posts against the target's read samples, which only the "
                          "emulated fabric records; over a wire binding the responder does not know which work "
                          "request a packet came from")
+
+    def witness_order(self) -> OrderWitness | None:
+        """Over a userspace wire, hold the target's answers on the initiator's connection and record when its
+        requests enter (targets/kbtp_order.py), so a check can order its one-sided operations from outside; None
+        where the fabric orders by its own steps (emulated) or the harness does not own the send path (verbs)."""
+        if self.order_witness is None:
+            self.order_witness = install(self.fabric, self.target_conn)
+        return self.order_witness
 
     def steps_of(self, wr: str, do: str) -> list[int]:
         """Steps of trace effects ``do`` for work request tag ``wr`` (e.g. read samples of one read)."""
