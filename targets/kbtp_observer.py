@@ -79,6 +79,7 @@ class RemoteOp:
     to: int
     length: int = 0
     wr: str = ""
+    nth: int = 0  # its place among the initiator's operations of its kind, in the order the target executed them
 
 
 class ObservingTarget(ReferenceTarget):
@@ -330,18 +331,19 @@ class InitiatorBed:
 
     def remote_ops(self) -> list[RemoteOp]:
         """The initiator's one-sided operations in the order they reached the target."""
-        out = []
+        out: list[RemoteOp] = []
+        nth: dict[str, int] = {}
         for rec in self.observed("the initiator's one-sided operations"):
             for eff in rec["effects"]:
                 if eff.get("who") != self.target_conn:
                     continue
                 do = str(eff.get("do", ""))
-                if do == "write-arrive":
-                    out.append(RemoteOp(rec["step"], "write", eff["stag"], eff["to"], eff.get("len", 0),
-                                        eff.get("wr", "")))
-                elif do.endswith("-arrive") and do not in ("send-arrive",):
-                    out.append(RemoteOp(rec["step"], do.removesuffix("-arrive"), eff["stag"], eff["to"], 0,
-                                        eff.get("wr", "")))
+                if not do.endswith("-arrive") or do == "send-arrive":
+                    continue
+                kind = "write" if do == "write-arrive" else do.removesuffix("-arrive")
+                n = nth[kind] = nth.get(kind, -1) + 1
+                out.append(RemoteOp(rec["step"], kind, eff["stag"], eff["to"],
+                                    eff.get("len", 0) if kind == "write" else 0, eff.get("wr", ""), n))
         return out
 
     def terminations(self) -> list[str]:
@@ -366,6 +368,26 @@ class InitiatorBed:
         if self.order_witness is None:
             self.order_witness = install(self.fabric, self.target_conn)
         return self.order_witness
+
+    def answered_before(self, prev: RemoteOp, nxt: RemoteOp) -> bool | None:
+        """Over a userspace wire, with the order witness installed: whether the target's answer to read ``prev``
+        left the harness before read ``nxt`` entered the wire (None: not observable)."""
+        witness = self.order_witness
+        if witness is None:
+            return None
+        told = witness.answered_before(prev.step, nxt.step)
+        if told is not None or self.initiator_conn is None:
+            return told
+        # An initiator in this process: its request entered the wire when it posted it, and the k-th RDMA Read it
+        # posted on its connection is the k-th the target executed (RC executes them in PSN order)
+        posts = [rec["step"] for rec in self.fabric.trace for eff in rec["effects"]
+                 if eff.get("do") == "post" and eff.get("who") == self.initiator_conn.name
+                 and eff.get("op") == "RDMA_READ"]
+        if nxt.kind != "rdma_read" or nxt.nth >= len(posts):
+            return None
+        posted = int(posts[nxt.nth])
+        left = witness.released.get(prev.step)
+        return left is not None and left.steps < posted  # it left between step left.steps and the next
 
     def steps_of(self, wr: str, do: str) -> list[int]:
         """Steps of trace effects ``do`` for work request tag ``wr`` (e.g. read samples of one read)."""

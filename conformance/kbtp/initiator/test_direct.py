@@ -70,7 +70,7 @@ def _wire_order(bed: InitiatorBed, ops: list[RemoteOp], req: str) -> None:
                      "issues before they arrive")
     unseen = []
     for prev, nxt in itertools.pairwise(ops):
-        after = witness.answered_before(prev.step, nxt.step)
+        after = bed.answered_before(prev, nxt)
         if after is None:
             unseen.append(f"step {nxt.step}")
             continue
@@ -78,9 +78,8 @@ def _wire_order(bed: InitiatorBed, ops: list[RemoteOp], req: str) -> None:
               f"the previous read ({prev.to:#x}) was still held back ({witness.hold_s * 1000:g} ms): the initiator "
               "issued it before that read completed", req=req)
     if unseen:
-        inconclusive(f"the harness target did not see the initiator's read requests at {unseen} enter its end of the "
-                     "wire (an initiator in this process sends over the fabric's own socket pair): their order "
-                     "against the previous reads' completions is not observable")
+        inconclusive(f"the harness target did not see the initiator's read requests at {unseen} enter the wire: "
+                     "their order against the previous reads' completions is not observable")
     evidence.note(f"{req}: judged over the wire: each of {len(ops)} reads reached the harness target only after "
                   f"its answer to the previous one had left, each answer held back {witness.hold_s * 1000:g} ms")
 
