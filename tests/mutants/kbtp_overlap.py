@@ -12,8 +12,8 @@ from typing import Any
 
 from kvconform.kbtp.constants import TABLE_ENTRY_SIZE, Status
 from kvconform.kbtp.initiator import DirectLoadResult, ReferenceInitiator
-from kvconform.kbtp.ring import RingSlot
 from kvconform.kbtp.messages import TableEntry
+from kvconform.kbtp.ring import RingSlot
 from kvconform.rdma import Command
 from kvconform.targets.kbtp import ReferenceInitiatorDriver
 
