@@ -80,15 +80,17 @@ class OrderWitness(Impairer):
         self._push(self._due, link, release)
 
     def _entering(self, link: str, deliver: Callable[[bytes], None]) -> Callable[[bytes], None]:
-        """``deliver`` that ties what the initiator sent to the trace step(s) that processed it, on the way in."""
+        """``deliver`` that ties what the initiator sent to the trace step(s) that processed it; it entered when it
+        reached the harness (now), even if the run's impairment delivers it later."""
         if link != f"{self.conn}<":
             return deliver
+        seq = next(self._seq)
 
         def enter(data: bytes) -> None:
-            seq, before = next(self._seq), self.fabric.steps
+            before = self.fabric.steps
             deliver(data)
             for step in range(before + 1, self.fabric.steps + 1):
-                self.entered[step] = seq
+                self.entered.setdefault(step, seq)
 
         return enter
 
