@@ -28,6 +28,7 @@ from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
 from kvconform.targets.kbtp_bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
 from kvconform.targets.kbtp_client import HarnessInitiator
+from kvconform.targets.kbtp_order import OrderWitness, install
 from kvconform.verdicts import HarnessBug, TargetUnavailable, Violation, check, inconclusive
 
 START_GENERATION = 0xFFFE  # the first binding of every entry gets 0xFFFF (all ones), its free 1 (zero skipped)
@@ -78,6 +79,7 @@ class RemoteOp:
     to: int
     length: int = 0
     wr: str = ""
+    nth: int = 0  # its place among the initiator's operations of its kind, in the order the target executed them
 
 
 class ObservingTarget(ReferenceTarget):
@@ -182,6 +184,7 @@ class InitiatorBed:
     failure: str | None = None  # how the initiator under test failed, when it did
     initiator_node: Any = field(init=False, default=None)  # None: the initiator is another process
     initiator_conn: Any = field(init=False, default=None)
+    order_witness: OrderWitness | None = field(init=False, default=None)  # see witness_order
     _runs: int = 0
 
     def __post_init__(self) -> None:
@@ -328,18 +331,19 @@ class InitiatorBed:
 
     def remote_ops(self) -> list[RemoteOp]:
         """The initiator's one-sided operations in the order they reached the target."""
-        out = []
+        out: list[RemoteOp] = []
+        nth: dict[str, int] = {}
         for rec in self.observed("the initiator's one-sided operations"):
             for eff in rec["effects"]:
                 if eff.get("who") != self.target_conn:
                     continue
                 do = str(eff.get("do", ""))
-                if do == "write-arrive":
-                    out.append(RemoteOp(rec["step"], "write", eff["stag"], eff["to"], eff.get("len", 0),
-                                        eff.get("wr", "")))
-                elif do.endswith("-arrive") and do not in ("send-arrive",):
-                    out.append(RemoteOp(rec["step"], do.removesuffix("-arrive"), eff["stag"], eff["to"], 0,
-                                        eff.get("wr", "")))
+                if not do.endswith("-arrive") or do == "send-arrive":
+                    continue
+                kind = "write" if do == "write-arrive" else do.removesuffix("-arrive")
+                n = nth[kind] = nth.get(kind, -1) + 1
+                out.append(RemoteOp(rec["step"], kind, eff["stag"], eff["to"],
+                                    eff.get("len", 0) if kind == "write" else 0, eff.get("wr", ""), n))
         return out
 
     def terminations(self) -> list[str]:
@@ -356,6 +360,34 @@ class InitiatorBed:
             inconclusive("the check orders the initiator's posts against the target's read samples, which only the "
                          "emulated fabric records; over a wire binding the responder does not know which work "
                          "request a packet came from")
+
+    def witness_order(self) -> OrderWitness | None:
+        """Over a userspace wire, hold the target's answers on the initiator's connection and record when its
+        requests enter (targets/kbtp_order.py), so a check can order its one-sided operations from outside; None
+        where the fabric orders by its own steps (emulated) or the harness does not own the send path (verbs)."""
+        if self.order_witness is None:
+            self.order_witness = install(self.fabric, self.target_conn)
+        return self.order_witness
+
+    def answered_before(self, prev: RemoteOp, nxt: RemoteOp) -> bool | None:
+        """Over a userspace wire, with the order witness installed: whether the target's answer to read ``prev``
+        left the harness before read ``nxt`` entered the wire (None: not observable)."""
+        witness = self.order_witness
+        if witness is None:
+            return None
+        told = witness.answered_before(prev.step, nxt.step)
+        if told is not None or self.initiator_conn is None:
+            return told
+        # An initiator in this process: its request entered the wire when it posted it, and the k-th RDMA Read it
+        # posted on its connection is the k-th the target executed (RC executes them in PSN order)
+        posts = [rec["step"] for rec in self.fabric.trace for eff in rec["effects"]
+                 if eff.get("do") == "post" and eff.get("who") == self.initiator_conn.name
+                 and eff.get("op") == "RDMA_READ"]
+        if nxt.kind != "rdma_read" or nxt.nth >= len(posts):
+            return None
+        posted = int(posts[nxt.nth])
+        left = witness.released.get(prev.step)
+        return left is not None and left.steps < posted  # it left between step left.steps and the next
 
     def steps_of(self, wr: str, do: str) -> list[int]:
         """Steps of trace effects ``do`` for work request tag ``wr`` (e.g. read samples of one read)."""

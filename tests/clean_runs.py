@@ -8,11 +8,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 # Unobservable over the wire (docs/kbtp-wire.md): a named interleaving replayed at the target's race points, the
-# initiator's own memory and post order (invisible off the emulated fabric), a geometry of its own a served target
-# cannot take, a black-box race whose event did not happen in the attempts, and the free-path races of a target
-# without DIRECT_ALLOC (no ring to see or to hold a ticket on).
-WIRE = ("race points", "only the emulated fabric records", "cannot list the STags",
-        "the check needs the whole ring", "the validity rule was not exercised", "exposes no ring")
+# initiator's own memory (invisible off the emulated fabric; the order of its reads is judged from the target's end
+# of the wire, targets/kbtp_order.py), a geometry of its own a served target cannot take, a black-box race whose
+# event did not happen in the attempts, and the free-path races of a target without DIRECT_ALLOC (no ring to see or
+# to hold a ticket on).
+WIRE = ("race points", "cannot list the STags", "the check needs the whole ring", "the validity rule was not exercised",
+        "exposes no ring")
 # ... and on a verbs device (docs/interop-rdma.md): the device executes one-sided operations and builds every
 # packet without the process seeing them, and siw reports no remote invalidation in a receive completion.
 # A target in the harness's own process on the device writes a FREE's entry, block and slot in one turn of its

@@ -20,6 +20,10 @@ from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import Access, Command, Window, pause
 from kvconform.targets.kbtp import OpResult, ReferenceInitiatorDriver, ReferenceInitiatorEndpoint, ReferenceTargetDriver
 from tests.mutants import Mutant
+from tests.mutants.kbtp_overlap import (  # noqa: F401 - reads issued too early, reached the same way
+    ReReadWithBlock,
+    SlotReadsInPairs,
+)
 from tests.mutants.kbtp_ring import (  # noqa: F401 - the ring mutants, reached as python:tests.mutants.kbtp:<name>
     BigEndianRingUnderAddrLe,
     EmptySlotsMarkedZero,
@@ -1551,6 +1555,8 @@ MUTANTS: dict[str, Mutant] = {
     "IgnoresGenerationChange": Mutant("kbtp-initiator", "KBTP-DLOAD-VALIDITY", ("test_direct_load_detects_free",)),
     "UnmaskedFetchAddOnRdmap": Mutant("kbtp-initiator", "KBTP-DALLOC-FETCHADD", ("test_direct_alloc_fetchadd",)),
     "NoSlotConfirmation": Mutant("kbtp-initiator", "KBTP-DALLOC-SLOT-READ", ("test_direct_alloc_slot_reads",)),
+    "ReReadWithBlock": Mutant("kbtp-initiator", "KBTP-DLOAD-SEQUENCE", ("test_direct_load_sequence",)),
+    "SlotReadsInPairs": Mutant("kbtp-initiator", "KBTP-DALLOC-SLOT-READ", ("test_direct_alloc_slot_reads",)),
     "BindBeforeWrite": Mutant("kbtp-initiator", "KBTP-DALLOC-WRITE-THEN-BIND", ("test_direct_alloc_write_then_bind",)),
     "WritesRingSlot": Mutant("kbtp-initiator", "KBTP-DALLOC-NO-SLOT-WRITE",
                              ("test_direct_alloc_leaves_the_ring_alone",)),

@@ -1,0 +1,67 @@
+"""targets/kbtp_order.py on a stand-in fabric: what it holds, when it lets go, and what it can and cannot tell."""
+
+from __future__ import annotations
+
+from kvconform.rdma.wire.impair import Impairment
+from kvconform.targets.kbtp_order import OrderWitness, install
+
+
+class _Fabric:
+    """The two things the witness reads of a wire fabric: its binding and its step count."""
+
+    binding = "roce"
+    owns_races = False
+    impairer = None
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def process(self, data: bytes) -> None:  # what delivering a request does: one traced engine step
+        self.steps += 1
+
+
+def test_answers_are_held_in_order_and_a_request_inside_the_hold_is_told() -> None:
+    fabric = _Fabric()
+    w = OrderWitness(fabric, "t", hold_s=0.03)
+    sent: list[bytes] = []
+    w.datagram("t<", b"read-1", fabric.process, now=0.0)  # request 1 enters, processed at step 1
+    w.datagram("t>", b"answer-1", sent.append, now=0.0)  # its answer, produced at step 1, held
+    w.datagram("t<", b"read-2", fabric.process, now=0.01)  # request 2 enters while answer 1 is held: step 2
+    w.poll(0.02)
+    assert sent == [], "released before its hold"
+    w.poll(0.031)
+    assert sent == [b"answer-1"]
+    w.datagram("t>", b"answer-2", sent.append, now=0.031)  # (its answer, produced at step 2)
+    w.datagram("t<", b"read-3", fabric.process, now=0.07)  # request 3 after answer 1 left: step 3
+    assert w.answered_before(1, 2) is False  # read 2 was issued before read 1 completed
+    assert w.answered_before(1, 3) is True
+    assert w.answered_before(2, 4) is None  # never seen entering: not observable, never a pass
+    w.poll(1.0)
+    assert sent == [b"answer-1", b"answer-2"]
+    assert w.counts["order-hold"] == 2
+
+
+def test_a_request_delayed_by_the_runs_impairment_entered_when_it_arrived() -> None:
+    fabric = _Fabric()
+    w = OrderWitness(fabric, "t", hold_s=0.03)
+    w.spec = Impairment(delay=0.05)  # the run's own impairment delays what comes in
+    sent: list[bytes] = []
+    w.datagram("t>", b"answer-0", sent.append, now=0.0)  # produced at step 0
+    w.datagram("t<", b"read-1", fabric.process, now=0.01)  # arrives inside the hold, processed only at 0.06
+    w.poll(0.031)
+    w.poll(0.07)
+    assert sent == [b"answer-0"] and fabric.steps == 1
+    assert w.answered_before(0, 1) is False
+
+
+def test_no_witness_where_the_harness_does_not_own_the_send_path() -> None:
+    class Emulated(_Fabric):
+        owns_races = True
+
+    class Device(_Fabric):
+        crafts_frames = False
+
+    assert install(Emulated(), "t") is None
+    assert install(Device(), "t") is None
+    fabric = _Fabric()
+    assert isinstance(install(fabric, "t"), OrderWitness) and isinstance(fabric.impairer, OrderWitness)
