@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
+from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
 from kvconform.rdma.fabric import (
     POST_METHOD,
     U64,
@@ -168,6 +169,7 @@ class _Wr:
         "swap",
         "swap_mask",
         "tag",
+        "terminate",
         "to",
         "wr_id",
     )
@@ -179,6 +181,7 @@ class _Wr:
         self.signaled = signaled
         self.fence = fence
         self.status: Status | None = None  # set when the requester side is done
+        self.terminate: Terminate | None = None  # what its completion carries (kvconform.rdma.completion)
         self.src: list[Sge] | bytes = b""
         self.data = b""
         self.dst: Sge | None = None
@@ -191,6 +194,15 @@ class _Wr:
         self.compare_mask = self.swap_mask = U64
         self.orig = 0
         self.parent: _Wr | None = None  # an Immediate Data message's RDMA Write
+
+    # what the completion rule reads (kvconform.rdma.completion.Outcome)
+    @property
+    def op(self) -> Op:
+        return self.kind
+
+    @property
+    def byte_len(self) -> int:
+        return wr_byte_len(self.kind, self.dst, self.data)
 
 
 class _Msg:
@@ -222,7 +234,9 @@ class EmuConnection:
         self._terminate: Terminate | None = None
         self._seq = 0
         self.sq: deque[_Wr] = deque()  # posted, not yet arrived at the peer
-        self.outstanding: deque[_Wr] = deque()  # posted, requester completion not yet produced
+        # posted, requester completion not yet produced: completed in post order, flushed on failure
+        self.completions: InOrderCompletions[_Wr] = InOrderCompletions(name, cq._push)
+        self.outstanding = self.completions.pending
         self.rq: deque[tuple[int, Sge | None]] = deque()  # posted receives
         self.inbound: deque[_Msg] = deque()  # peer's messages arrived here, not yet done
         self.responses: deque[_Msg] = deque()  # peer's Reads/atomics in processing order
@@ -280,7 +294,7 @@ class EmuConnection:
         if sge is not None:
             self._local(sge, True, "post_recv")
         if self._state is not ConnState.CONNECTED:
-            self.cq._push(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self.name))
+            self.cq._push(flushed(wr_id, Op.RECV, self.name))
             return wr_id
         self.rq.append((wr_id, sge))
         return wr_id
@@ -405,7 +419,7 @@ class EmuConnection:
     def _post(self, wr: _Wr) -> int:
         if self._state is not ConnState.CONNECTED:
             # verbs: posting to a QP in the error state completes the work request flushed
-            self.cq._push(Completion(wr.wr_id, wr.kind, Status.WR_FLUSH_ERR, self.name))
+            self.cq._push(flushed(wr.wr_id, wr.kind, self.name))
             return wr.wr_id
         if self._fabric._tracing:
             self._fabric._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
@@ -1136,24 +1150,10 @@ class EmuFabric:
     # ---- requester completions and failures --------------------------------------------------------------
 
     def _complete_in_order(self, conn: EmuConnection) -> None:
-        out = conn.outstanding
-        while out:
-            status = out[0].status
-            if status is None:
-                return
-            wr = out.popleft()
-            if wr.signaled or status is not Status.SUCCESS:
-                if wr.kind is Op.RDMA_READ and wr.dst is not None:
-                    byte_len = wr.dst.length
-                elif wr.kind is Op.FETCH_ADD or wr.kind is Op.COMP_SWAP:
-                    byte_len = 8
-                else:
-                    byte_len = len(wr.data)
-                conn.cq._push(Completion(wr.wr_id, wr.kind, status, conn.name, byte_len=byte_len))
+        conn.completions.drain()
 
     def _fail(self, requester: EmuConnection, culprit: _Wr, term: Terminate, status: Status) -> None:
         """The Data Sink / responder sent a Terminate: the culprit fails, everything else is flushed."""
-        culprit.status = status
         self._close(requester, ConnState.ERROR, term, culprit, status)
 
     def _close(
@@ -1176,15 +1176,8 @@ class EmuFabric:
             end.inbound.clear()
             end.responses.clear()
             self.events.append((end.name, term))
-            for wr in end.outstanding:
-                if wr.status is None:
-                    wr.status = Status.WR_FLUSH_ERR
-                if wr.signaled or wr.status is not Status.SUCCESS:
-                    wc_term = term if wr is culprit else None
-                    end.cq._push(Completion(wr.wr_id, wr.kind, wr.status, end.name, terminate=wc_term))
-            end.outstanding.clear()
-            for wr_id, _ in end.rq:
-                end.cq._push(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, end.name))
+            end.completions.flush(term, list(end.rq), culprit=culprit if end is conn else None,
+                                  status=status if end is conn else None)
             end.rq.clear()
 
 
