@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvconform.rdma.emulated import EmuCQ, EmuNode
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
@@ -47,6 +46,7 @@ from kvconform.rdma.fabric import (
 )
 from kvconform.rdma.profiles import Profile
 from kvconform.rdma.roce.qp import ROCE_UDP_PORT
+from kvconform.rdma.runtime import EmuCQ, EmuNode
 from kvconform.rdma.verbs import cm as rdma_cm
 from kvconform.rdma.verbs.device import DeviceInfo, PyverbsError, VerbsUnavailable, profile_for, query
 from kvconform.rdma.verbs.engine import VerbsEngine
@@ -68,7 +68,7 @@ class VerbsNode(EmuNode):
     """A host on the device: one protection domain, its memory regions and windows."""
 
     def __init__(self, fabric: VerbsFabric, name: str, index: int, byteorder: ByteOrder) -> None:
-        super().__init__(fabric, name, index, byteorder)
+        super().__init__(fabric.runtime, name, index, byteorder)
         from pyverbs.pd import PD  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         self._vfabric = fabric
@@ -99,8 +99,8 @@ class VerbsNode(EmuNode):
         stag = int(mr.rkey) or int(mr.lkey)
         region = Region(stag, buffer, offset, length, Access(access), False, remote_invalidate, self.name)
         self._mrs[region.stag] = mr
-        self._stags[region.stag] = region
-        self._fabric._note(self.name, "register", stag=region.stag, len=length, access=int(access))
+        self.stags[region.stag] = region
+        self.runtime.note(self.name, "register", stag=region.stag, len=length, access=int(access))
         return region
 
     def _device_access(self, access: Access) -> int:
@@ -147,9 +147,9 @@ class VerbsNode(EmuNode):
             stag = int(mr.rkey)
             self._mrs[stag] = mr
         window = Window(stag, region, offset, length, Access(access), False, conn.name)
-        self._stags[stag] = window
+        self.stags[stag] = window
         self._window_conn[stag] = conn.name
-        self._fabric._note(self.name, "bind_window", stag=stag, len=length, access=int(access), conn=conn.name)
+        self.runtime.note(self.name, "bind_window", stag=stag, len=length, access=int(access), conn=conn.name)
         return window
 
     def invalidate(self, stag: int) -> None:
@@ -159,8 +159,8 @@ class VerbsNode(EmuNode):
 
     def remote_invalidated(self, stag: int) -> None:
         """A Send with Invalidate arrived for ``stag``: the device already refuses it; forget it here."""
-        if isinstance(self._stags.get(stag), Window):
-            del self._stags[stag]
+        if isinstance(self.stags.get(stag), Window):
+            del self.stags[stag]
             self._drop(stag)
 
     def _drop(self, stag: int) -> None:
@@ -261,10 +261,10 @@ class VerbsFabric(WireFabric):
     # ---- nodes and device objects ----------------------------------------------------------------------
 
     def node(self, name: str, *, byteorder: ByteOrder = "little") -> VerbsNode:
-        if name in self._nodes:
+        if name in self.runtime.nodes:
             raise FabricUsageError(f"node {name!r} exists")
-        node = VerbsNode(self, name, len(self._nodes), byteorder)
-        self._nodes[name] = node
+        node = VerbsNode(self, name, len(self.runtime.nodes), byteorder)
+        self.runtime.add_node(node)
         return node
 
     def _mr(self, pd: Any, addr: int, length: int, access: int) -> Any:
@@ -414,7 +414,7 @@ class VerbsFabric(WireFabric):
              cq: EmuCQ | None = None) -> WireConnection:
         if self.binding != "iwarp":
             return super().dial(remote, local, name=name, cq=cq)
-        if not isinstance(local, VerbsNode) or local.name not in self._nodes:
+        if not isinstance(local, VerbsNode) or local.name not in self.runtime.nodes:
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._cm_dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", remote.host,
                              remote.port, cq)
@@ -527,12 +527,13 @@ class VerbsFabric(WireFabric):
     def _poll_io(self, timeout: float) -> int:
         n = 0
         for engine, conn in list(self._engines.items()):
-            outer, self._pending_notes = self._pending_notes, []  # this may run inside an actor's step
+            rt = self.runtime
+            outer, rt.pending_notes = rt.pending_notes, []  # this may run inside an actor's step
             polled = engine.poll()
-            if polled and self._tracing:  # the completions are a step of the trace, as an arrival is on the wire
-                self.steps += 1
+            if polled and rt.tracing:  # the completions are a step of the trace, as an arrival is on the wire
+                rt.steps += 1
                 self._record(f"{conn.name}:cq", conn.name)
-            self._pending_notes = outer
+            rt.pending_notes = outer
             if polled:
                 n += 1
                 self._flush(conn)
@@ -595,7 +596,7 @@ class VerbsFabric(WireFabric):
         if self._cm is not None:
             self._cm.close()
             self._cm = None
-        nodes = [n for n in self._nodes.values() if isinstance(n, VerbsNode)]
+        nodes = [n for n in self.runtime.nodes.values() if isinstance(n, VerbsNode)]
         for node in nodes:
             node.close_windows()
         for engine in engines:

@@ -43,12 +43,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from kvconform.rdma.emulated import EmuConnection, EmuCQ, EmuFabric, EmuNode, _Wr
+from kvconform.rdma.completion import flushed
 from kvconform.rdma.engine import Engine, Source, WorkRequest
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
-    Completion,
     ConnState,
     FabricUsageError,
     Node,
@@ -56,7 +55,6 @@ from kvconform.rdma.fabric import (
     RunResult,
     SendWr,
     Sge,
-    Status,
     Terminate,
 )
 from kvconform.rdma.iwarp.engine import IwarpEngine
@@ -66,6 +64,7 @@ from kvconform.rdma.roce import oob
 from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
 from kvconform.rdma.roce.qp import QpInfo
+from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RuntimeFabric, WrRecord, gather
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
 from kvconform.rdma.wire.impair import Impairer, Impairment
@@ -112,27 +111,26 @@ class _Memory:
     def resolve(
         self, stag: int, to: int, length: int, right: Access, *, tagged: bool
     ) -> tuple[Buffer, int] | Terminate:
-        return resolve(self._node._stags, self._conn, stag, to, length, right, tagged=tagged)
+        return resolve(self._node.stags, self._conn, stag, to, length, right, tagged=tagged)
 
     def atomic_misaligned(self, to: int) -> Terminate | None:
         return atomic_misaligned(to, self._conn)
 
     def remote_invalidate(self, stag: int) -> Terminate | None:
-        refusal = remote_invalidate_refusal(self._node._stags, self._conn, stag)
+        refusal = remote_invalidate_refusal(self._node.stags, self._conn, stag)
         if refusal is None:
-            del self._node._stags[stag]
+            del self._node.stags[stag]
         return refusal
 
     def note(self, what: str, **args: Any) -> None:
-        if self._fabric._tracing:
-            self._fabric._note(self._conn, what, **args)
+        self._fabric.runtime.note(self._conn, what, **args)
 
 
-class WireConnection(EmuConnection):
-    """One endpoint: the emulated connection's local checks, a binding engine for everything remote."""
+class WireConnection(PostingEndpoint):
+    """One endpoint: the runtime's local checks of what is posted, a binding engine for everything remote."""
 
     def __init__(self, fabric: WireFabric, node: EmuNode, name: str, cq: EmuCQ) -> None:
-        super().__init__(fabric, node, name, -1, cq)
+        super().__init__(node, name, cq)
         self._wire = fabric
         self.engine: Engine | None = None
         self.sock: socket.socket | None = None  # the TCP stream (iWARP) or side channel (RoCE)
@@ -183,23 +181,17 @@ class WireConnection(EmuConnection):
             self.batching = False
             self._wire._flush(self)
 
-    def post_recv(self, sge: Sge | None, wr_id: int = 0) -> int:
-        if sge is not None:
-            self._local(sge, True, "post_recv")
-        if self.state is not ConnState.CONNECTED:
-            self.cq._push(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self.name))
-            return wr_id
-        self.rq.append((wr_id, sge))  # what is posted and not yet consumed, as the emulated connection keeps it
+    def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
         self._with_engine(lambda e: e.post_recv(wr_id, sge))
-        return wr_id
 
-    def _post(self, wr: _Wr) -> int:
+    def _post(self, wr: WrRecord) -> int:
         if self.state is not ConnState.CONNECTED:
-            self.cq._push(Completion(wr.wr_id, wr.kind, Status.WR_FLUSH_ERR, self.name))
+            self.cq.push(flushed(wr.wr_id, wr.kind, self.name))
             return wr.wr_id
-        if self._wire._tracing:
-            self._wire._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
-        data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else self._wire._gather(wr.src)
+        rt = self._wire.runtime
+        if rt.tracing:
+            rt.note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
+        data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else gather(wr.src)
         req = WorkRequest(op=wr.kind, wr_id=wr.wr_id, tag=wr.tag, signaled=wr.signaled, fence=wr.fence, data=data,
                           src=wr.src if isinstance(wr.src, list) else None,
                           dst=wr.dst, stag=wr.stag, to=wr.to, imm=wr.imm, invalidate=wr.invalidate,
@@ -307,7 +299,7 @@ class RoceSetup:
             tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)
 
 
-class WireFabric(EmuFabric):
+class WireFabric(RuntimeFabric):
     """The fabric interface in real time over sockets (see the module docstring)."""
 
     owns_races = False
@@ -327,7 +319,7 @@ class WireFabric(EmuFabric):
         gso: bool = False,
         impair: Impairment | None = None,
     ) -> None:
-        super().__init__(profile, scheduler=FifoScheduler(), trace=trace)
+        super().__init__(profile, FifoScheduler(), trace=trace, max_steps=1_000_000)
         self.binding: WireBindingName = binding or ("iwarp" if profile.binding is Binding.RDMAP else "roce")
         if (self.binding == "iwarp") != (profile.binding is Binding.RDMAP):
             raise FabricUsageError(f"binding {self.binding} cannot carry profile {profile.name} ({profile.binding})")
@@ -390,7 +382,7 @@ class WireFabric(EmuFabric):
              cq: EmuCQ | None = None) -> WireConnection:
         """A connection from ``local`` to a node in another process; returns once it is set up (bounded),
         `WireSetupError` when it cannot be."""
-        if not isinstance(local, EmuNode) or local.name not in self._nodes:
+        if not isinstance(local, EmuNode) or local.name not in self.runtime.nodes:
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", (remote.host, remote.port),
                           cq)
@@ -403,7 +395,7 @@ class WireFabric(EmuFabric):
         """Both ends in this process, over a real loopback socket pair; returns once both are set up."""
         base = name or f"{a.name}-{b.name}"
         for n in (a, b):
-            if not isinstance(n, EmuNode) or n.name not in self._nodes:
+            if not isinstance(n, EmuNode) or n.name not in self.runtime.nodes:
                 raise FabricUsageError("connect: nodes must belong to this fabric (dial() reaches other processes)")
         assert isinstance(a, EmuNode) and isinstance(b, EmuNode)
         accepted: list[WireConnection] = []
@@ -459,10 +451,10 @@ class WireFabric(EmuFabric):
         return self.link.address if self.link is not None else self.host
 
     def _new_conn(self, node: EmuNode, ep_name: str, cq: EmuCQ | None) -> WireConnection:
-        if ep_name in node._connections:
+        if node.has_connection(ep_name):
             raise FabricUsageError(f"connect: endpoint {ep_name!r} exists; pass name=")
-        conn = WireConnection(self, node, ep_name, cq or self._new_cq(f"{ep_name}.cq"))
-        node._connections[ep_name] = conn
+        conn = WireConnection(self, node, ep_name, cq or self.runtime.new_cq(f"{ep_name}.cq"))
+        node.add_connection(conn)
         self._conns.append(conn)
         return conn
 
@@ -632,9 +624,10 @@ class WireFabric(EmuFabric):
         """Run until every non-daemon actor is done, ``max_steps`` or the wall-clock bound (``deadline``)."""
         limit = self.max_steps if max_steps is None else max_steps
         reason = self._loop(None, self.now + self.run_timeout, limit)
+        blocked = self.runtime.blocked()
         if reason == "timeout":
-            return RunResult(self.steps, "deadline", self._blocked())
-        return RunResult(self.steps, "max_steps" if reason == "max_steps" else "quiescent", self._blocked())
+            return RunResult(self.steps, "deadline", blocked)
+        return RunResult(self.steps, "max_steps" if reason == "max_steps" else "quiescent", blocked)
 
     def serve_forever(self, stop: Callable[[], bool] | None = None) -> None:
         """Serve listeners and their connections (the `kvconform serve` loop) until ``stop()``."""
@@ -642,58 +635,65 @@ class WireFabric(EmuFabric):
         self._loop(stop, None, 1 << 62)
 
     def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
-        limit = self.steps + max_steps
-        enabled = self._enabled
+        rt = self.runtime
+        limit = rt.steps + max_steps
+        enabled = rt.enabled
+        timers = rt.timers  # the runtime's lists are only ever mutated in place
         while True:
-            self._now = now = self._clock()
+            rt.now = now = self._clock()
             if stop is not None and stop():
                 return "predicate"
             if deadline is not None and now >= deadline:
                 return "timeout"
             self._poll_io(0.0)
             self._engine_timers()
-            if self._until:
-                self._check_until()
-            if self._timers and self._timers[0][0] <= self._now:
-                self._fire_timers()
-            if self._failure is not None:
-                raise self._failure
+            if rt.until:
+                rt.check_until()
+            if timers and timers[0][0] <= rt.now:
+                rt.fire_timers()
+            if rt.failure is not None:
+                raise rt.failure
             if not enabled:
                 # Like the emulated fabric, a run ends when nothing can happen any more: the wire is quiet and no
                 # non-daemon actor waits on a timer (an actor blocked without one, a target's session actor
                 # waiting for the next request, does not keep it going; a bounded wait does)
                 settling = not self._serving and not self._timed_waiters()
-                if not self._serving and self._blocked() and not self._timers and not self._live():
+                if not self._serving and rt.blocked() and not timers and not self._live():
                     return "quiescent"  # blocked actors with nothing that could wake them
-                wait = 0.25 if self._until else 1.0  # predicates are re-checked at least this often
+                wait = 0.25 if rt.until else 1.0  # predicates are re-checked at least this often
                 if settling:
                     wait = SETTLE_S
-                for t in (self._timers[0][0] if self._timers else None, self._engine_deadline(), deadline):
+                for t in (timers[0][0] if timers else None, self._engine_deadline(), deadline):
                     if t is not None:
                         wait = min(wait, max(0.0, t - self._clock()))
                 events = self._poll_io(wait)
-                if settling and not events and not self._enabled and self._settled():
+                if settling and not events and not enabled and self._settled():
                     return "quiescent"  # every actor done and the wire quiet: nothing more will happen
                 continue
-            if self.steps >= limit:
+            if rt.steps >= limit:
                 return "max_steps"
             step = enabled.pop(0)
-            self.steps += 1
-            self.schedule.append(step.label)
-            if self._tracing:
-                self._pending_notes = []
+            rt.steps += 1
+            rt.schedule.append(step.label)
+            if rt.tracing:
+                rt.pending_notes = []
                 step.fn()
                 self._record(step.label, step.who)
             else:
                 step.fn()
-            if self._failure is not None:
-                raise self._failure
+            if rt.failure is not None:
+                raise rt.failure
+
+    def _note(self, who: str, what: str, **args: Any) -> None:
+        """Record an effect in the trace (`Runtime.note`)."""
+        self.runtime.note(who, what, **args)
 
     def _record(self, label: str, who: str) -> None:
-        if self._pending_notes:
-            self.trace.append({"step": self.steps, "t": round(self._now, 6), "label": label, "who": who,
-                               "effects": self._pending_notes})
-        self._pending_notes = []
+        rt = self.runtime
+        if rt.pending_notes:
+            rt.trace.append({"step": rt.steps, "t": round(rt.now, 6), "label": label, "who": who,
+                             "effects": rt.pending_notes})
+        rt.pending_notes = []
 
     def busy(self) -> list[str]:
         """Why the wire is not quiet, for a run that hit its deadline: connections with bytes to send or an engine
@@ -711,8 +711,7 @@ class WireFabric(EmuFabric):
 
     def _timed_waiter_names(self) -> list[str]:
         """Non-daemon actors waiting on a timer: they keep a run going."""
-        return [entry[2].handle.name for entry in self._timers
-                if entry[3] and not entry[2].handle.daemon and not entry[2].handle.done]
+        return self.runtime.timed_waiter_names()
 
     def _timed_waiters(self) -> bool:
         return bool(self._timed_waiter_names())
@@ -745,11 +744,12 @@ class WireFabric(EmuFabric):
 
     def _io(self, conn: WireConnection, fn: Callable[[], None], what: str) -> None:
         """Run engine work (arrival, timer) as a trace record, then deliver its output and completions."""
-        if self._tracing:
-            self._pending_notes = []
+        rt = self.runtime
+        if rt.tracing:
+            rt.pending_notes = []
         fn()
-        if self._tracing:
-            self.steps += 1
+        if rt.tracing:
+            rt.steps += 1
             self._record(f"{conn.name}:{what}", conn.name)
         self._flush(conn)
 
@@ -774,14 +774,14 @@ class WireFabric(EmuFabric):
         for wc in engine.take_completions():
             if wc.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM) and conn.rq:
                 conn.rq.popleft()  # receives complete in the order they were posted (RC)
-            conn.cq._push(wc)
+            conn.cq.push(wc)
         if not conn.ready and engine.established:
             conn.ready = True
             self._accepted(conn)
             # what arrived behind the connection setup is processed now that its receives are posted
             self._io(conn, partial(engine.receive, b"", self._clock()), "rx")
         if engine.state is not ConnState.CONNECTED:
-            self.events.append((conn.name, engine.terminate))
+            self.runtime.events.append((conn.name, engine.terminate))
             self._maybe_close(conn)
 
     def _stream_out(self, conn: WireConnection, chunk: bytes, *, write: bool = True) -> None:
