@@ -10,10 +10,12 @@ import json
 from collections.abc import Callable
 from typing import IO, Any
 
-from kvconform.rdma.fabric import ActorGen, ActorHandle, ByteOrder, Terminate
+from kvconform.rdma.fabric import ActorGen, ActorHandle, ByteOrder, Node, RunResult, Terminate
 from kvconform.rdma.profiles import Profile
 from kvconform.rdma.runtime.actors import Runtime
+from kvconform.rdma.runtime.cq import EmuCQ
 from kvconform.rdma.runtime.memory import EmuNode
+from kvconform.rdma.runtime.requests import PostingEndpoint
 from kvconform.rdma.scheduler import Scheduler
 
 
@@ -58,11 +60,21 @@ class RuntimeFabric:
     def node(self, name: str, *, byteorder: ByteOrder = "little") -> EmuNode:
         return self.runtime.add_node(EmuNode(self.runtime, name, len(self.runtime.nodes), byteorder))
 
+    def connect(
+        self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None, cq_b: EmuCQ | None = None
+    ) -> tuple[PostingEndpoint, PostingEndpoint]:
+        """A reliable connection between two nodes of this fabric; endpoint names are ``<name>.<node>``."""
+        raise NotImplementedError
+
     def spawn(self, name: str, actor: ActorGen, *, daemon: bool = False) -> ActorHandle:
         """Start an actor; its first step is enabled now. ``daemon`` actors may stay blocked at the end."""
         return self.runtime.spawn(name, actor, daemon=daemon)
 
     # ---- running ------------------------------------------------------------------------------------------
+
+    def run(self, *, max_steps: int | None = None) -> RunResult:
+        """Run until nothing more can happen, ``max_steps``, or the fabric's own bound."""
+        raise NotImplementedError
 
     def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
         """Run steps until ``stop()`` ("predicate"), ``deadline`` ("timeout"), ``max_steps`` or quiescence."""

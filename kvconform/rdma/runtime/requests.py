@@ -117,6 +117,15 @@ class PostingEndpoint:
     def state(self) -> ConnState:
         raise NotImplementedError
 
+    @property
+    def terminate(self) -> Terminate | None:
+        """The Terminate that ended the connection (None while it is up or after an orderly close)."""
+        raise NotImplementedError
+
+    def disconnect(self) -> None:
+        """Orderly close; outstanding work is flushed."""
+        raise NotImplementedError
+
     def _post(self, wr: WrRecord) -> int:
         raise NotImplementedError
 

@@ -299,6 +299,101 @@ class RoceSetup:
             tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)
 
 
+# ---- per-binding strategies: what differs between the wire formats, chosen once per fabric (`WireFabric.wire`)
+
+
+class IwarpWire:
+    """iWARP: RDMAP/DDP/MPA over one TCP byte stream per connection, its engine there from the first byte."""
+
+    name: WireBindingName = "iwarp"
+    family = Binding.RDMAP
+    writes_acknowledged = False  # an RDMAP Write completes once TCP took it (no acknowledgements, §3.5)
+    carries_link = False
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self.fabric = fabric
+
+    def listening(self) -> None:
+        """A listener is up (the stream is the connection: nothing more to open)."""
+
+    def attach(self, conn: WireConnection, initiator: bool) -> None:
+        """The connection's socket is up: the engine starts (the MPA initiator sends its Request)."""
+        fab = self.fabric
+        engine = fab.make_iwarp_engine(conn, initiator)
+        fab._set_engine(conn, engine)
+        engine.start(fab.now)
+        fab._flush(conn)
+
+    def send(self, conn: WireConnection, out: list[bytes]) -> None:
+        """What the engine produced goes on the stream (through the impairment stage, when there is one)."""
+        fab = self.fabric
+        impairer = fab.impairer_for(conn)
+        if impairer is not None:
+            for chunk in out:
+                impairer.stream(f"{conn.name}>", chunk, partial(fab._stream_out, conn), fab.now)
+        else:
+            for chunk in out:
+                fab._stream_out(conn, chunk, write=False)
+            fab._write(conn)
+
+    def inject(self, conn: WireConnection, raw: bytes) -> None:
+        fab = self.fabric
+        if conn.tap is not None:
+            conn.tap.stream(True, raw)
+        conn.out += raw
+        fab._write(conn)
+
+    def holds_close(self, conn: WireConnection) -> bool:
+        """The stream's last bytes (a Terminate) are still held by the impairment stage."""
+        impairer = self.fabric.impairer
+        return impairer is not None and impairer.held(f"{conn.name}>") and not conn.failed
+
+    def received(self, conn: WireConnection, data: bytes) -> None:
+        """Bytes of the stream arrived; from a peer in another process they are impaired here, on the way in."""
+        fab = self.fabric
+        assert conn.engine is not None
+        inbound = fab.impairer_for(conn) if conn.peer_conn is None else None
+        if inbound is not None:
+            inbound.stream(f"{conn.name}<", data, partial(fab._stream_in, conn), fab.now)
+        else:
+            fab._stream_in(conn, data)
+
+
+class RoceWire:
+    """RoCEv2: the TCP side channel carries the QP exchange (`RoceSetup`), the packets go over UDP."""
+
+    name: WireBindingName = "roce"
+    family = Binding.IB
+    writes_acknowledged = True  # IB RC acknowledges every Write before its completion
+    carries_link = True  # RoCEv2 frames can go on an Ethernet segment of their own
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self.fabric = fabric
+
+    def listening(self) -> None:
+        self.fabric._ensure_udp()
+
+    def attach(self, conn: WireConnection, initiator: bool) -> None:
+        conn.setup = RoceSetup(self.fabric, conn, initiator=initiator)
+        conn.setup.begin()
+
+    def send(self, conn: WireConnection, out: list[bytes]) -> None:
+        conn.setup.send(out)
+
+    def inject(self, conn: WireConnection, raw: bytes) -> None:
+        conn.setup.send([raw])
+
+    def holds_close(self, conn: WireConnection) -> bool:
+        return False  # the side channel carries no protocol traffic to wait for
+
+    def received(self, conn: WireConnection, data: bytes) -> None:
+        conn.setup.side_channel(data)
+
+
+WireBinding = IwarpWire | RoceWire
+_WIRES: dict[str, type[IwarpWire] | type[RoceWire]] = {"iwarp": IwarpWire, "roce": RoceWire}
+
+
 class WireFabric(RuntimeFabric):
     """The fabric interface in real time over sockets (see the module docstring)."""
 
@@ -320,12 +415,13 @@ class WireFabric(RuntimeFabric):
         impair: Impairment | None = None,
     ) -> None:
         super().__init__(profile, FifoScheduler(), trace=trace, max_steps=1_000_000)
-        self.binding: WireBindingName = binding or ("iwarp" if profile.binding is Binding.RDMAP else "roce")
-        if (self.binding == "iwarp") != (profile.binding is Binding.RDMAP):
-            raise FabricUsageError(f"binding {self.binding} cannot carry profile {profile.name} ({profile.binding})")
+        wire = _WIRES[binding] if binding else IwarpWire if profile.binding is Binding.RDMAP else RoceWire
+        if wire.family is not profile.binding:
+            raise FabricUsageError(f"binding {wire.name} cannot carry profile {profile.name} ({profile.binding})")
+        self.wire: WireBinding = wire(self)
+        self.binding: WireBindingName = wire.name
         self.host = host
-        # IB RC acknowledges every Write before its completion; an RDMAP Write completes once sent (§3.5)
-        self.writes_acknowledged = self.binding == "roce"
+        self.writes_acknowledged = wire.writes_acknowledged
         self.run_timeout = run_timeout
         self.engine_options = dict(engine_options or {})
         self.capture_dir = Path(capture_dir) if capture_dir else None
@@ -346,7 +442,7 @@ class WireFabric(RuntimeFabric):
         self._gso = False
         # RoCEv2 packets as frames on an Ethernet segment of their own (the testbed VM's NIC), not UDP via the kernel
         self.link = link
-        if link is not None and self.binding != "roce":
+        if link is not None and not wire.carries_link:
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
@@ -424,8 +520,7 @@ class WireFabric(RuntimeFabric):
         listener = _Listener(node, sock, on_accept)
         self._listeners.append(listener)
         self._sel.register(sock, selectors.EVENT_READ, ("accept", listener, name_of, cq))
-        if self.binding == "roce":
-            self._ensure_udp()
+        self.wire.listening()
         return listener
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
@@ -479,15 +574,7 @@ class WireFabric(RuntimeFabric):
             path = self.capture_dir / f"{conn.name.replace('/', '_')}.{self.binding}.pcap"
         conn.tap = WireTap(conn.local_addr, conn.peer_addr, initiator=initiator, path=path)
         self._sel.register(sock, selectors.EVENT_READ, ("conn", conn))
-        if self.binding == "iwarp":
-            engine = self.make_iwarp_engine(conn, initiator)
-            self._set_engine(conn, engine)
-            engine.start(self.now)
-            self._flush(conn)
-        else:
-
-            conn.setup = RoceSetup(self, conn, initiator=initiator)
-            conn.setup.begin()
+        self.wire.attach(conn, initiator)
 
     def make_iwarp_engine(self, conn: WireConnection, initiator: bool) -> Any:
         """The engine of one iWARP connection (a subclass may give a broken one: the harness's wire mutants)."""
@@ -504,13 +591,7 @@ class WireFabric(RuntimeFabric):
     def inject(self, conn: WireConnection, raw: bytes) -> None:
         """Put crafted bytes on ``conn``'s wire, past its engine: stream bytes (iWARP) or one UDP payload (RoCEv2)
         to the peer. The wire attacks' way in; the capture records them like any other traffic."""
-        if self.binding == "iwarp":
-            if conn.tap is not None:
-                conn.tap.stream(True, raw)
-            conn.out += raw
-            self._write(conn)
-        else:
-            conn.setup.send([raw])
+        self.wire.inject(conn, raw)
 
     def watch(self, conn: WireConnection) -> list[bytes]:
         """Everything that arrives for ``conn`` from now on, as it arrived and before its engine sees it: each
@@ -760,17 +841,7 @@ class WireFabric(RuntimeFabric):
             return
         out = engine.take_output()
         if out:
-            if self.binding == "iwarp":
-                impairer = self.impairer_for(conn)
-                if impairer is not None:
-                    for chunk in out:
-                        impairer.stream(f"{conn.name}>", chunk, partial(self._stream_out, conn), self.now)
-                else:
-                    for chunk in out:
-                        self._stream_out(conn, chunk, write=False)
-                    self._write(conn)
-            else:
-                conn.setup.send(out)
+            self.wire.send(conn, out)
         for wc in engine.take_completions():
             if wc.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM) and conn.rq:
                 conn.rq.popleft()  # receives complete in the order they were posted (RC)
@@ -830,9 +901,8 @@ class WireFabric(RuntimeFabric):
             or bool(conn.failed)
         if not ended or conn.out or conn.sock is None:
             return
-        if self.binding == "iwarp" and self.impairer is not None and self.impairer.held(f"{conn.name}>") \
-                and not conn.failed:
-            return  # its stream's last bytes (a Terminate) are still held by the impairment stage
+        if self.wire.holds_close(conn):
+            return  # its last bytes (a Terminate) are still held by the impairment stage
         sock, conn.sock = conn.sock, None
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(sock)
@@ -899,7 +969,6 @@ class WireFabric(RuntimeFabric):
         except OSError as exc:
             self._lost(conn, f"receive failed: {exc}")
             return
-        inbound = self.impairer_for(conn) if conn.peer_conn is None and self.binding == "iwarp" else None
         if not data:
             lost = partial(self._lost, conn, "the peer closed the connection")
             if self.impairer is not None:  # the end comes after what the stage still holds for the connection
@@ -912,14 +981,7 @@ class WireFabric(RuntimeFabric):
             return
         if conn.watched is not None:
             conn.watched.append(data)
-        if self.binding == "iwarp":
-            assert conn.engine is not None
-            if inbound is not None:  # from a peer in another process: impaired here, on the way in
-                inbound.stream(f"{conn.name}<", data, partial(self._stream_in, conn), self.now)
-            else:
-                self._stream_in(conn, data)
-        else:
-            conn.setup.side_channel(data)
+        self.wire.received(conn, data)
 
     def _udp_read(self) -> None:
         udp = self._udp
