@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
-from kvconform.rdma.engine import LocalMemory, Source, WorkRequest
+from kvconform.rdma.engine import LocalMemory, Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
     Access,
@@ -679,3 +680,7 @@ class IwarpEngine:
         self.inbound = None
         self.completions.flush(term, recvs, culprit=culprit,
                                status=None if culprit is None or term is None else remote_status(term))
+
+
+if TYPE_CHECKING:  # the contract it implements, checked by mypy
+    _CONTRACT: type[WireEngine] = IwarpEngine

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
-from kvconform.rdma.engine import LocalMemory, Source, WorkRequest
+from kvconform.rdma.engine import LocalMemory, Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
     Access,
@@ -776,3 +777,7 @@ class RoceEngine:
                              imm=None if pkt.imm is None else pkt.imm.hex())
             self._wcs.append(wc)
         self._advance(psn, message_done=True, ack=pkt.bth.ack_req)
+
+
+if TYPE_CHECKING:  # the contract it implements, checked by mypy
+    _CONTRACT: type[WireEngine] = RoceEngine

@@ -1,4 +1,4 @@
-"""The runtime the in-process fabrics hold (has-a): node memory, CQs, work-request records, actors and steps.
+"""The runtime the in-process fabrics hold (has-a): node memory, CQs, posting checks, actors and steps.
 
 The emulated, wire and verbs fabrics each hold one `Runtime` through `RuntimeFabric`; their endpoints check
 what is posted through `PostingEndpoint` and complete through `kvconform.rdma.completion`.
@@ -8,7 +8,6 @@ from kvconform.rdma.runtime.actors import Actor, Runtime
 from kvconform.rdma.runtime.cq import EmuCQ
 from kvconform.rdma.runtime.fabric import RuntimeFabric
 from kvconform.rdma.runtime.memory import EmuBuffer, EmuNode
-from kvconform.rdma.runtime.requests import PostingEndpoint, WrRecord, gather
+from kvconform.rdma.runtime.requests import PostingEndpoint, gather
 
-__all__ = ["Actor", "EmuBuffer", "EmuCQ", "EmuNode", "PostingEndpoint", "Runtime", "RuntimeFabric", "WrRecord",
-           "gather"]
+__all__ = ["Actor", "EmuBuffer", "EmuCQ", "EmuNode", "PostingEndpoint", "Runtime", "RuntimeFabric", "gather"]

@@ -1,5 +1,5 @@
-"""Work requests of the in-process runtime: a send-queue WR's record from post to completion, and the verbs
-rules every endpoint checks locally when one is posted (whatever engine carries it afterwards)."""
+"""Posting in the in-process runtime: the verbs rules every endpoint checks locally when a work request is posted,
+whatever engine carries the `kvconform.rdma.engine.WorkRequest` afterwards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvconform.rdma.completion import flushed, wr_byte_len
+from kvconform.rdma.completion import flushed
+from kvconform.rdma.engine import WorkRequest
 from kvconform.rdma.fabric import (
     POST_METHOD,
     U64,
@@ -18,7 +19,6 @@ from kvconform.rdma.fabric import (
     Op,
     SendWr,
     Sge,
-    Status,
     Terminate,
 )
 from kvconform.rdma.profiles import Binding, Profile
@@ -31,78 +31,19 @@ OP_NAME = {op: op.name.lower() for op in Op}  # enum attribute access is slow on
 _LOCAL_WRITE = int(Access.LOCAL_WRITE)
 
 
-class WrRecord:
-    """A send-queue work request from post to requester completion."""
-
-    __slots__ = (
-        "add",
-        "compare",
-        "compare_mask",
-        "data",
-        "dst",
-        "fence",
-        "imm",
-        "invalidate",
-        "kind",
-        "mask",
-        "orig",
-        "parent",
-        "signaled",
-        "solicited",
-        "src",
-        "stag",
-        "status",
-        "swap",
-        "swap_mask",
-        "tag",
-        "terminate",
-        "to",
-        "wr_id",
-    )
-
-    def __init__(self, kind: Op, wr_id: int, tag: str, signaled: bool, fence: bool) -> None:
-        self.kind = kind
-        self.wr_id = wr_id
-        self.tag = tag
-        self.signaled = signaled
-        self.fence = fence
-        self.status: Status | None = None  # set when the requester side is done
-        self.terminate: Terminate | None = None  # what its completion carries (kvconform.rdma.completion)
-        self.src: list[Sge] | bytes = b""
-        self.data = b""
-        self.dst: Sge | None = None
-        self.stag = 0
-        self.to = 0
-        self.imm: bytes | None = None
-        self.invalidate: int | None = None
-        self.solicited = False
-        self.add = self.mask = self.compare = self.swap = 0
-        self.compare_mask = self.swap_mask = U64
-        self.orig = 0
-        self.parent: WrRecord | None = None  # an Immediate Data message's RDMA Write
-
-    # what the completion rule reads (kvconform.rdma.completion.Outcome)
-    @property
-    def op(self) -> Op:
-        return self.kind
-
-    @property
-    def byte_len(self) -> int:
-        return wr_byte_len(self.kind, self.dst, self.data)
-
-
-def gather(src: list[Sge] | bytes) -> bytes:
-    """The data a Send or RDMA Write carries: its inline bytes, or its source SGEs read now."""
-    if isinstance(src, bytes):
-        return src
+def gather(src: list[Sge]) -> bytes:
+    """The data a Send or RDMA Write carries, its source SGEs read now."""
     return b"".join(s.read() for s in src)
 
 
 class PostingEndpoint:
     """The posting half of `kvconform.rdma.fabric.Connection`: each post is checked locally (SGEs valid on this
-    node, the profile offers the operation) and becomes a `WrRecord` handed to the endpoint's `_post`.
+    node, the profile offers the operation) and becomes a `WorkRequest` (of the endpoint's ``request_type``)
+    handed to the endpoint's `_post`; a Send's or Write's SGEs are read where the engine reads them.
 
     An endpoint class adds its state, ``_post`` (where the WR goes) and ``_recv_posted`` (a Recv was queued)."""
+
+    request_type: type[WorkRequest] = WorkRequest  # what the endpoint's engine keeps per WR
 
     def __init__(self, node: EmuNode, name: str, cq: EmuCQ) -> None:
         self.node = node
@@ -126,7 +67,7 @@ class PostingEndpoint:
         """Orderly close; outstanding work is flushed."""
         raise NotImplementedError
 
-    def _post(self, wr: WrRecord) -> int:
+    def _post(self, wr: WorkRequest) -> int:
         raise NotImplementedError
 
     def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
@@ -134,9 +75,9 @@ class PostingEndpoint:
 
     # ---- posting (non-blocking; local misuse raises, everything remote completes) -----------------
 
-    def _new(self, kind: Op, wr_id: int, tag: str | None, signaled: bool, fence: bool) -> WrRecord:
+    def _new(self, kind: Op, wr_id: int, tag: str | None, signaled: bool, fence: bool) -> WorkRequest:
         self._seq += 1
-        return WrRecord(kind, wr_id, tag or f"{OP_NAME[kind]}{self._seq}", signaled, fence)
+        return self.request_type(kind, wr_id, tag or f"{OP_NAME[kind]}{self._seq}", signaled, fence)
 
     def _local(self, sge: Sge, need_write: bool, what: str) -> None:
         region = sge.region
@@ -152,13 +93,15 @@ class PostingEndpoint:
         if need_write and not int(region.access) & _LOCAL_WRITE:
             raise FabricUsageError(f"{what}: region stag {region.stag:#x} lacks LOCAL_WRITE")
 
-    def _sources(self, data: LocalData, what: str) -> list[Sge] | bytes:
+    def _carry(self, wr: WorkRequest, data: LocalData, what: str) -> None:
+        """What a Send or Write carries: inline bytes (``wr.data``), or checked source SGEs (``wr.src``)."""
         if isinstance(data, bytes | bytearray | memoryview):
-            return bytes(data)
+            wr.data = bytes(data)
+            return
         sges = [data] if isinstance(data, Sge) else list(data)
         for sge in sges:
             self._local(sge, False, what)
-        return sges
+        wr.src = sges
 
     def _imm(self, imm: bytes | None, what: str) -> bytes | None:
         if imm is not None and len(imm) != self.profile.immediate_bytes:
@@ -195,7 +138,7 @@ class PostingEndpoint:
         if imm is not None and self.profile.binding is Binding.RDMAP:
             raise FabricUsageError("post_send: RDMAP carries immediate data only after an RDMA Write (post_write imm=)")
         wr = self._new(Op.SEND, wr_id, tag, signaled, fence)
-        wr.src = self._sources(data, "post_send")
+        self._carry(wr, data, "post_send")
         wr.solicited = solicited
         wr.invalidate = invalidate
         wr.imm = self._imm(imm, "post_send")
@@ -214,7 +157,7 @@ class PostingEndpoint:
         tag: str | None = None,
     ) -> int:
         wr = self._new(Op.RDMA_WRITE, wr_id, tag, signaled, fence)
-        wr.src = self._sources(data, "post_write")
+        self._carry(wr, data, "post_write")
         wr.stag, wr.to = stag, to
         wr.imm = self._imm(imm, "post_write")
         return self._post(wr)
@@ -237,7 +180,7 @@ class PostingEndpoint:
 
     def _atomic(
         self, kind: Op, dst: Sge, stag: int, to: int, wr_id: int, tag: str | None, signaled: bool, fence: bool
-    ) -> WrRecord:
+    ) -> WorkRequest:
         if not self.profile.atomics:
             raise FabricUsageError(f"{kind.name}: profile {self.profile.name} has no atomic operations")
         self._local(dst, True, kind.name)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvconform.rdma.completion import flushed
-from kvconform.rdma.engine import Engine, Source, WorkRequest
+from kvconform.rdma.engine import Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
@@ -64,7 +64,7 @@ from kvconform.rdma.roce import oob
 from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
 from kvconform.rdma.roce.qp import QpInfo
-from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RuntimeFabric, WrRecord, gather
+from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RuntimeFabric, gather
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
 from kvconform.rdma.wire.impair import Impairer, Impairment
@@ -132,12 +132,12 @@ class WireConnection(PostingEndpoint):
     def __init__(self, fabric: WireFabric, node: EmuNode, name: str, cq: EmuCQ) -> None:
         super().__init__(node, name, cq)
         self._wire = fabric
-        self.engine: Engine | None = None
+        self.engine: WireEngine | None = None
         self.sock: socket.socket | None = None  # the TCP stream (iWARP) or side channel (RoCE)
         self.out = bytearray()  # stream bytes not yet accepted by the kernel
         self.ready = False  # setup (MPA start frames / QP exchange) done
         self.failed: str = ""  # why setup failed
-        self.pending: list[Callable[[Engine], None]] = []  # posts before the engine exists
+        self.pending: list[Callable[[WireEngine], None]] = []  # posts before the engine exists
         self.tap: WireTap | None = None
         self.local_addr: tuple[str, int] = ("127.0.0.1", 0)
         self.peer_addr: tuple[str, int] = ("127.0.0.1", 0)
@@ -161,7 +161,7 @@ class WireConnection(PostingEndpoint):
     def __repr__(self) -> str:
         return f"WireConnection({self.name!r}, {self.state})"
 
-    def _with_engine(self, fn: Callable[[Engine], None]) -> None:
+    def _with_engine(self, fn: Callable[[WireEngine], None]) -> None:
         if self.engine is None:
             self.pending.append(fn)
         else:
@@ -184,20 +184,16 @@ class WireConnection(PostingEndpoint):
     def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
         self._with_engine(lambda e: e.post_recv(wr_id, sge))
 
-    def _post(self, wr: WrRecord) -> int:
+    def _post(self, wr: WorkRequest) -> int:
         if self.state is not ConnState.CONNECTED:
-            self.cq.push(flushed(wr.wr_id, wr.kind, self.name))
+            self.cq.push(flushed(wr.wr_id, wr.op, self.name))
             return wr.wr_id
         rt = self._wire.runtime
         if rt.tracing:
-            rt.note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
-        data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else gather(wr.src)
-        req = WorkRequest(op=wr.kind, wr_id=wr.wr_id, tag=wr.tag, signaled=wr.signaled, fence=wr.fence, data=data,
-                          src=wr.src if isinstance(wr.src, list) else None,
-                          dst=wr.dst, stag=wr.stag, to=wr.to, imm=wr.imm, invalidate=wr.invalidate,
-                          solicited=wr.solicited, add=wr.add, mask=wr.mask, compare=wr.compare, swap=wr.swap,
-                          compare_mask=wr.compare_mask, swap_mask=wr.swap_mask)
-        self._with_engine(lambda e: e.post(req))
+            rt.note(self.name, "post", wr=wr.tag, op=wr.op.name, wr_id=wr.wr_id)
+        if wr.src is not None:
+            wr.data = gather(wr.src)  # a wire engine sends what the SGEs hold at post time
+        self._with_engine(lambda e: e.post(wr))
         return wr.wr_id
 
     def disconnect(self) -> None:
@@ -607,7 +603,7 @@ class WireFabric(RuntimeFabric):
     def _memory(self, conn: WireConnection) -> _Memory:
         return _Memory(self, conn.node, conn.name)
 
-    def _set_engine(self, conn: WireConnection, engine: Engine) -> None:
+    def _set_engine(self, conn: WireConnection, engine: WireEngine) -> None:
         conn.engine = engine
         for fn in conn.pending:
             fn(engine)
