@@ -1,4 +1,4 @@
-"""`IwarpEngine`: one RDMAP stream endpoint over MPA/TCP, sans-I/O (the `Engine` contract of wire/engine.py).
+"""`IwarpEngine`: one RDMAP stream endpoint over MPA/TCP, sans-I/O (the `WireEngine` contract of rdma/engine.py).
 
 Requester: WRs become RDMAP messages in post order (a fenced WR waits for earlier Reads and atomics; at most
 ``ord`` of those outstanding). iWARP has no acknowledgements (TCP is the reliable layer, rdma-bindings §3.5),

@@ -63,7 +63,7 @@ from kvconform.rdma.roce.qp import QpInfo
 _HALF = 1 << 23
 _ATOMICS = (Op.FETCH_ADD, Op.COMP_SWAP)
 
-# requester side: the status and the RDMAP-style Terminate a NAK code turns into (§4.5, wire/engine.py)
+# requester side: the status and the RDMAP-style Terminate a NAK code turns into (§4.5, rdma/engine.py)
 _NAK_STATUS: dict[int, tuple[Status, RdmapEType, str]] = {
     NakCode.INVALID_REQUEST: (Status.REM_INV_REQ_ERR, RdmapEType.REMOTE_OPERATION, "invalid request"),
     NakCode.REMOTE_ACCESS_ERROR: (Status.REM_ACCESS_ERR, RdmapEType.REMOTE_PROTECTION, "remote access error"),
@@ -603,7 +603,7 @@ class RoceEngine:
             self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.ack(self._msn))
 
     def _error(self, psn: int, code: NakCode, term: Terminate) -> None:
-        """A request the responder refuses: NAK it, move to ERROR and flush (wire/engine.py)."""
+        """A request the responder refuses: NAK it, move to ERROR and flush (rdma/engine.py)."""
         self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.nak(self._msn, code))
         self._term = term
         self.memory.note("terminate", reason=term.reason, key=list(term.key()))
