@@ -169,14 +169,14 @@ class EmuConnection(PostingEndpoint):
 
     @property
     def state(self) -> ConnState:
-        return self.engine._state
+        return self.engine.state
 
     @property
     def terminate(self) -> Terminate | None:
-        return self.engine._terminate
+        return self.engine.terminate
 
     def __repr__(self) -> str:
-        return f"EmuConnection({self.name!r}, {self.engine._state})"
+        return f"EmuConnection({self.name!r}, {self.engine.state})"
 
     def _post(self, wr: WorkRequest) -> int:
         self.engine.post(wr)
@@ -192,6 +192,18 @@ def _chunks(length: int, size: int) -> Iterable[tuple[int, int]]:
         yield off, min(size, length - off)
 
 
+def _rdmap_no_buffer(tag: str, at: str) -> tuple[Terminate, Status]:
+    """RDMAP: a Send with no posted Recv is a DDP untagged-buffer error, NO_BUFFER (a Terminate)."""
+    return Terminate(Layer.DDP, DdpEType.UNTAGGED_BUFFER, DdpUntaggedCode.NO_BUFFER,
+                     f"no Recv posted for {tag} at {at}", at), Status.REM_OP_ERR
+
+
+def _ib_rnr_exhausted(tag: str, at: str) -> tuple[Terminate, Status]:
+    """IB: an RNR NAK, retried until the requester's RNR retry count runs out."""
+    return Terminate(Layer.LLP, 0, 0, f"RNR retries exhausted: no Recv posted for {tag} at {at}", at), \
+        Status.RNR_RETRY_EXC_ERR
+
+
 class EmuNic:
     """The NIC steps of every emulated connection (see the module docstring): arrival, placement, delivery,
     Read and atomic processing, failure. Each step is enabled in the fabric's runtime for its scheduler."""
@@ -202,6 +214,8 @@ class EmuNic:
         self._tracing = trace
         self._note = runtime.note
         self._add = runtime.add
+        # what a Send that finds no Recv gets: the binding's rule, chosen once
+        self._no_recv = _rdmap_no_buffer if profile.binding is Binding.RDMAP else _ib_rnr_exhausted
 
     # ---- send queue: arrival in post order ---------------------------------------------------------------
 
@@ -373,20 +387,8 @@ class EmuNic:
                 return
             invalidated = wr.invalidate
         if not at.rq:
-            if self.profile.binding is Binding.RDMAP:
-                term = Terminate(
-                    Layer.DDP,
-                    DdpEType.UNTAGGED_BUFFER,
-                    DdpUntaggedCode.NO_BUFFER,
-                    f"no Recv posted for {wr.tag} at {at.name}",
-                    at.name,
-                )
-                self._fail(src, culprit, term, Status.REM_OP_ERR)
-            else:
-                term = Terminate(
-                    Layer.LLP, 0, 0, f"RNR retries exhausted: no Recv posted for {wr.tag} at {at.name}", at.name
-                )
-                self._fail(src, culprit, term, Status.RNR_RETRY_EXC_ERR)
+            term, status = self._no_recv(wr.tag, at.name)
+            self._fail(src, culprit, term, status)
             return
         wr_id, sge = at.rq.popleft()
         room = 0 if sge is None else sge.length
