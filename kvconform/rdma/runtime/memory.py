@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from kvconform.rdma.fabric import U64, Access, Buffer, ByteOrder, Connection, FabricUsageError, Region, Window
 from kvconform.rdma.profiles import Profile
+from kvconform.rdma.runtime.cq import EmuCQ
 
 if TYPE_CHECKING:
     from kvconform.rdma.runtime.actors import Runtime
-    from kvconform.rdma.runtime.cq import EmuCQ
 
 VA_SPAN = 1 << 40  # each node's fake virtual addresses live in their own terabyte
 
@@ -157,9 +157,6 @@ class EmuNode:
         return stag in self._stags
 
     def create_cq(self, name: str | None = None) -> EmuCQ:
-        # lazy: the CQ module imports this one's users; a node makes a CQ rarely
-        from kvconform.rdma.runtime.cq import EmuCQ
-
         return EmuCQ(self.runtime, name or f"{self.name}.cq{len(self.runtime.cqs)}")
 
     def connection(self, name: str) -> Connection:
