@@ -4,7 +4,8 @@ The emulated, wire and verbs fabrics each hold one `Runtime` through `RuntimeFab
 what is posted through `PostingEndpoint` and complete through `kvconform.rdma.completion`.
 """
 
-from kvconform.rdma.runtime.actors import Actor, Runtime
+from kvconform.rdma.runtime.actor import Actor
+from kvconform.rdma.runtime.core import Runtime
 from kvconform.rdma.runtime.cq import EmuCQ
 from kvconform.rdma.runtime.fabric import RuntimeFabric
 from kvconform.rdma.runtime.memory import EmuBuffer, EmuNode

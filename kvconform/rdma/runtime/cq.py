@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kvconform.rdma.fabric import Completion, NextCompletion
+from kvconform.rdma.runtime.actor import Actor
 
-if TYPE_CHECKING:
-    from kvconform.rdma.runtime.actors import Actor, Runtime
+
+class Waker(Protocol):
+    """What resumes an actor whose completion arrived (the runtime)."""
+
+    def wake(self, act: Actor, value: Any) -> None: ...
 
 
 class EmuCQ:
     """A completion queue (implements `kvconform.rdma.fabric.CompletionQueue`); engines `push` into it."""
 
-    def __init__(self, runtime: Runtime, name: str) -> None:
+    def __init__(self, runtime: Waker, name: str) -> None:
         self.name = name
         self._runtime = runtime
         self._q: deque[Completion] = deque()

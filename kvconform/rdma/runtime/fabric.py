@@ -12,7 +12,7 @@ from typing import IO, Any
 
 from kvconform.rdma.fabric import ActorGen, ActorHandle, ByteOrder, Node, RunResult, Terminate
 from kvconform.rdma.profiles import Profile
-from kvconform.rdma.runtime.actors import Runtime
+from kvconform.rdma.runtime.core import Runtime
 from kvconform.rdma.runtime.cq import EmuCQ
 from kvconform.rdma.runtime.memory import EmuNode
 from kvconform.rdma.runtime.requests import PostingEndpoint

@@ -6,14 +6,12 @@ regions and windows); what an RNIC checks against these STags is `kvconform.rdma
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kvconform.rdma.fabric import U64, Access, Buffer, ByteOrder, Connection, FabricUsageError, Region, Window
 from kvconform.rdma.profiles import Profile
+from kvconform.rdma.runtime.actor import Actor
 from kvconform.rdma.runtime.cq import EmuCQ
-
-if TYPE_CHECKING:
-    from kvconform.rdma.runtime.actors import Runtime
 
 VA_SPAN = 1 << 40  # each node's fake virtual addresses live in their own terabyte
 
@@ -50,11 +48,21 @@ class EmuBuffer:
         self.write(offset, (value & U64).to_bytes(8, self._byteorder))
 
 
+class NodeHost(Protocol):
+    """What a node needs of the runtime that holds it (`kvconform.rdma.runtime.core.Runtime`)."""
+
+    profile: Profile
+    cqs: list[EmuCQ]
+
+    def note(self, who: str, what: str, **args: Any) -> None: ...
+    def wake(self, act: Actor, value: Any) -> None: ...
+
+
 class EmuNode:
     """A host of an in-process fabric (implements `kvconform.rdma.fabric.Node`): its memory, the STags of its
     regions and windows, and its connection endpoints by name."""
 
-    def __init__(self, runtime: Runtime, name: str, index: int, byteorder: ByteOrder) -> None:
+    def __init__(self, runtime: NodeHost, name: str, index: int, byteorder: ByteOrder) -> None:
         self.runtime = runtime
         self.name = name
         self.index = index

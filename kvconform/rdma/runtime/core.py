@@ -24,22 +24,10 @@ from kvconform.rdma.fabric import (
     WaitUntil,
 )
 from kvconform.rdma.profiles import Profile
+from kvconform.rdma.runtime.actor import Actor
 from kvconform.rdma.runtime.cq import EmuCQ
 from kvconform.rdma.runtime.memory import EmuNode
 from kvconform.rdma.scheduler import Step
-
-
-class Actor:
-    """One spawned actor: its generator, the command it is parked on and the step label it runs under."""
-
-    __slots__ = ("cmd", "gen", "handle", "label", "timer")
-
-    def __init__(self, handle: ActorHandle, gen: ActorGen) -> None:
-        self.handle = handle
-        self.gen = gen
-        self.cmd: Any = None
-        self.label = handle.name
-        self.timer: list[Any] | None = None
 
 
 class Runtime:
