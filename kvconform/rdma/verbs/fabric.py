@@ -211,6 +211,44 @@ class _CmListener:
     count: int = 0
 
 
+class _SideChannelSetup:
+    """RoCE / InfiniBand on a device: the wire fabric's listeners and dialing, its out-of-band QP exchange."""
+
+    def __init__(self, fabric: VerbsFabric) -> None:
+        self.fabric = fabric
+
+    def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+               name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
+        return WireFabric.listen(self.fabric, node, host, port, on_accept, name_of=name_of, cq=cq)
+
+    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
+        return WireFabric.connect(self.fabric, a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        return WireFabric.dial(self.fabric, remote, local, name=name, cq=cq)
+
+
+class _CmSetup:
+    """iWARP on a device: rdma_cm, the only way siw accepts (§5.3)."""
+
+    def __init__(self, fabric: VerbsFabric) -> None:
+        self.fabric = fabric
+
+    def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+               name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
+        return self.fabric._cm_listen(node, host, port, on_accept, name_of=name_of, cq=cq)
+
+    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
+        return self.fabric._cm_pair(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        return self.fabric._cm_dial_to(remote, local, name=name, cq=cq)
+
+
 class VerbsFabric(WireFabric):
     """The fabric interface on verbs device ``device`` (see the module docstring)."""
 
@@ -239,6 +277,8 @@ class VerbsFabric(WireFabric):
             raise VerbsUnavailable(f"{self.info.describe()}: the port has no RoCEv2 GID of an IPv4 address")
         super().__init__(profile, binding="iwarp" if iwarp else "roce", trace=trace, capture_dir=capture_dir,
                          host=address, run_timeout=RUN_TIMEOUT_S if run_timeout is None else run_timeout)
+        # how connections are set up on this device, chosen once: rdma_cm (iWARP), the side channel (RoCE / IB)
+        self._setup: _CmSetup | _SideChannelSetup = _CmSetup(self) if iwarp else _SideChannelSetup(self)
         from pyverbs.device import Context  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         self.device = device
@@ -365,8 +405,18 @@ class VerbsFabric(WireFabric):
 
     def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
                name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
-        if self.binding != "iwarp":
-            return super().listen(node, host, port, on_accept, name_of=name_of, cq=cq)
+        return self._setup.listen(node, host, port, on_accept, name_of=name_of, cq=cq)
+
+    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
+        return self._setup.connect(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        return self._setup.dial(remote, local, name=name, cq=cq)
+
+    def _cm_listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+                   name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
         if not isinstance(node, VerbsNode):
             raise FabricUsageError("listen: a local node of this fabric")
         if host == ANY:
@@ -394,10 +444,8 @@ class VerbsFabric(WireFabric):
             listener.sock.close()
             self._listeners.remove(listener)
 
-    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
-                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
-        if self.binding != "iwarp":
-            return super().connect(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+    def _cm_pair(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                 cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
         base = name or f"{a.name}-{b.name}"
         accepted: list[WireConnection] = []
         listener = self.listen(a, self.host, 0, accepted.append, name_of=lambda n: f"{base}.{a.name}", cq=cq_a)
@@ -410,10 +458,8 @@ class VerbsFabric(WireFabric):
         conn.peer_name, accepted[0].peer_name = accepted[0].name, conn.name
         return accepted[0], conn
 
-    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
-             cq: EmuCQ | None = None) -> WireConnection:
-        if self.binding != "iwarp":
-            return super().dial(remote, local, name=name, cq=cq)
+    def _cm_dial_to(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+                    cq: EmuCQ | None = None) -> WireConnection:
         if not isinstance(local, VerbsNode) or local.name not in self.runtime.nodes:
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._cm_dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", remote.host,
