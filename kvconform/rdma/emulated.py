@@ -182,6 +182,9 @@ class EmuConnection(PostingEndpoint):
         self.engine.post(wr)
         return wr.wr_id
 
+    def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
+        return  # the engine consumes the receive queue it shares with the endpoint
+
     def disconnect(self) -> None:
         """Orderly close of both endpoints; outstanding work is flushed."""
         self.engine.disconnect()

@@ -7,6 +7,7 @@ emulated fabric through its scheduler, the wire fabrics in real time between the
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -19,7 +20,7 @@ from kvconform.rdma.runtime.requests import PostingEndpoint
 from kvconform.rdma.scheduler import Scheduler
 
 
-class RuntimeFabric:
+class RuntimeFabric(ABC):
     """The part of `kvconform.rdma.fabric.Fabric` every in-process fabric shares (see the module docstring)."""
 
     TRACE_NAME = "kvconform.rdma.emulated"  # the trace header's format name (one format for every fabric)
@@ -60,11 +61,11 @@ class RuntimeFabric:
     def node(self, name: str, *, byteorder: ByteOrder = "little") -> EmuNode:
         return self.runtime.add_node(EmuNode(self.runtime, name, len(self.runtime.nodes), byteorder))
 
+    @abstractmethod
     def connect(
         self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None, cq_b: EmuCQ | None = None
     ) -> tuple[PostingEndpoint, PostingEndpoint]:
         """A reliable connection between two nodes of this fabric; endpoint names are ``<name>.<node>``."""
-        raise NotImplementedError
 
     def spawn(self, name: str, actor: ActorGen, *, daemon: bool = False) -> ActorHandle:
         """Start an actor; its first step is enabled now. ``daemon`` actors may stay blocked at the end."""
@@ -72,13 +73,13 @@ class RuntimeFabric:
 
     # ---- running ------------------------------------------------------------------------------------------
 
+    @abstractmethod
     def run(self, *, max_steps: int | None = None) -> RunResult:
         """Run until nothing more can happen, ``max_steps``, or the fabric's own bound."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
         """Run steps until ``stop()`` ("predicate"), ``deadline`` ("timeout"), ``max_steps`` or quiescence."""
-        raise NotImplementedError
 
     def run_until(
         self, predicate: Callable[[], bool], *, timeout: float | None = None, max_steps: int | None = None

@@ -3,6 +3,7 @@ whatever engine carries the `kvconform.rdma.engine.WorkRequest` afterwards."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -36,7 +37,7 @@ def gather(src: list[Sge]) -> bytes:
     return b"".join(s.read() for s in src)
 
 
-class PostingEndpoint:
+class PostingEndpoint(ABC):
     """The posting half of `kvconform.rdma.fabric.Connection`: each post is checked locally (SGEs valid on this
     node, the profile offers the operation) and becomes a `WorkRequest` (of the endpoint's ``request_type``)
     handed to the endpoint's `_post`; a Send's or Write's SGEs are read where the engine reads them.
@@ -55,21 +56,23 @@ class PostingEndpoint:
         self.rq: deque[tuple[int, Sge | None]] = deque()  # posted receives not yet consumed
 
     @property
-    def state(self) -> ConnState:
-        raise NotImplementedError
+    @abstractmethod
+    def state(self) -> ConnState: ...
 
     @property
+    @abstractmethod
     def terminate(self) -> Terminate | None:
         """The Terminate that ended the connection (None while it is up or after an orderly close)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def disconnect(self) -> None:
         """Orderly close; outstanding work is flushed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _post(self, wr: WorkRequest) -> int:
-        raise NotImplementedError
+        """Hand ``wr`` to the endpoint's engine (or complete it flushed); its ``wr_id``."""
 
+    @abstractmethod
     def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
         """A Recv was queued in `rq` (an engine that keeps its own receive queue takes it here)."""
 
