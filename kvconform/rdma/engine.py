@@ -1,15 +1,19 @@
-"""The sans-I/O contract between the wire fabric and a binding's protocol engine.
+"""The contract between a fabric's connection endpoint and a binding's engine (beside `kvconform.rdma.fabric`).
 
-An `Engine` is one endpoint of one reliable connection (an RDMAP stream over MPA/TCP, or an RC QP over
-RoCEv2). It never touches a socket or a clock: the wire fabric hands it what arrived (`receive`) and the
-time (`poll_timers`), and takes what it must send (`take_output`) and the work completions it produced
-(`take_completions`). That keeps every engine testable byte for byte, and lets the same engine run over
-an asyncio socket, a selector loop, a pcap replay or a scapy attack script.
+`Engine` is what every binding's engine provides (the emulated fabric's NIC, the iWARP, RoCEv2 and verbs
+engines); `WireEngine` adds the sans-I/O wire part. A wire engine is one endpoint of one reliable
+connection (an RDMAP stream over MPA/TCP, or an RC QP over RoCEv2). It never touches a socket or a clock:
+the wire fabric hands it what arrived (`receive`) and the time (`poll_timers`), and takes what it must
+send (`take_output`) and the work completions it produced (`take_completions`). That keeps every engine
+testable byte for byte, and lets the same engine run over an asyncio socket, a selector loop, a pcap
+replay or a scapy attack script.
 
 Semantics every engine keeps (the same as `kvconform.rdma.emulated`, so the suites see one behaviour):
 
 - Requester completions are produced in post order; a successful unsignaled WR produces none; an error
-  always does. RDMA Read / atomic responses land in the WR's ``dst`` SGE before its completion.
+  always does; failure and close flush what is outstanding (one rule for every engine:
+  `kvconform.rdma.completion`). RDMA Read / atomic responses land in the WR's ``dst`` SGE before its
+  completion.
 - The responder side checks every remote access with `kvconform.rdma.memory` through `LocalMemory`
   (which already knows this connection, so a window of another stream is refused), writes RDMA Write
   data into the resolved buffer, answers Reads from it, executes atomics on the 64-bit word in the
@@ -91,7 +95,9 @@ class LocalMemory(Protocol):
 
 
 class Engine(Protocol):
-    """One endpoint of a reliable connection over a wire format (see the module docstring)."""
+    """What every binding's engine provides to a connection endpoint (the emulated, iWARP, RoCEv2 and verbs
+    engines): one endpoint of a reliable connection that takes checked work requests and produces their
+    completions by the rule of `kvconform.rdma.completion` (see the module docstring)."""
 
     @property
     def name(self) -> str: ...
@@ -99,6 +105,27 @@ class Engine(Protocol):
     def state(self) -> ConnState: ...
     @property
     def terminate(self) -> Terminate | None: ...
+
+    def post(self, wr: WorkRequest) -> None:
+        """Queue a send-queue WR (checked locally by the endpoint already); its completion comes in post order."""
+        ...
+
+    def post_recv(self, wr_id: int, sge: Sge | None) -> None: ...
+    def take_completions(self) -> list[Completion]:
+        """The completions produced since the last call, in order. An engine built with a completion sink (the
+        emulated one: a completion wakes actors within the step that produced it) hands them there at once and
+        returns none."""
+        ...
+
+    def disconnect(self) -> None:
+        """Orderly close (``CLOSED``); what is outstanding is flushed."""
+        ...
+
+
+class WireEngine(Engine, Protocol):
+    """An `Engine` over a wire format, sans I/O: the wire fabric feeds it bytes and time, and sends what it
+    produced (iWARP, RoCEv2; the verbs engine, whose device does the wire, answers the same calls)."""
+
     @property
     def established(self) -> bool:
         """Connection setup (MPA start frames; nothing for RoCE, set up out of band) is complete."""
@@ -108,11 +135,6 @@ class Engine(Protocol):
         """Begin connection setup (the MPA initiator queues its Request frame here)."""
         ...
 
-    def post(self, wr: WorkRequest) -> None:
-        """Queue a send-queue WR; WRs posted before `established` go once it is."""
-        ...
-
-    def post_recv(self, wr_id: int, sge: Sge | None) -> None: ...
     def receive(self, data: bytes, now: float, source: Source | None = None) -> None:
         """Bytes that arrived: a piece of the TCP stream (iWARP) or one UDP payload (RoCEv2, ``source`` its
         sender's address and port)."""
@@ -127,6 +149,4 @@ class Engine(Protocol):
         """What to send, in order: stream bytes (iWARP) or UDP payloads (RoCEv2)."""
         ...
 
-    def take_completions(self) -> list[Completion]: ...
-    def disconnect(self) -> None: ...
     def transport_closed(self) -> None: ...

@@ -127,7 +127,7 @@ def run_once(
 
 
 def _blocked(fab: EmuFabric, names: Sequence[str]) -> str:
-    waits = {a.handle.name: a.handle.waiting for a in fab._actors}
+    waits = {a.handle.name: a.handle.waiting for a in fab.runtime.actors}
     return ", ".join(f"{n} waits for {waits.get(n) or '?'}" for n in names)
 
 

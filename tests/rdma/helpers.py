@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvconform.rdma import RDMAP_7306, Access, EmuConnection, EmuFabric, EmuNode, Profile, Region, Scheduler
+from kvconform.rdma import RDMAP_7306, Access, EmuFabric, EmuNode, Profile, Region, Scheduler
+from kvconform.rdma.runtime import PostingEndpoint, RuntimeFabric
 
 ALL_REMOTE = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE | Access.REMOTE_ATOMIC
 
@@ -13,11 +14,11 @@ ALL_REMOTE = Access.LOCAL_WRITE | Access.REMOTE_READ | Access.REMOTE_WRITE | Acc
 class Pair:
     """Target T and initiator I joined by one connection; ``mem`` on T is remotely accessible."""
 
-    fab: EmuFabric
+    fab: RuntimeFabric  # an EmuFabric, or a WireFabric
     t: EmuNode
     i: EmuNode
-    tc: EmuConnection  # T's endpoint
-    ic: EmuConnection  # I's endpoint
+    tc: PostingEndpoint  # T's endpoint
+    ic: PostingEndpoint  # I's endpoint
     mem: Region  # T: 256 octets, all remote rights, VA-based
     rx_t: Region  # T: receive buffers
     rx_i: Region  # I: receive buffers
@@ -35,7 +36,7 @@ def pair(
     wire: str | None = None,
 ) -> Pair:
     """``wire`` iwarp / roce: the same pair over a `WireFabric` (real sockets on loopback, real wire format)."""
-    fab: EmuFabric
+    fab: RuntimeFabric
     if wire is not None:
         from kvconform.rdma.wire.fabric import WireFabric
 

@@ -1,4 +1,4 @@
-"""`IwarpEngine`: one RDMAP stream endpoint over MPA/TCP, sans-I/O (the `Engine` contract of wire/engine.py).
+"""`IwarpEngine`: one RDMAP stream endpoint over MPA/TCP, sans-I/O (the `WireEngine` contract of rdma/engine.py).
 
 Requester: WRs become RDMAP messages in post order (a fenced WR waits for earlier Reads and atomics; at most
 ``ord`` of those outstanding). iWARP has no acknowledgements (TCP is the reliable layer, rdma-bindings §3.5),
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from kvconform.rdma.engine import LocalMemory, Source, WorkRequest
+from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
+from kvconform.rdma.engine import LocalMemory, Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
     Access,
@@ -69,6 +71,23 @@ class _Out:
     terminate: Terminate | None = None
     request_id: int = 0  # atomics: the Request Identifier echoed by the response
     placed: int = 0  # Reads: octets of the response placed
+
+    # what the completion rule reads (kvconform.rdma.completion.Outcome)
+    @property
+    def wr_id(self) -> int:
+        return self.wr.wr_id
+
+    @property
+    def op(self) -> Op:
+        return self.wr.op
+
+    @property
+    def signaled(self) -> bool:
+        return self.wr.signaled
+
+    @property
+    def byte_len(self) -> int:
+        return wr_byte_len(self.wr.op, self.wr.dst, self.wr.data)
 
 
 @dataclass
@@ -134,7 +153,8 @@ class IwarpEngine:
         self._out: list[bytes] = []
         self._wcs: list[Completion] = []
         self.sq: deque[_Out] = deque()  # posted, not yet sent
-        self.outstanding: deque[_Out] = deque()  # posted, not completed (completion order = post order)
+        # posted, not completed: completed in post order, flushed on error (kvconform.rdma.completion)
+        self.completions: InOrderCompletions[_Out] = InOrderCompletions(name, self._wcs.append)
         self.pending: deque[_Out] = deque()  # Reads and atomics sent, awaiting their responses, in order
         self.rq: deque[tuple[int, Sge | None]] = deque()
         self.msn_out = [1, 1, 1, 1]
@@ -175,17 +195,17 @@ class IwarpEngine:
     def post(self, wr: WorkRequest) -> None:
         out = _Out(wr)
         if self._state is not ConnState.CONNECTED:
-            self._wcs.append(Completion(wr.wr_id, wr.op, Status.WR_FLUSH_ERR, self._name))
+            self._wcs.append(flushed(wr.wr_id, wr.op, self._name))
             return
         if wr.op is Op.SEND and wr.imm is not None:
             raise ValueError("RDMAP has no Send with Immediate (Immediate Data follows an RDMA Write, RFC 7306)")
         self.sq.append(out)
-        self.outstanding.append(out)
+        self.completions.append(out)
         self._pump()
 
     def post_recv(self, wr_id: int, sge: Sge | None) -> None:
         if self._state is not ConnState.CONNECTED:
-            self._wcs.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
+            self._wcs.append(flushed(wr_id, Op.RECV, self._name))
             return
         self.rq.append((wr_id, sge))
 
@@ -227,7 +247,8 @@ class IwarpEngine:
         return out
 
     def take_completions(self) -> list[Completion]:
-        wcs, self._wcs = self._wcs, []
+        wcs = self._wcs[:]
+        self._wcs.clear()  # (the completion rule appends to this very list)
         return wcs
 
     def disconnect(self) -> None:
@@ -236,7 +257,7 @@ class IwarpEngine:
 
     def transport_closed(self) -> None:
         if self._state is ConnState.CONNECTED:
-            busy = bool(self.outstanding) or self.setup.phase != "open"
+            busy = bool(self.completions) or self.setup.phase != "open"
             if self.setup.phase != "open":
                 self.failed = self.failed or "the TCP connection ended during MPA connection setup"
             self._close(ConnState.ERROR if busy else ConnState.CLOSED, None)
@@ -633,19 +654,8 @@ class IwarpEngine:
         self._pump()
 
     def _drain(self) -> None:
-        """Completions of the oldest WRs that have a status (successful unsignaled ones produce none)."""
-        while self.outstanding and self.outstanding[0].status is not None:
-            o = self.outstanding.popleft()
-            wr = o.wr
-            if o.status is Status.SUCCESS and not wr.signaled:
-                continue
-            byte_len = 0
-            if o.status is Status.SUCCESS:
-                byte_len = wr.dst.length if wr.op is Op.RDMA_READ and wr.dst is not None else \
-                    8 if wr.op in (Op.FETCH_ADD, Op.COMP_SWAP) else len(wr.data)
-            assert o.status is not None
-            self._wcs.append(Completion(wr.wr_id, wr.op, o.status, self._name, byte_len=byte_len,
-                                        terminate=o.terminate))
+        """Completions of the oldest WRs that have a status (kvconform.rdma.completion)."""
+        self.completions.drain()
 
     # ---- errors -----------------------------------------------------------------------------------------
 
@@ -660,24 +670,17 @@ class IwarpEngine:
         self._state = state
         self._terminate = term
         self.sq.clear()
-        first = True
         culprit = self.pending[0] if culprit_first and self.pending else None
-        for o in list(self.outstanding):
-            if o.status is None:
-                if o is culprit and term is not None:
-                    o.status, o.terminate = remote_status(term), term
-                else:
-                    o.status = Status.WR_FLUSH_ERR
-                    # the first flushed completion carries the Terminate, so a reader sees why
-                    o.terminate = term if first and culprit is None else None
-                first = False
+        if culprit is not None and culprit.status is not None:
+            culprit = None
         self.pending.clear()
-        self._drain()
-        for wr_id, _ in self.rq:
-            self._wcs.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name,
-                                        terminate=term if first else None))
-            first = False
+        # the Recv being received into was posted before the ones still queued
+        recvs = ([] if self.inbound is None else [(self.inbound.wr_id, self.inbound.sge)]) + list(self.rq)
         self.rq.clear()
-        if self.inbound is not None:
-            self._wcs.append(Completion(self.inbound.wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
-            self.inbound = None
+        self.inbound = None
+        self.completions.flush(term, recvs, culprit=culprit,
+                               status=None if culprit is None or term is None else remote_status(term))
+
+
+if TYPE_CHECKING:  # the contract it implements, checked by mypy
+    _CONTRACT: type[WireEngine] = IwarpEngine

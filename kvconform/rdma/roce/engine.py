@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kvconform.rdma.engine import LocalMemory, Source, WorkRequest
+from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
+from kvconform.rdma.engine import LocalMemory, Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
     Access,
@@ -61,7 +63,7 @@ from kvconform.rdma.roce.qp import QpInfo
 _HALF = 1 << 23
 _ATOMICS = (Op.FETCH_ADD, Op.COMP_SWAP)
 
-# requester side: the status and the RDMAP-style Terminate a NAK code turns into (§4.5, wire/engine.py)
+# requester side: the status and the RDMAP-style Terminate a NAK code turns into (§4.5, rdma/engine.py)
 _NAK_STATUS: dict[int, tuple[Status, RdmapEType, str]] = {
     NakCode.INVALID_REQUEST: (Status.REM_INV_REQ_ERR, RdmapEType.REMOTE_OPERATION, "invalid request"),
     NakCode.REMOTE_ACCESS_ERROR: (Status.REM_ACCESS_ERR, RdmapEType.REMOTE_PROTECTION, "remote access error"),
@@ -87,7 +89,24 @@ class _Req:
     npsn: int = 0
     rcvd: int = 0  # READ: response packets received in order
     status: Status | None = None
-    term: Terminate | None = None
+    terminate: Terminate | None = None
+
+    # what the completion rule reads (kvconform.rdma.completion.Outcome)
+    @property
+    def wr_id(self) -> int:
+        return self.wr.wr_id
+
+    @property
+    def op(self) -> Op:
+        return self.wr.op
+
+    @property
+    def signaled(self) -> bool:
+        return self.wr.signaled
+
+    @property
+    def byte_len(self) -> int:
+        return wr_byte_len(self.wr.op, self.wr.dst, self.wr.data)
 
     @property
     def sent(self) -> bool:
@@ -150,7 +169,9 @@ class RoceEngine:
         self._wcs: list[Completion] = []
         self.dropped_icrc = self.dropped_pkey = self.dropped_qpn = self.dropped_malformed = 0
         # requester
-        self._wrs: deque[_Req] = deque()  # posted and not yet completed, in post order
+        # posted and not yet completed, in post order; completed and flushed by kvconform.rdma.completion
+        self.completions: InOrderCompletions[_Req] = InOrderCompletions(name, self._wcs.append)
+        self._wrs = self.completions.pending
         self._next_psn = local.psn
         self._retries = retry_count
         self._rnr_left = rnr_retry
@@ -206,7 +227,7 @@ class RoceEngine:
 
     def post_recv(self, wr_id: int, sge: Sge | None) -> None:
         if self._state is not ConnState.CONNECTED:
-            self._wcs.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
+            self._wcs.append(flushed(wr_id, Op.RECV, self._name))
             return
         self._recvs.append((wr_id, sge))
 
@@ -286,7 +307,8 @@ class RoceEngine:
         return out
 
     def take_completions(self) -> list[Completion]:
-        wcs, self._wcs = self._wcs, []
+        wcs = self._wcs[:]
+        self._wcs.clear()  # (the completion rule appends to this very list)
         return wcs
 
     def disconnect(self) -> None:
@@ -519,40 +541,25 @@ class RoceEngine:
                     None)
 
     def _fail(self, req: _Req, status: Status, term: Terminate) -> None:
-        req.status, req.term = status, term
         self._term = term
         self.memory.note("terminate", reason=term.reason, key=list(term.key()))
-        self._close(ConnState.ERROR)
+        self._close(ConnState.ERROR, culprit=req, status=status)
 
     def _complete(self) -> None:
-        """Requester completions in post order; an unsignaled success produces none (wire/engine.py)."""
-        while self._wrs and self._wrs[0].status is not None:
-            req = self._wrs.popleft()
-            wr, status = req.wr, req.status
-            assert status is not None
-            if not wr.signaled and status is Status.SUCCESS:
-                continue
-            if wr.op is Op.RDMA_READ and wr.dst is not None:
-                n = wr.dst.length
-            else:
-                n = 8 if wr.op in _ATOMICS else len(wr.data)
-            self._wcs.append(Completion(wr.wr_id, wr.op, status, self._name, byte_len=n, terminate=req.term))
+        """Requester completions in post order (kvconform.rdma.completion)."""
+        self.completions.drain()
 
-    def _close(self, state: ConnState) -> None:
-        """Move to ``state`` and flush every unfinished WR and Recv with WR_FLUSH_ERR."""
+    def _close(self, state: ConnState, *, culprit: _Req | None = None, status: Status | None = None) -> None:
+        """Move to ``state`` and flush every unfinished WR and Recv (kvconform.rdma.completion)."""
         self._state = state
         self._ack_deadline = self._rnr_at = None
-        for req in self._wrs:
-            if req.status is None:
-                req.status = Status.WR_FLUSH_ERR
-        self._complete()
         recvs = list(self._recvs)
         if self._in is not None and self._in.recv is not None:
             recvs.insert(0, self._in.recv)
         self._in = None
         self._recvs.clear()
-        for wr_id, _ in recvs:
-            self._wcs.append(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self._name))
+        self.completions.flush(self._term if state is ConnState.ERROR else None, recvs, culprit=culprit,
+                               status=status)
 
     # ---- responder ---------------------------------------------------------------------------------------
 
@@ -596,7 +603,7 @@ class RoceEngine:
             self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.ack(self._msn))
 
     def _error(self, psn: int, code: NakCode, term: Terminate) -> None:
-        """A request the responder refuses: NAK it, move to ERROR and flush (wire/engine.py)."""
+        """A request the responder refuses: NAK it, move to ERROR and flush (rdma/engine.py)."""
         self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.nak(self._msn, code))
         self._term = term
         self.memory.note("terminate", reason=term.reason, key=list(term.key()))
@@ -770,3 +777,7 @@ class RoceEngine:
                              imm=None if pkt.imm is None else pkt.imm.hex())
             self._wcs.append(wc)
         self._advance(psn, message_done=True, ack=pkt.bth.ack_req)
+
+
+if TYPE_CHECKING:  # the contract it implements, checked by mypy
+    _CONTRACT: type[WireEngine] = RoceEngine

@@ -23,9 +23,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvconform.rdma.engine import Source, WorkRequest
+from kvconform.rdma.engine import Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import Completion, ConnState, Layer, Op, RdmapCode, RdmapEType, Sge, Status, Terminate
 from kvconform.rdma.verbs.memory import address_of
 
@@ -444,3 +444,7 @@ class VerbsEngine:
         for obj in (self.qp, self.cq, self._staging):
             with contextlib.suppress(Exception):
                 obj.close()
+
+
+if TYPE_CHECKING:  # the contract it implements, checked by mypy
+    _CONTRACT: type[WireEngine] = VerbsEngine

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvconform.rdma.emulated import EmuCQ, EmuNode
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
@@ -47,6 +46,7 @@ from kvconform.rdma.fabric import (
 )
 from kvconform.rdma.profiles import Profile
 from kvconform.rdma.roce.qp import ROCE_UDP_PORT
+from kvconform.rdma.runtime import EmuCQ, EmuNode
 from kvconform.rdma.verbs import cm as rdma_cm
 from kvconform.rdma.verbs.device import DeviceInfo, PyverbsError, VerbsUnavailable, profile_for, query
 from kvconform.rdma.verbs.engine import VerbsEngine
@@ -68,7 +68,7 @@ class VerbsNode(EmuNode):
     """A host on the device: one protection domain, its memory regions and windows."""
 
     def __init__(self, fabric: VerbsFabric, name: str, index: int, byteorder: ByteOrder) -> None:
-        super().__init__(fabric, name, index, byteorder)
+        super().__init__(fabric.runtime, name, index, byteorder)
         from pyverbs.pd import PD  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         self._vfabric = fabric
@@ -99,8 +99,8 @@ class VerbsNode(EmuNode):
         stag = int(mr.rkey) or int(mr.lkey)
         region = Region(stag, buffer, offset, length, Access(access), False, remote_invalidate, self.name)
         self._mrs[region.stag] = mr
-        self._stags[region.stag] = region
-        self._fabric._note(self.name, "register", stag=region.stag, len=length, access=int(access))
+        self.stags[region.stag] = region
+        self.runtime.note(self.name, "register", stag=region.stag, len=length, access=int(access))
         return region
 
     def _device_access(self, access: Access) -> int:
@@ -147,9 +147,9 @@ class VerbsNode(EmuNode):
             stag = int(mr.rkey)
             self._mrs[stag] = mr
         window = Window(stag, region, offset, length, Access(access), False, conn.name)
-        self._stags[stag] = window
+        self.stags[stag] = window
         self._window_conn[stag] = conn.name
-        self._fabric._note(self.name, "bind_window", stag=stag, len=length, access=int(access), conn=conn.name)
+        self.runtime.note(self.name, "bind_window", stag=stag, len=length, access=int(access), conn=conn.name)
         return window
 
     def invalidate(self, stag: int) -> None:
@@ -159,8 +159,8 @@ class VerbsNode(EmuNode):
 
     def remote_invalidated(self, stag: int) -> None:
         """A Send with Invalidate arrived for ``stag``: the device already refuses it; forget it here."""
-        if isinstance(self._stags.get(stag), Window):
-            del self._stags[stag]
+        if isinstance(self.stags.get(stag), Window):
+            del self.stags[stag]
             self._drop(stag)
 
     def _drop(self, stag: int) -> None:
@@ -211,6 +211,44 @@ class _CmListener:
     count: int = 0
 
 
+class _SideChannelSetup:
+    """RoCE / InfiniBand on a device: the wire fabric's listeners and dialing, its out-of-band QP exchange."""
+
+    def __init__(self, fabric: VerbsFabric) -> None:
+        self.fabric = fabric
+
+    def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+               name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
+        return WireFabric.listen(self.fabric, node, host, port, on_accept, name_of=name_of, cq=cq)
+
+    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
+        return WireFabric.connect(self.fabric, a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        return WireFabric.dial(self.fabric, remote, local, name=name, cq=cq)
+
+
+class _CmSetup:
+    """iWARP on a device: rdma_cm, the only way siw accepts (§5.3)."""
+
+    def __init__(self, fabric: VerbsFabric) -> None:
+        self.fabric = fabric
+
+    def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+               name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
+        return self.fabric._cm_listen(node, host, port, on_accept, name_of=name_of, cq=cq)
+
+    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
+        return self.fabric._cm_pair(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        return self.fabric._cm_dial_to(remote, local, name=name, cq=cq)
+
+
 class VerbsFabric(WireFabric):
     """The fabric interface on verbs device ``device`` (see the module docstring)."""
 
@@ -239,6 +277,8 @@ class VerbsFabric(WireFabric):
             raise VerbsUnavailable(f"{self.info.describe()}: the port has no RoCEv2 GID of an IPv4 address")
         super().__init__(profile, binding="iwarp" if iwarp else "roce", trace=trace, capture_dir=capture_dir,
                          host=address, run_timeout=RUN_TIMEOUT_S if run_timeout is None else run_timeout)
+        # how connections are set up on this device, chosen once: rdma_cm (iWARP), the side channel (RoCE / IB)
+        self._setup: _CmSetup | _SideChannelSetup = _CmSetup(self) if iwarp else _SideChannelSetup(self)
         from pyverbs.device import Context  # optional: pyverbs ships with rdma-core, on RDMA hosts only
 
         self.device = device
@@ -261,10 +301,10 @@ class VerbsFabric(WireFabric):
     # ---- nodes and device objects ----------------------------------------------------------------------
 
     def node(self, name: str, *, byteorder: ByteOrder = "little") -> VerbsNode:
-        if name in self._nodes:
+        if name in self.runtime.nodes:
             raise FabricUsageError(f"node {name!r} exists")
-        node = VerbsNode(self, name, len(self._nodes), byteorder)
-        self._nodes[name] = node
+        node = VerbsNode(self, name, len(self.runtime.nodes), byteorder)
+        self.runtime.add_node(node)
         return node
 
     def _mr(self, pd: Any, addr: int, length: int, access: int) -> Any:
@@ -365,8 +405,18 @@ class VerbsFabric(WireFabric):
 
     def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
                name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
-        if self.binding != "iwarp":
-            return super().listen(node, host, port, on_accept, name_of=name_of, cq=cq)
+        return self._setup.listen(node, host, port, on_accept, name_of=name_of, cq=cq)
+
+    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
+        return self._setup.connect(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+
+    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+             cq: EmuCQ | None = None) -> WireConnection:
+        return self._setup.dial(remote, local, name=name, cq=cq)
+
+    def _cm_listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
+                   name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
         if not isinstance(node, VerbsNode):
             raise FabricUsageError("listen: a local node of this fabric")
         if host == ANY:
@@ -394,10 +444,8 @@ class VerbsFabric(WireFabric):
             listener.sock.close()
             self._listeners.remove(listener)
 
-    def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
-                cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
-        if self.binding != "iwarp":
-            return super().connect(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+    def _cm_pair(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
+                 cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
         base = name or f"{a.name}-{b.name}"
         accepted: list[WireConnection] = []
         listener = self.listen(a, self.host, 0, accepted.append, name_of=lambda n: f"{base}.{a.name}", cq=cq_a)
@@ -410,11 +458,9 @@ class VerbsFabric(WireFabric):
         conn.peer_name, accepted[0].peer_name = accepted[0].name, conn.name
         return accepted[0], conn
 
-    def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
-             cq: EmuCQ | None = None) -> WireConnection:
-        if self.binding != "iwarp":
-            return super().dial(remote, local, name=name, cq=cq)
-        if not isinstance(local, VerbsNode) or local.name not in self._nodes:
+    def _cm_dial_to(self, remote: RemoteNode, local: Node, *, name: str | None = None,
+                    cq: EmuCQ | None = None) -> WireConnection:
+        if not isinstance(local, VerbsNode) or local.name not in self.runtime.nodes:
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._cm_dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", remote.host,
                              remote.port, cq)
@@ -527,12 +573,13 @@ class VerbsFabric(WireFabric):
     def _poll_io(self, timeout: float) -> int:
         n = 0
         for engine, conn in list(self._engines.items()):
-            outer, self._pending_notes = self._pending_notes, []  # this may run inside an actor's step
+            rt = self.runtime
+            outer, rt.pending_notes = rt.pending_notes, []  # this may run inside an actor's step
             polled = engine.poll()
-            if polled and self._tracing:  # the completions are a step of the trace, as an arrival is on the wire
-                self.steps += 1
+            if polled and rt.tracing:  # the completions are a step of the trace, as an arrival is on the wire
+                rt.steps += 1
                 self._record(f"{conn.name}:cq", conn.name)
-            self._pending_notes = outer
+            rt.pending_notes = outer
             if polled:
                 n += 1
                 self._flush(conn)
@@ -595,7 +642,7 @@ class VerbsFabric(WireFabric):
         if self._cm is not None:
             self._cm.close()
             self._cm = None
-        nodes = [n for n in self._nodes.values() if isinstance(n, VerbsNode)]
+        nodes = [n for n in self.runtime.nodes.values() if isinstance(n, VerbsNode)]
         for node in nodes:
             node.close_windows()
         for engine in engines:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 
-from kvconform.rdma.emulated import EmuBuffer
 from kvconform.rdma.fabric import ByteOrder
+from kvconform.rdma.runtime import EmuBuffer
 
 __all__ = ["VerbsBuffer", "address_of"]
 

@@ -43,12 +43,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from kvconform.rdma.emulated import EmuConnection, EmuCQ, EmuFabric, EmuNode, _Wr
-from kvconform.rdma.engine import Engine, Source, WorkRequest
+from kvconform.rdma.completion import flushed
+from kvconform.rdma.engine import Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     Access,
     Buffer,
-    Completion,
     ConnState,
     FabricUsageError,
     Node,
@@ -56,7 +55,6 @@ from kvconform.rdma.fabric import (
     RunResult,
     SendWr,
     Sge,
-    Status,
     Terminate,
 )
 from kvconform.rdma.iwarp.engine import IwarpEngine
@@ -66,6 +64,7 @@ from kvconform.rdma.roce import oob
 from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
 from kvconform.rdma.roce.qp import QpInfo
+from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RuntimeFabric, gather
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
 from kvconform.rdma.wire.impair import Impairer, Impairment
@@ -112,34 +111,33 @@ class _Memory:
     def resolve(
         self, stag: int, to: int, length: int, right: Access, *, tagged: bool
     ) -> tuple[Buffer, int] | Terminate:
-        return resolve(self._node._stags, self._conn, stag, to, length, right, tagged=tagged)
+        return resolve(self._node.stags, self._conn, stag, to, length, right, tagged=tagged)
 
     def atomic_misaligned(self, to: int) -> Terminate | None:
         return atomic_misaligned(to, self._conn)
 
     def remote_invalidate(self, stag: int) -> Terminate | None:
-        refusal = remote_invalidate_refusal(self._node._stags, self._conn, stag)
+        refusal = remote_invalidate_refusal(self._node.stags, self._conn, stag)
         if refusal is None:
-            del self._node._stags[stag]
+            del self._node.stags[stag]
         return refusal
 
     def note(self, what: str, **args: Any) -> None:
-        if self._fabric._tracing:
-            self._fabric._note(self._conn, what, **args)
+        self._fabric.runtime.note(self._conn, what, **args)
 
 
-class WireConnection(EmuConnection):
-    """One endpoint: the emulated connection's local checks, a binding engine for everything remote."""
+class WireConnection(PostingEndpoint):
+    """One endpoint: the runtime's local checks of what is posted, a binding engine for everything remote."""
 
     def __init__(self, fabric: WireFabric, node: EmuNode, name: str, cq: EmuCQ) -> None:
-        super().__init__(fabric, node, name, -1, cq)
+        super().__init__(node, name, cq)
         self._wire = fabric
-        self.engine: Engine | None = None
+        self.engine: WireEngine | None = None
         self.sock: socket.socket | None = None  # the TCP stream (iWARP) or side channel (RoCE)
         self.out = bytearray()  # stream bytes not yet accepted by the kernel
         self.ready = False  # setup (MPA start frames / QP exchange) done
         self.failed: str = ""  # why setup failed
-        self.pending: list[Callable[[Engine], None]] = []  # posts before the engine exists
+        self.pending: list[Callable[[WireEngine], None]] = []  # posts before the engine exists
         self.tap: WireTap | None = None
         self.local_addr: tuple[str, int] = ("127.0.0.1", 0)
         self.peer_addr: tuple[str, int] = ("127.0.0.1", 0)
@@ -163,7 +161,7 @@ class WireConnection(EmuConnection):
     def __repr__(self) -> str:
         return f"WireConnection({self.name!r}, {self.state})"
 
-    def _with_engine(self, fn: Callable[[Engine], None]) -> None:
+    def _with_engine(self, fn: Callable[[WireEngine], None]) -> None:
         if self.engine is None:
             self.pending.append(fn)
         else:
@@ -183,29 +181,19 @@ class WireConnection(EmuConnection):
             self.batching = False
             self._wire._flush(self)
 
-    def post_recv(self, sge: Sge | None, wr_id: int = 0) -> int:
-        if sge is not None:
-            self._local(sge, True, "post_recv")
-        if self.state is not ConnState.CONNECTED:
-            self.cq._push(Completion(wr_id, Op.RECV, Status.WR_FLUSH_ERR, self.name))
-            return wr_id
-        self.rq.append((wr_id, sge))  # what is posted and not yet consumed, as the emulated connection keeps it
+    def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
         self._with_engine(lambda e: e.post_recv(wr_id, sge))
-        return wr_id
 
-    def _post(self, wr: _Wr) -> int:
+    def _post(self, wr: WorkRequest) -> int:
         if self.state is not ConnState.CONNECTED:
-            self.cq._push(Completion(wr.wr_id, wr.kind, Status.WR_FLUSH_ERR, self.name))
+            self.cq.push(flushed(wr.wr_id, wr.op, self.name))
             return wr.wr_id
-        if self._wire._tracing:
-            self._wire._note(self.name, "post", wr=wr.tag, op=wr.kind.name, wr_id=wr.wr_id)
-        data = b"" if wr.kind not in (Op.SEND, Op.RDMA_WRITE) else self._wire._gather(wr.src)
-        req = WorkRequest(op=wr.kind, wr_id=wr.wr_id, tag=wr.tag, signaled=wr.signaled, fence=wr.fence, data=data,
-                          src=wr.src if isinstance(wr.src, list) else None,
-                          dst=wr.dst, stag=wr.stag, to=wr.to, imm=wr.imm, invalidate=wr.invalidate,
-                          solicited=wr.solicited, add=wr.add, mask=wr.mask, compare=wr.compare, swap=wr.swap,
-                          compare_mask=wr.compare_mask, swap_mask=wr.swap_mask)
-        self._with_engine(lambda e: e.post(req))
+        rt = self._wire.runtime
+        if rt.tracing:
+            rt.note(self.name, "post", wr=wr.tag, op=wr.op.name, wr_id=wr.wr_id)
+        if wr.src is not None:
+            wr.data = gather(wr.src)  # a wire engine sends what the SGEs hold at post time
+        self._with_engine(lambda e: e.post(wr))
         return wr.wr_id
 
     def disconnect(self) -> None:
@@ -307,7 +295,102 @@ class RoceSetup:
             tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)
 
 
-class WireFabric(EmuFabric):
+# ---- per-binding strategies: what differs between the wire formats, chosen once per fabric (`WireFabric.wire`)
+
+
+class IwarpWire:
+    """iWARP: RDMAP/DDP/MPA over one TCP byte stream per connection, its engine there from the first byte."""
+
+    name: WireBindingName = "iwarp"
+    family = Binding.RDMAP
+    writes_acknowledged = False  # an RDMAP Write completes once TCP took it (no acknowledgements, §3.5)
+    carries_link = False
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self.fabric = fabric
+
+    def listening(self) -> None:
+        """A listener is up (the stream is the connection: nothing more to open)."""
+
+    def attach(self, conn: WireConnection, initiator: bool) -> None:
+        """The connection's socket is up: the engine starts (the MPA initiator sends its Request)."""
+        fab = self.fabric
+        engine = fab.make_iwarp_engine(conn, initiator)
+        fab._set_engine(conn, engine)
+        engine.start(fab.now)
+        fab._flush(conn)
+
+    def send(self, conn: WireConnection, out: list[bytes]) -> None:
+        """What the engine produced goes on the stream (through the impairment stage, when there is one)."""
+        fab = self.fabric
+        impairer = fab.impairer_for(conn)
+        if impairer is not None:
+            for chunk in out:
+                impairer.stream(f"{conn.name}>", chunk, partial(fab._stream_out, conn), fab.now)
+        else:
+            for chunk in out:
+                fab._stream_out(conn, chunk, write=False)
+            fab._write(conn)
+
+    def inject(self, conn: WireConnection, raw: bytes) -> None:
+        fab = self.fabric
+        if conn.tap is not None:
+            conn.tap.stream(True, raw)
+        conn.out += raw
+        fab._write(conn)
+
+    def holds_close(self, conn: WireConnection) -> bool:
+        """The stream's last bytes (a Terminate) are still held by the impairment stage."""
+        impairer = self.fabric.impairer
+        return impairer is not None and impairer.held(f"{conn.name}>") and not conn.failed
+
+    def received(self, conn: WireConnection, data: bytes) -> None:
+        """Bytes of the stream arrived; from a peer in another process they are impaired here, on the way in."""
+        fab = self.fabric
+        assert conn.engine is not None
+        inbound = fab.impairer_for(conn) if conn.peer_conn is None else None
+        if inbound is not None:
+            inbound.stream(f"{conn.name}<", data, partial(fab._stream_in, conn), fab.now)
+        else:
+            fab._stream_in(conn, data)
+
+
+class RoceWire:
+    """RoCEv2: the TCP side channel carries the QP exchange (`RoceSetup`), the packets go over UDP."""
+
+    name: WireBindingName = "roce"
+    family = Binding.IB
+    writes_acknowledged = True  # IB RC acknowledges every Write before its completion
+    carries_link = True  # RoCEv2 frames can go on an Ethernet segment of their own
+
+    def __init__(self, fabric: WireFabric) -> None:
+        self.fabric = fabric
+
+    def listening(self) -> None:
+        self.fabric._ensure_udp()
+
+    def attach(self, conn: WireConnection, initiator: bool) -> None:
+        conn.setup = RoceSetup(self.fabric, conn, initiator=initiator)
+        conn.setup.begin()
+
+    def send(self, conn: WireConnection, out: list[bytes]) -> None:
+        conn.setup.send(out)
+
+    def inject(self, conn: WireConnection, raw: bytes) -> None:
+        conn.setup.send([raw])
+
+    def holds_close(self, conn: WireConnection) -> bool:
+        return False  # the side channel carries no protocol traffic to wait for
+
+    def received(self, conn: WireConnection, data: bytes) -> None:
+        conn.setup.side_channel(data)
+
+
+WireBinding = IwarpWire | RoceWire
+_WIRES: dict[str, type[IwarpWire] | type[RoceWire]] = {"iwarp": IwarpWire, "roce": RoceWire}
+
+
+class WireFabric(RuntimeFabric):
     """The fabric interface in real time over sockets (see the module docstring)."""
 
     owns_races = False
@@ -327,13 +410,14 @@ class WireFabric(EmuFabric):
         gso: bool = False,
         impair: Impairment | None = None,
     ) -> None:
-        super().__init__(profile, scheduler=FifoScheduler(), trace=trace)
-        self.binding: WireBindingName = binding or ("iwarp" if profile.binding is Binding.RDMAP else "roce")
-        if (self.binding == "iwarp") != (profile.binding is Binding.RDMAP):
-            raise FabricUsageError(f"binding {self.binding} cannot carry profile {profile.name} ({profile.binding})")
+        super().__init__(profile, FifoScheduler(), trace=trace, max_steps=1_000_000)
+        wire = _WIRES[binding] if binding else IwarpWire if profile.binding is Binding.RDMAP else RoceWire
+        if wire.family is not profile.binding:
+            raise FabricUsageError(f"binding {wire.name} cannot carry profile {profile.name} ({profile.binding})")
+        self.wire: WireBinding = wire(self)
+        self.binding: WireBindingName = wire.name
         self.host = host
-        # IB RC acknowledges every Write before its completion; an RDMAP Write completes once sent (§3.5)
-        self.writes_acknowledged = self.binding == "roce"
+        self.writes_acknowledged = wire.writes_acknowledged
         self.run_timeout = run_timeout
         self.engine_options = dict(engine_options or {})
         self.capture_dir = Path(capture_dir) if capture_dir else None
@@ -354,7 +438,7 @@ class WireFabric(EmuFabric):
         self._gso = False
         # RoCEv2 packets as frames on an Ethernet segment of their own (the testbed VM's NIC), not UDP via the kernel
         self.link = link
-        if link is not None and self.binding != "roce":
+        if link is not None and not wire.carries_link:
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
@@ -390,7 +474,7 @@ class WireFabric(EmuFabric):
              cq: EmuCQ | None = None) -> WireConnection:
         """A connection from ``local`` to a node in another process; returns once it is set up (bounded),
         `WireSetupError` when it cannot be."""
-        if not isinstance(local, EmuNode) or local.name not in self._nodes:
+        if not isinstance(local, EmuNode) or local.name not in self.runtime.nodes:
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", (remote.host, remote.port),
                           cq)
@@ -403,7 +487,7 @@ class WireFabric(EmuFabric):
         """Both ends in this process, over a real loopback socket pair; returns once both are set up."""
         base = name or f"{a.name}-{b.name}"
         for n in (a, b):
-            if not isinstance(n, EmuNode) or n.name not in self._nodes:
+            if not isinstance(n, EmuNode) or n.name not in self.runtime.nodes:
                 raise FabricUsageError("connect: nodes must belong to this fabric (dial() reaches other processes)")
         assert isinstance(a, EmuNode) and isinstance(b, EmuNode)
         accepted: list[WireConnection] = []
@@ -432,8 +516,7 @@ class WireFabric(EmuFabric):
         listener = _Listener(node, sock, on_accept)
         self._listeners.append(listener)
         self._sel.register(sock, selectors.EVENT_READ, ("accept", listener, name_of, cq))
-        if self.binding == "roce":
-            self._ensure_udp()
+        self.wire.listening()
         return listener
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
@@ -459,10 +542,10 @@ class WireFabric(EmuFabric):
         return self.link.address if self.link is not None else self.host
 
     def _new_conn(self, node: EmuNode, ep_name: str, cq: EmuCQ | None) -> WireConnection:
-        if ep_name in node._connections:
+        if node.has_connection(ep_name):
             raise FabricUsageError(f"connect: endpoint {ep_name!r} exists; pass name=")
-        conn = WireConnection(self, node, ep_name, cq or self._new_cq(f"{ep_name}.cq"))
-        node._connections[ep_name] = conn
+        conn = WireConnection(self, node, ep_name, cq or self.runtime.new_cq(f"{ep_name}.cq"))
+        node.add_connection(conn)
         self._conns.append(conn)
         return conn
 
@@ -487,15 +570,7 @@ class WireFabric(EmuFabric):
             path = self.capture_dir / f"{conn.name.replace('/', '_')}.{self.binding}.pcap"
         conn.tap = WireTap(conn.local_addr, conn.peer_addr, initiator=initiator, path=path)
         self._sel.register(sock, selectors.EVENT_READ, ("conn", conn))
-        if self.binding == "iwarp":
-            engine = self.make_iwarp_engine(conn, initiator)
-            self._set_engine(conn, engine)
-            engine.start(self.now)
-            self._flush(conn)
-        else:
-
-            conn.setup = RoceSetup(self, conn, initiator=initiator)
-            conn.setup.begin()
+        self.wire.attach(conn, initiator)
 
     def make_iwarp_engine(self, conn: WireConnection, initiator: bool) -> Any:
         """The engine of one iWARP connection (a subclass may give a broken one: the harness's wire mutants)."""
@@ -512,13 +587,7 @@ class WireFabric(EmuFabric):
     def inject(self, conn: WireConnection, raw: bytes) -> None:
         """Put crafted bytes on ``conn``'s wire, past its engine: stream bytes (iWARP) or one UDP payload (RoCEv2)
         to the peer. The wire attacks' way in; the capture records them like any other traffic."""
-        if self.binding == "iwarp":
-            if conn.tap is not None:
-                conn.tap.stream(True, raw)
-            conn.out += raw
-            self._write(conn)
-        else:
-            conn.setup.send([raw])
+        self.wire.inject(conn, raw)
 
     def watch(self, conn: WireConnection) -> list[bytes]:
         """Everything that arrives for ``conn`` from now on, as it arrived and before its engine sees it: each
@@ -534,7 +603,7 @@ class WireFabric(EmuFabric):
     def _memory(self, conn: WireConnection) -> _Memory:
         return _Memory(self, conn.node, conn.name)
 
-    def _set_engine(self, conn: WireConnection, engine: Engine) -> None:
+    def _set_engine(self, conn: WireConnection, engine: WireEngine) -> None:
         conn.engine = engine
         for fn in conn.pending:
             fn(engine)
@@ -632,9 +701,10 @@ class WireFabric(EmuFabric):
         """Run until every non-daemon actor is done, ``max_steps`` or the wall-clock bound (``deadline``)."""
         limit = self.max_steps if max_steps is None else max_steps
         reason = self._loop(None, self.now + self.run_timeout, limit)
+        blocked = self.runtime.blocked()
         if reason == "timeout":
-            return RunResult(self.steps, "deadline", self._blocked())
-        return RunResult(self.steps, "max_steps" if reason == "max_steps" else "quiescent", self._blocked())
+            return RunResult(self.steps, "deadline", blocked)
+        return RunResult(self.steps, "max_steps" if reason == "max_steps" else "quiescent", blocked)
 
     def serve_forever(self, stop: Callable[[], bool] | None = None) -> None:
         """Serve listeners and their connections (the `kvconform serve` loop) until ``stop()``."""
@@ -642,58 +712,65 @@ class WireFabric(EmuFabric):
         self._loop(stop, None, 1 << 62)
 
     def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
-        limit = self.steps + max_steps
-        enabled = self._enabled
+        rt = self.runtime
+        limit = rt.steps + max_steps
+        enabled = rt.enabled
+        timers = rt.timers  # the runtime's lists are only ever mutated in place
         while True:
-            self._now = now = self._clock()
+            rt.now = now = self._clock()
             if stop is not None and stop():
                 return "predicate"
             if deadline is not None and now >= deadline:
                 return "timeout"
             self._poll_io(0.0)
             self._engine_timers()
-            if self._until:
-                self._check_until()
-            if self._timers and self._timers[0][0] <= self._now:
-                self._fire_timers()
-            if self._failure is not None:
-                raise self._failure
+            if rt.until:
+                rt.check_until()
+            if timers and timers[0][0] <= rt.now:
+                rt.fire_timers()
+            if rt.failure is not None:
+                raise rt.failure
             if not enabled:
                 # Like the emulated fabric, a run ends when nothing can happen any more: the wire is quiet and no
                 # non-daemon actor waits on a timer (an actor blocked without one, a target's session actor
                 # waiting for the next request, does not keep it going; a bounded wait does)
                 settling = not self._serving and not self._timed_waiters()
-                if not self._serving and self._blocked() and not self._timers and not self._live():
+                if not self._serving and rt.blocked() and not timers and not self._live():
                     return "quiescent"  # blocked actors with nothing that could wake them
-                wait = 0.25 if self._until else 1.0  # predicates are re-checked at least this often
+                wait = 0.25 if rt.until else 1.0  # predicates are re-checked at least this often
                 if settling:
                     wait = SETTLE_S
-                for t in (self._timers[0][0] if self._timers else None, self._engine_deadline(), deadline):
+                for t in (timers[0][0] if timers else None, self._engine_deadline(), deadline):
                     if t is not None:
                         wait = min(wait, max(0.0, t - self._clock()))
                 events = self._poll_io(wait)
-                if settling and not events and not self._enabled and self._settled():
+                if settling and not events and not enabled and self._settled():
                     return "quiescent"  # every actor done and the wire quiet: nothing more will happen
                 continue
-            if self.steps >= limit:
+            if rt.steps >= limit:
                 return "max_steps"
             step = enabled.pop(0)
-            self.steps += 1
-            self.schedule.append(step.label)
-            if self._tracing:
-                self._pending_notes = []
+            rt.steps += 1
+            rt.schedule.append(step.label)
+            if rt.tracing:
+                rt.pending_notes = []
                 step.fn()
                 self._record(step.label, step.who)
             else:
                 step.fn()
-            if self._failure is not None:
-                raise self._failure
+            if rt.failure is not None:
+                raise rt.failure
+
+    def _note(self, who: str, what: str, **args: Any) -> None:
+        """Record an effect in the trace (`Runtime.note`)."""
+        self.runtime.note(who, what, **args)
 
     def _record(self, label: str, who: str) -> None:
-        if self._pending_notes:
-            self.trace.append({"step": self.steps, "t": round(self._now, 6), "label": label, "who": who,
-                               "effects": self._pending_notes})
-        self._pending_notes = []
+        rt = self.runtime
+        if rt.pending_notes:
+            rt.trace.append({"step": rt.steps, "t": round(rt.now, 6), "label": label, "who": who,
+                             "effects": rt.pending_notes})
+        rt.pending_notes = []
 
     def busy(self) -> list[str]:
         """Why the wire is not quiet, for a run that hit its deadline: connections with bytes to send or an engine
@@ -711,8 +788,7 @@ class WireFabric(EmuFabric):
 
     def _timed_waiter_names(self) -> list[str]:
         """Non-daemon actors waiting on a timer: they keep a run going."""
-        return [entry[2].handle.name for entry in self._timers
-                if entry[3] and not entry[2].handle.daemon and not entry[2].handle.done]
+        return self.runtime.timed_waiter_names()
 
     def _timed_waiters(self) -> bool:
         return bool(self._timed_waiter_names())
@@ -745,11 +821,12 @@ class WireFabric(EmuFabric):
 
     def _io(self, conn: WireConnection, fn: Callable[[], None], what: str) -> None:
         """Run engine work (arrival, timer) as a trace record, then deliver its output and completions."""
-        if self._tracing:
-            self._pending_notes = []
+        rt = self.runtime
+        if rt.tracing:
+            rt.pending_notes = []
         fn()
-        if self._tracing:
-            self.steps += 1
+        if rt.tracing:
+            rt.steps += 1
             self._record(f"{conn.name}:{what}", conn.name)
         self._flush(conn)
 
@@ -760,28 +837,18 @@ class WireFabric(EmuFabric):
             return
         out = engine.take_output()
         if out:
-            if self.binding == "iwarp":
-                impairer = self.impairer_for(conn)
-                if impairer is not None:
-                    for chunk in out:
-                        impairer.stream(f"{conn.name}>", chunk, partial(self._stream_out, conn), self.now)
-                else:
-                    for chunk in out:
-                        self._stream_out(conn, chunk, write=False)
-                    self._write(conn)
-            else:
-                conn.setup.send(out)
+            self.wire.send(conn, out)
         for wc in engine.take_completions():
             if wc.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM) and conn.rq:
                 conn.rq.popleft()  # receives complete in the order they were posted (RC)
-            conn.cq._push(wc)
+            conn.cq.push(wc)
         if not conn.ready and engine.established:
             conn.ready = True
             self._accepted(conn)
             # what arrived behind the connection setup is processed now that its receives are posted
             self._io(conn, partial(engine.receive, b"", self._clock()), "rx")
         if engine.state is not ConnState.CONNECTED:
-            self.events.append((conn.name, engine.terminate))
+            self.runtime.events.append((conn.name, engine.terminate))
             self._maybe_close(conn)
 
     def _stream_out(self, conn: WireConnection, chunk: bytes, *, write: bool = True) -> None:
@@ -830,9 +897,8 @@ class WireFabric(EmuFabric):
             or bool(conn.failed)
         if not ended or conn.out or conn.sock is None:
             return
-        if self.binding == "iwarp" and self.impairer is not None and self.impairer.held(f"{conn.name}>") \
-                and not conn.failed:
-            return  # its stream's last bytes (a Terminate) are still held by the impairment stage
+        if self.wire.holds_close(conn):
+            return  # its last bytes (a Terminate) are still held by the impairment stage
         sock, conn.sock = conn.sock, None
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(sock)
@@ -899,7 +965,6 @@ class WireFabric(EmuFabric):
         except OSError as exc:
             self._lost(conn, f"receive failed: {exc}")
             return
-        inbound = self.impairer_for(conn) if conn.peer_conn is None and self.binding == "iwarp" else None
         if not data:
             lost = partial(self._lost, conn, "the peer closed the connection")
             if self.impairer is not None:  # the end comes after what the stage still holds for the connection
@@ -912,14 +977,7 @@ class WireFabric(EmuFabric):
             return
         if conn.watched is not None:
             conn.watched.append(data)
-        if self.binding == "iwarp":
-            assert conn.engine is not None
-            if inbound is not None:  # from a peer in another process: impaired here, on the way in
-                inbound.stream(f"{conn.name}<", data, partial(self._stream_in, conn), self.now)
-            else:
-                self._stream_in(conn, data)
-        else:
-            conn.setup.side_channel(data)
+        self.wire.received(conn, data)
 
     def _udp_read(self) -> None:
         udp = self._udp
