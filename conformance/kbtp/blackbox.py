@@ -25,15 +25,16 @@ from typing import Any
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Status
-from kvconform.kbtp.messages import Free, Load
+from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, RequestFlags, Status
+from kvconform.kbtp.messages import AllocStore, Free, Load
 from kvconform.rdma import Access, Op, SendWr, pause, wait_completion_for
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot, precise
 from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
 
-__all__ = ["TICKETS", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows", "open_partition"]
+__all__ = ["CHURN_CATCHES", "TICKETS", "Churn", "ChurnReqs", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows",
+           "open_partition"]
 
 TICKETS = 1 << 32
 PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
@@ -360,3 +361,216 @@ class Probe:
         return self.rounds
 
 
+
+
+# ---- a target without DIRECT_ALLOC: the shared ring churned at full circulation ----------------------------------
+
+CHURN_WAIT_S = 5.0  # a COMPLETION that does not come: an allocation within quota stalled, or an answer lost
+CHURN_MIN_CYCLES = 20  # full-quota cycles (per initiator on average) a judgement needs, at the least
+CHURN_MAX_CYCLES = 400  # per initiator: the budget usually ends the run first
+CHURN_MARK = 0x43  # first octet of every block the churn stores: (mark, initiator, cycle, unit) repeated
+
+# What the churn (`Churn`) caught of the race mutants of tests/mutants/kbtp.py served in their own process without
+# DIRECT_ALLOC (tools/race_catch_rates.py; docs/kbtp-wire.md, "A target without DIRECT_ALLOC"): mutant ->
+# (runs that failed on its rule, runs), RoCEv2 and iWARP together. A pass could rest only on a stress shown to catch
+# them; while every count is 0 the churn judges the invariants it sees and stays inconclusive on the race itself.
+CHURN_CATCHES: dict[str, tuple[int, int]] = {
+    "OverwritesUnconsumedSlot": (0, 0),
+    "FreeReturnsBeforeEntryUpdate": (0, 0),
+    "SequenceBeforeBlock": (0, 0),
+}
+
+
+@dataclass
+class ChurnReqs:
+    """The requirement each invariant of the churn answers to, as the running check cites them."""
+
+    twice: str = "KBTP-RING-NO-LOSS"  # a Block Offset handed out while a bound handle still holds it
+    intact: str = "KBTP-RING-NO-LOSS"  # a LOAD of an own handle returns what was stored
+    overlapped_stall: str = "KBTP-FREE-NO-OVERWRITE"  # an allocation overlapped by a FREE never completes
+    stall: str = "KBTP-RING-NO-LOSS"  # an allocation with no FREE overlapping it never completes
+    cross: str = "KBTP-RING-NO-LOSS"  # a LOAD of another initiator's handle racing its FREE
+    free: str = "KBTP-FREE-RETURN"
+    load: str = "KBTP-LOAD-COMPLETE"
+
+    @classmethod
+    def cited(cls, fallback: str, **named: str) -> ChurnReqs:
+        """Each invariant's own requirement (or the one ``named`` for it) where the running check cites it, else
+        ``fallback``."""
+        d = cls(**named)
+        return cls(*(precise(getattr(d, f), fallback) for f in ("twice", "intact", "overlapped_stall", "stall",
+                                                                  "cross", "free", "load")))
+
+
+def churn_pattern(k: int, cycle: int, unit: int) -> bytes:
+    return bytes([CHURN_MARK, k & 0xFF, cycle & 0xFF, unit & 0xFF]) * 8
+
+
+@dataclass
+class Churn:
+    """The harness owns every initiator a target without DIRECT_ALLOC serves on its shared ring, each with the whole
+    quota, so every block is in circulation; each allocates its quota (ALLOC_STORE, pipelined), loads it back, loads
+    the handles its neighbour is freeing, and frees its quota (FREE, pipelined), cycle after cycle, until the budget.
+    The target executes every allocation: its tickets and its ring are invisible, so whether a FREE reached the slot
+    of an allocation that had taken its ticket and not yet read it (the deferred free of the text's example) cannot
+    be seen. What can: ``overlaps``, FREEs answered while another initiator's ALLOC_STORE was outstanding (an upper
+    bound on the openings, not a count of them), and the invariants the rules guarantee, each checked as it happens:
+    no Block Offset handed out while a bound handle holds it, every allocation within quota completes, a LOAD returns
+    what was stored, a LOAD of a handle being freed returns its data or a refusal, every FREE answers OK."""
+
+    inis: list[HarnessInitiator]
+    quota: int
+    budget_s: float
+    reqs: ChurnReqs = field(default_factory=ChurnReqs)
+    cycles: int = 0
+    overlaps: int = 0
+    cross_loads: int = 0  # OK answers to LOADs of a neighbour's handle, each checked
+    bound: dict[int, tuple[str, int]] = field(default_factory=dict)  # Block Offset -> (initiator, handle)
+    allocating: dict[str, int] = field(default_factory=dict)  # initiator -> ALLOC_STOREs outstanding
+    freeing: dict[str, int] = field(default_factory=dict)  # initiator -> FREEs outstanding
+    blocks: dict[tuple[str, int], int] = field(default_factory=dict)  # (initiator, handle) -> its Block Offset
+    deadline: float = 0.0
+
+    @classmethod
+    def join(cls, bed: Bed, count: int, quota: int, budget_s: float, reqs: ChurnReqs) -> Gen:
+        churn = cls([], quota, budget_s, reqs)
+        for k in range(count):
+            ini = bed.initiator(f"K{k}")
+            ini.quiet = True  # thousands of answers: the evidence keeps the churn's counts, not each message
+            ack = yield from bed.open(ini, Features(0))
+            if ack.allocation_quota < quota:
+                inconclusive(f"{ini.name} was granted an Allocation Quota of {ack.allocation_quota}, not the "
+                             f"{quota} PICS declare: the churn cannot put every block in circulation")
+            churn.inis.append(ini)
+        return churn
+
+    def actors(self) -> dict[str, Gen]:
+        self.deadline = time.monotonic() + self.budget_s
+        return {f"churn-{ini.name}": self.run_one(k) for k, ini in enumerate(self.inis)}
+
+    def _others(self, table: dict[str, int], me: str) -> bool:
+        return any(n for name, n in table.items() if name != me)
+
+    def run_one(self, k: int) -> Gen:
+        ini = self.inis[k]
+        nxt = self.inis[(k + 1) % len(self.inis)]
+        handles = [ini.handle(j) for j in range(self.quota)]
+        for c in range(CHURN_MAX_CYCLES):
+            if time.monotonic() >= self.deadline:
+                return
+            yield from self._alloc_all(ini, k, c, handles)
+            yield from self._load_own(ini, k, c, handles)
+            if len(self.inis) > 1:
+                yield from self._load_neighbour(ini, nxt, (k + 1) % len(self.inis))
+            yield from self._free_all(ini, handles)
+            self.cycles += 1
+
+    def _alloc_all(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
+        sent = []
+        for j, h in enumerate(handles):
+            rid = ini.next_id()
+            ini.send(ini.enc(AllocStore.with_inline(churn_pattern(k, c, j), flags=RequestFlags.SEAL, request_id=rid,
+                                                    handle=h)))
+            # a FREE of another initiator outstanding while this allocation is: the only way the frees of a run in
+            # quota reach an allocation is the deferred free of the text's example
+            sent.append((rid, h, self._others(self.freeing, ini.name)))
+        self.allocating[ini.name] = len(sent)
+        for rid, h, overlapped in sent:
+            overlapped = overlapped or self._others(self.freeing, ini.name)
+            r = yield from ini.receive(
+                req=self.reqs.overlapped_stall if overlapped else self.reqs.stall, timeout=CHURN_WAIT_S,
+                what=f"COMPLETION of ALLOC_STORE {rid} (handle {h:#x}, within quota, every block in circulation"
+                     f"{'; a FREE of another initiator outstanding meanwhile' if overlapped else ''})")
+            self.allocating[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.stall, what=f"{ini.name}'s ALLOC_STORE {rid} within quota")
+            check(r.request_id == rid, f"{ini.name}: the COMPLETION of request {r.request_id} came where ALLOC_STORE "
+                  f"{rid}'s was due", req=self.reqs.stall, seen=r.request_id, expected=rid)
+            block = r.block_offset
+            holder = self.bound.get(block)
+            check(holder is None, f"{ini.name}'s ALLOC_STORE {rid} (handle {h:#x}) got Block Offset {block:#x}, which "
+                  f"{holder[0] if holder else ''}'s handle {holder[1] if holder else 0:#x} still holds (bound, not "
+                  "freed): a block handed out twice", req=self.reqs.twice, seen=f"{block:#x}")
+            self.bound[block] = (ini.name, h)
+            self.blocks[(ini.name, h)] = block
+
+    def _load_own(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
+        length = len(churn_pattern(0, 0, 0))
+        bufs = []
+        for h in handles:
+            buf = ini.buffer(length)
+            ini.send(ini.enc(Load(request_id=ini.next_id(), handle=h, data=ini.descriptor(buf, length))))
+            bufs.append(buf)
+        for j, (h, buf) in enumerate(zip(handles, bufs, strict=True)):
+            r = yield from ini.receive(req=self.reqs.load, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of a LOAD of its own handle {h:#x}")
+            expect.status_is(r, Status.OK, req=self.reqs.load, what=f"{ini.name}'s LOAD of its bound handle {h:#x}")
+            got = buf.read(0, min(length, r.data_length))
+            expect.equal(f"{ini.name}'s handle {h:#x} (Block Offset {r.block_offset:#x}) loaded in cycle {c}", got,
+                         churn_pattern(k, c, j), req=self.reqs.intact)
+
+    def _load_neighbour(self, ini: HarnessInitiator, nxt: HarnessInitiator, k: int) -> Gen:
+        """LOADs of the neighbour's handles, which it may be freeing right now: an OK answer must carry what the
+        neighbour stored under that binding (a block of its pattern); a refusal is right once the FREE updated the
+        entry. A block returned to the ring, cleared or given to another allocation while the entry still binds it
+        shows here."""
+        length = len(churn_pattern(0, 0, 0))
+        bufs = []
+        for j in range(self.quota):
+            buf = ini.buffer(length)
+            ini.send(ini.enc(Load(request_id=ini.next_id(), handle=nxt.handle(j), data=ini.descriptor(buf, length))))
+            bufs.append(buf)
+        for j, buf in enumerate(bufs):
+            h = nxt.handle(j)
+            r = yield from ini.receive(req=self.reqs.load, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of a LOAD of {nxt.name}'s handle {h:#x}")
+            if r.status != Status.OK:
+                continue
+            self.cross_loads += 1
+            got = buf.read(0, min(length, r.data_length))
+            ok = len(got) == length and got[0] == CHURN_MARK and got[1] == k & 0xFF and got[3] == j and \
+                got == got[:4] * 8
+            check(ok, f"{ini.name}'s LOAD of {nxt.name}'s handle {h:#x} (racing its FREE) was answered OK with "
+                  f"Generation {r.generation}, Block Offset {r.block_offset:#x}, but returned {got[:8].hex()}..., no "
+                  f"block {nxt.name} stored there: the block went back (cleared, or to another allocation) while the "
+                  "entry still bound it", req=self.reqs.cross, seen=got[:8].hex(),
+                  expected=f"{bytes([CHURN_MARK, k & 0xFF]).hex()}xx{j:02x} repeated")
+
+    def _free_all(self, ini: HarnessInitiator, handles: list[int]) -> Gen:
+        sent = []
+        for h in handles:
+            block = self.blocks.pop((ini.name, h))
+            self.bound.pop(block, None)  # from the FREE on, the target may hand the block out again
+            rid = ini.next_id()
+            ini.send(ini.enc(Free(request_id=rid, handle=h)))
+            sent.append((rid, h))
+        self.freeing[ini.name] = len(sent)
+        for rid, h in sent:
+            r = yield from ini.receive(req=self.reqs.free, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of FREE {rid} (handle {h:#x})")
+            self.freeing[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.free, what=f"{ini.name}'s FREE {rid} of handle {h:#x}")
+            if self._others(self.allocating, ini.name):
+                self.overlaps += 1
+
+    def summary(self, shared: int, slots: int | str) -> str:
+        return (f"black box without DIRECT_ALLOC, window not observable: {self.cycles} full-quota cycles of "
+                f"{len(self.inis)} initiators x quota {self.quota} on the shared ring (F {shared}, N {slots}), "
+                f"{self.overlaps} FREEs answered while another initiator's ALLOC_STORE was outstanding, "
+                f"{self.cross_loads} LOADs racing a neighbour's FREE checked; invariants intact")
+
+    def judge(self, summary: str, mutant: str) -> None:
+        """Inconclusive when the budget allowed too few cycles; else a pass only if the churn is shown to catch
+        ``mutant`` (the race of the check) served over the wire (`CHURN_CATCHES`), and inconclusive saying so if
+        not: a check never passes on what it could not see."""
+        evidence.note(summary)
+        need = CHURN_MIN_CYCLES * max(1, len(self.inis))
+        if self.cycles < need:
+            inconclusive(f"{summary}; {self.cycles} cycles within kbtp.target.race_budget_s {self.budget_s:g} s, fewer "
+                         f"than the {need} a judgement needs: the race was not exercised often enough to judge it")
+        caught, runs = CHURN_CATCHES.get(mutant, (0, 0))
+        measured = f"this stress caught {mutant} served without DIRECT_ALLOC in {caught} of {runs} runs"
+        if caught == 0:
+            inconclusive(f"{summary}; but {measured} (docs/kbtp-wire.md): the race is not observable from outside "
+                         "a target that executes every allocation itself, so intact invariants are no basis for a "
+                         "pass")
+        pass_basis(f"{summary}; {measured}")
