@@ -27,7 +27,7 @@ from kvconform import evidence
 from kvconform.conformance.kbtp import expect
 from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free, Load
-from kvconform.rdma import Access, Op, SendWr, pause, wait_completion_for
+from kvconform.rdma import Access, Op, Region, SendWr, pause, wait_completion_for
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot, precise
@@ -368,6 +368,9 @@ class Probe:
 CHURN_WAIT_S = 5.0  # a COMPLETION that does not come: an allocation within quota stalled, or an answer lost
 CHURN_MIN_CYCLES = 20  # full-quota cycles (per initiator on average) a judgement needs, at the least
 CHURN_MAX_CYCLES = 400  # per initiator: the budget usually ends the run first
+OVERLAPPED = ("; a FREE of another initiator was outstanding meanwhile: a free that wrote the slot of this "
+              "allocation's ticket before the allocation read it, instead of deferring (KBTP-FREE-NO-OVERWRITE), "
+              "leaves it waiting for ever")
 CHURN_MARK = 0x43  # first octet of every block the churn stores: (mark, initiator, cycle, unit) repeated
 
 # What the churn (`Churn`) caught of the race mutants of tests/mutants/kbtp.py served in their own process without
@@ -387,8 +390,11 @@ class ChurnReqs:
 
     twice: str = "KBTP-RING-NO-LOSS"  # a Block Offset handed out while a bound handle still holds it
     intact: str = "KBTP-RING-NO-LOSS"  # a LOAD of an own handle returns what was stored
-    overlapped_stall: str = "KBTP-FREE-NO-OVERWRITE"  # an allocation overlapped by a FREE never completes
-    stall: str = "KBTP-RING-NO-LOSS"  # an allocation with no FREE overlapping it never completes
+    # an allocation within quota that never completes breaks the bound of the text ("waits at most for an in-progress
+    # free"); once the ring has served allocations across two wraps, one overlapped by a FREE that never completes
+    # is what a free writing the slot of a ticket taken and not yet read (instead of deferring) does
+    overlapped_stall: str = "KBTP-FREE-NO-OVERWRITE"
+    stall: str = "KBTP-QUOTA-ALLOC-BOUNDED"
     cross: str = "KBTP-RING-NO-LOSS"  # a LOAD of another initiator's handle racing its FREE
     free: str = "KBTP-FREE-RETURN"
     load: str = "KBTP-LOAD-COMPLETE"
@@ -420,20 +426,23 @@ class Churn:
 
     inis: list[HarnessInitiator]
     quota: int
+    slots: int  # N of the shared ring (as declared)
     budget_s: float
     reqs: ChurnReqs = field(default_factory=ChurnReqs)
     cycles: int = 0
+    allocations: int = 0  # answered OK
     overlaps: int = 0
     cross_loads: int = 0  # OK answers to LOADs of a neighbour's handle, each checked
     bound: dict[int, tuple[str, int]] = field(default_factory=dict)  # Block Offset -> (initiator, handle)
     allocating: dict[str, int] = field(default_factory=dict)  # initiator -> ALLOC_STOREs outstanding
     freeing: dict[str, int] = field(default_factory=dict)  # initiator -> FREEs outstanding
     blocks: dict[tuple[str, int], int] = field(default_factory=dict)  # (initiator, handle) -> its Block Offset
+    buffers: dict[tuple[str, str, int], Region] = field(default_factory=dict)
     deadline: float = 0.0
 
     @classmethod
-    def join(cls, bed: Bed, count: int, quota: int, budget_s: float, reqs: ChurnReqs) -> Gen:
-        churn = cls([], quota, budget_s, reqs)
+    def join(cls, bed: Bed, count: int, quota: int, slots: int, budget_s: float, reqs: ChurnReqs) -> Gen:
+        churn = cls([], quota, slots, budget_s, reqs)
         for k in range(count):
             ini = bed.initiator(f"K{k}")
             ini.quiet = True  # thousands of answers: the evidence keeps the churn's counts, not each message
@@ -452,35 +461,80 @@ class Churn:
         return any(n for name, n in table.items() if name != me)
 
     def run_one(self, k: int) -> Gen:
-        ini = self.inis[k]
-        nxt = self.inis[(k + 1) % len(self.inis)]
+        """Initiators of even index hold: allocate the quota (every other unit by RDMA Read of the data), load it
+        back, load the neighbour's, free it. Odd ones flick: each unit's ALLOC_STORE and FREE sent back to back, so a
+        block goes out and back within the target's own turns, no round trip of the harness between, while a holder's
+        allocation may still wait on its data (the text's delayed allocation X, and Y allocating and freeing)."""
+        ini, n = self.inis[k], len(self.inis)
+        peer = (k + 2) % n if n > 2 else (k + 1) % n  # the next holder: its handles are bound between its frees
         handles = [ini.handle(j) for j in range(self.quota)]
         for c in range(CHURN_MAX_CYCLES):
             if time.monotonic() >= self.deadline:
                 return
-            yield from self._alloc_all(ini, k, c, handles)
-            yield from self._load_own(ini, k, c, handles)
-            if len(self.inis) > 1:
-                yield from self._load_neighbour(ini, nxt, (k + 1) % len(self.inis))
-            yield from self._free_all(ini, handles)
+            if k % 2:
+                yield from self._flick(ini, k, c, handles)
+            else:
+                yield from self._alloc_all(ini, k, c, handles)
+                yield from self._load_own(ini, k, c, handles)
+                if peer != k:
+                    yield from self._load_neighbour(ini, self.inis[peer], peer)
+                yield from self._free_all(ini, handles)
             self.cycles += 1
+
+    def _flick(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
+        sent = []
+        for j, h in enumerate(handles):
+            a, f = ini.next_id(), ini.next_id()
+            ini.send(ini.enc(AllocStore.with_inline(churn_pattern(k, c, j), flags=RequestFlags.SEAL, request_id=a,
+                                                    handle=h)))
+            ini.send(ini.enc(Free(request_id=f, handle=h)))
+            sent.append((a, f, h))
+        self.allocating[ini.name] = self.freeing[ini.name] = len(sent)
+        for a, f, h in sent:
+            wrapped = self.allocations >= 2 * self.slots
+            r = yield from ini.receive(
+                req=self.reqs.overlapped_stall if wrapped else self.reqs.stall, timeout=CHURN_WAIT_S,
+                what=f"COMPLETION of ALLOC_STORE {a} (handle {h:#x}, within quota, every block in circulation, after "
+                     f"{self.allocations} allocations answered{OVERLAPPED})")
+            self.allocating[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.stall, what=f"{ini.name}'s ALLOC_STORE {a} within quota")
+            block = r.block_offset
+            holder = self.bound.get(block)
+            check(holder is None, f"{ini.name}'s ALLOC_STORE {a} (handle {h:#x}) got Block Offset {block:#x}, which "
+                  f"{holder[0] if holder else ''}'s handle {holder[1] if holder else 0:#x} still holds (bound, not "
+                  "freed): a block handed out twice", req=self.reqs.twice, seen=f"{block:#x}")
+            self.allocations += 1
+            r = yield from ini.receive(req=self.reqs.free, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of FREE {f} (handle {h:#x})")
+            self.freeing[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.free, what=f"{ini.name}'s FREE {f} of handle {h:#x}")
+            if self._others(self.allocating, ini.name):
+                self.overlaps += 1
 
     def _alloc_all(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
         sent = []
         for j, h in enumerate(handles):
             rid = ini.next_id()
-            ini.send(ini.enc(AllocStore.with_inline(churn_pattern(k, c, j), flags=RequestFlags.SEAL, request_id=rid,
-                                                    handle=h)))
+            data = churn_pattern(k, c, j)
+            if (c + j) % 2:  # every other one by RDMA Read of the harness's buffer: the target's data fetch takes a
+                # round trip, and a target that takes its ticket first holds it unread that long
+                src = self._buffer(ini, "src", j, Access.REMOTE_READ)
+                src.write(0, data)
+                msg = AllocStore(request_id=rid, handle=h, flags=RequestFlags.SEAL, data=ini.descriptor(src, len(data)))
+            else:
+                msg = AllocStore.with_inline(data, flags=RequestFlags.SEAL, request_id=rid, handle=h)
+            ini.send(ini.enc(msg))
             # a FREE of another initiator outstanding while this allocation is: the only way the frees of a run in
             # quota reach an allocation is the deferred free of the text's example
             sent.append((rid, h, self._others(self.freeing, ini.name)))
         self.allocating[ini.name] = len(sent)
         for rid, h, overlapped in sent:
             overlapped = overlapped or self._others(self.freeing, ini.name)
+            wrapped = self.allocations >= 2 * self.slots  # the ring has worked across two wraps
             r = yield from ini.receive(
-                req=self.reqs.overlapped_stall if overlapped else self.reqs.stall, timeout=CHURN_WAIT_S,
-                what=f"COMPLETION of ALLOC_STORE {rid} (handle {h:#x}, within quota, every block in circulation"
-                     f"{'; a FREE of another initiator outstanding meanwhile' if overlapped else ''})")
+                req=self.reqs.overlapped_stall if overlapped and wrapped else self.reqs.stall, timeout=CHURN_WAIT_S,
+                what=f"COMPLETION of ALLOC_STORE {rid} (handle {h:#x}, within quota, every block in circulation, "
+                     f"after {self.allocations} allocations answered{OVERLAPPED if overlapped else ''})")
             self.allocating[ini.name] -= 1
             expect.status_is(r, Status.OK, req=self.reqs.stall, what=f"{ini.name}'s ALLOC_STORE {rid} within quota")
             check(r.request_id == rid, f"{ini.name}: the COMPLETION of request {r.request_id} came where ALLOC_STORE "
@@ -492,12 +546,22 @@ class Churn:
                   "freed): a block handed out twice", req=self.reqs.twice, seen=f"{block:#x}")
             self.bound[block] = (ini.name, h)
             self.blocks[(ini.name, h)] = block
+            self.allocations += 1
+
+    def _buffer(self, ini: HarnessInitiator, kind: str, j: int,
+                access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE) -> Region:
+        """One registered buffer per initiator, use and unit, reused every cycle (each use's answer came before
+        the next)."""
+        key = (ini.name, kind, j)
+        if key not in self.buffers:
+            self.buffers[key] = ini.buffer(len(churn_pattern(0, 0, 0)), access)
+        return self.buffers[key]
 
     def _load_own(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
         length = len(churn_pattern(0, 0, 0))
         bufs = []
-        for h in handles:
-            buf = ini.buffer(length)
+        for j, h in enumerate(handles):
+            buf = self._buffer(ini, "own", j)
             ini.send(ini.enc(Load(request_id=ini.next_id(), handle=h, data=ini.descriptor(buf, length))))
             bufs.append(buf)
         for j, (h, buf) in enumerate(zip(handles, bufs, strict=True)):
@@ -516,7 +580,8 @@ class Churn:
         length = len(churn_pattern(0, 0, 0))
         bufs = []
         for j in range(self.quota):
-            buf = ini.buffer(length)
+            buf = self._buffer(ini, "cross", j)
+            buf.write(0, bytes(length))  # a LOAD answered OK with nothing written shows as zeros, not stale data
             ini.send(ini.enc(Load(request_id=ini.next_id(), handle=nxt.handle(j), data=ini.descriptor(buf, length))))
             bufs.append(buf)
         for j, buf in enumerate(bufs):

@@ -77,7 +77,7 @@ def _scripted(bed: Bed, script: ScriptScheduler, **actors: Gen) -> dict[str, Any
 
 
 @pytest.mark.req("KBTP-EX-DEFER", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE", "KBTP-ALLOC-RING", "KBTP-RING-NO-LOSS",
-                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
+                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN", "KBTP-QUOTA-ALLOC-BOUNDED")
 def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N = F = 4, blocks handed out in ring order: X's allocation takes ticket 0 and is held before it
     reads slot 0; Y takes tickets 1-3 and frees its first block, whose Tail ticket 4 lands on the
@@ -309,7 +309,7 @@ def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, req
     churn: dict[str, Churn] = {}
 
     def setup() -> Gen:
-        churn["c"] = yield from Churn.join(bed, shared, p.quota, p.race_budget_s, reqs)
+        churn["c"] = yield from Churn.join(bed, shared, p.quota, p.ring_slots or p.shared_count, p.race_budget_s, reqs)
 
     bed.run_one(setup())
     c = churn["c"]
@@ -319,7 +319,8 @@ def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, req
     bed.run(**c.actors())
     summary = c.summary(p.shared_count, p.ring_slots if p.ring_slots else "declared")
     if circulating < p.shared_count:
-        summary += f" (only {circulating} of {p.shared_count} blocks in circulation: the declared quota leaves the rest)"
+        summary += (f" (only {circulating} of {p.shared_count} blocks in circulation: the declared quota leaves the "
+                    "rest)")
     c.judge(summary, mutant)
 
 
