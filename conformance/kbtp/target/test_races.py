@@ -86,7 +86,7 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     if kbtp_target.black_box:
         if not kbtp_target.has(DA):
             _churn_without_ring(kbtp_target, seed, "deferred-free-churn", ChurnReqs.cited("KBTP-RING-NO-LOSS"),
-                                "OverwritesUnconsumedSlot")
+                                "KBTP-FREE-NO-OVERWRITE")
             return
         _deferred_free_black_box(kbtp_target, seed)
         return
@@ -157,7 +157,7 @@ def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int)
         if not kbtp_target.has(DA):
             _churn_without_ring(kbtp_target, seed, "free-entry-first-churn",
                                 ChurnReqs.cited("KBTP-QUOTA-ALLOC-BOUNDED", cross="KBTP-FREE-TABLE-FIRST"),
-                                "FreeReturnsBeforeEntryUpdate")
+                                "KBTP-FREE-TABLE-FIRST")
             return
         _entry_first_black_box(kbtp_target, seed)
         return
@@ -298,7 +298,7 @@ def _runs(states: list[Any]) -> list[str]:
     return out
 
 
-def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, reqs: ChurnReqs, mutant: str) -> None:
+def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, reqs: ChurnReqs, rule: str) -> None:
     """A black box without DIRECT_ALLOC: the shared ring churned at full circulation by every initiator it serves
     (`Churn`), its invariants checked as they happen; judged by `Churn.judge` (the window itself is not observable)."""
     p = kbtp_target.params
@@ -321,7 +321,7 @@ def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, req
     if circulating < p.shared_count:
         summary += (f" (only {circulating} of {p.shared_count} blocks in circulation: the declared quota leaves the "
                     "rest)")
-    c.judge(summary, mutant)
+    c.judge(summary, rule)
 
 
 def _need_ring(kbtp_target: TargetUnderTest) -> None:
