@@ -14,7 +14,10 @@ named races opened from outside instead (conformance/kbtp/blackbox.py): the harn
 own partition, is the delayed allocation of the text's example, and reads the ring and the table back to back
 around the target's writes; each such check passes only when its window opened at least PICS
 kbtp.target.race_windows times (within kbtp.target.race_budget_s), and says "black box: window opened n of N
-attempts".
+attempts". A black box without DIRECT_ALLOC exposes no ring: `test_deferred_free_example` and
+`test_free_updates_entry_before_ring` churn its shared ring from outside instead (blackbox.py ``Churn``), check the
+invariants the rules guarantee as they happen, and pass only on a stress measured to catch a served target breaking
+the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
 
 The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kvconform-kbtp-interleavings).
 """
