@@ -456,6 +456,18 @@ class Churn:
             churn.inis.append(ini)
         return churn
 
+    def warm_up(self) -> Gen:
+        """One initiator at a time allocates and frees its quota until the ring has served allocations across two
+        wraps, nothing overlapping: a ring that loses blocks or never takes a free back stalls here (blamed
+        KBTP-QUOTA-ALLOC-BOUNDED), so a stall overlapped by a FREE later is the deferred free's."""
+        c = 0
+        while self.allocations < 2 * self.slots:
+            for k, ini in enumerate(self.inis):
+                handles = [ini.handle(j) for j in range(self.quota)]
+                yield from self._alloc_all(ini, k, c, handles)
+                yield from self._free_all(ini, handles)
+            c += 1
+
     def actors(self) -> dict[str, Gen]:
         self.deadline = time.monotonic() + self.budget_s
         return {f"churn-{ini.name}": self.run_one(k) for k, ini in enumerate(self.inis)}

@@ -313,6 +313,7 @@ def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, req
 
     def setup() -> Gen:
         churn["c"] = yield from Churn.join(bed, shared, p.quota, p.ring_slots or p.shared_count, p.race_budget_s, reqs)
+        yield from churn["c"].warm_up()
 
     bed.run_one(setup())
     c = churn["c"]
