@@ -116,3 +116,13 @@ def test_a_race_mutant_the_churn_cannot_see_is_named_so(name: str) -> None:
     _, check = kbtp_races.CHURN_TARGETS[name]
     verdict, _, message = got[check]
     assert verdict in ("pass", "inconclusive") and f"{name} in 0 of" in message, got[check]
+
+
+@pytest.mark.slow
+@covering(run_bound(BUDGET_S))
+def test_an_unlucky_run_with_too_few_cycles_is_inconclusive() -> None:
+    """A budget that ends before the churn reached its cycles (a loaded machine, a slow target): never a pass."""
+    got = one_run("roce", None, 0.01)
+    for check in CHURN_CHECKS:
+        verdict, _, message = got[check]
+        assert verdict == "inconclusive" and "a judgement needs" in message, got[check]
