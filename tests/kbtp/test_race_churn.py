@@ -126,3 +126,12 @@ def test_an_unlucky_run_with_too_few_cycles_is_inconclusive() -> None:
     for check in CHURN_CHECKS:
         verdict, _, message = got[check]
         assert verdict == "inconclusive" and "a judgement needs" in message, got[check]
+
+
+@pytest.mark.slow
+@covering(run_bound(BUDGET_S))
+def test_a_ring_that_never_takes_a_free_back_stalls_in_the_warm_up() -> None:
+    """SlotsNeverConsumed (tests/mutants/kbtp.py): the first wrap stalls with nothing overlapping, so the stall is
+    blamed on the bound the text gives (KBTP-QUOTA-ALLOC-BOUNDED), not on the deferred free."""
+    got = one_run("roce", "SlotsNeverConsumed", BUDGET_S)
+    assert got["test_deferred_free_example"][:2] == ("fail", "KBTP-QUOTA-ALLOC-BOUNDED"), got
