@@ -25,15 +25,16 @@ from typing import Any
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Status
-from kvconform.kbtp.messages import Free, Load
-from kvconform.rdma import Access, Op, SendWr, pause, wait_completion_for
+from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, RequestFlags, Status
+from kvconform.kbtp.messages import AllocStore, Free, Load
+from kvconform.rdma import Access, Op, Region, SendWr, pause, wait_completion_for
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, decode_slot, precise
 from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
 
-__all__ = ["TICKETS", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows", "open_partition"]
+__all__ = ["CHURN_CATCHES", "TICKETS", "Churn", "ChurnReqs", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows",
+           "open_partition"]
 
 TICKETS = 1 << 32
 PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
@@ -360,3 +361,304 @@ class Probe:
         return self.rounds
 
 
+
+
+# ---- a target without DIRECT_ALLOC: the shared ring churned at full circulation ----------------------------------
+
+CHURN_WAIT_S = 5.0  # a COMPLETION that does not come: an allocation within quota stalled, or an answer lost
+CHURN_MIN_CYCLES = 20  # full-quota cycles (per initiator on average) a judgement needs, at the least
+CHURN_CYCLES = 600  # cycles of all initiators together a churn stops at (within the budget): ~4 s on loopback
+CHURN_MAX_CYCLES = 400  # per initiator, at most
+OVERLAPPED = ("; a FREE of another initiator was outstanding meanwhile: a free that wrote the slot of this "
+              "allocation's ticket before the allocation read it, instead of deferring (KBTP-FREE-NO-OVERWRITE), "
+              "leaves it waiting for ever")
+CHURN_MARK = 0x43  # first octet of every block the churn stores: (mark, initiator, cycle, unit) repeated
+
+# What the churn (`Churn`) caught of race targets served in their own process without DIRECT_ALLOC, over RoCEv2 and
+# iWARP together (tools/race_catch_rates.py; docs/kbtp-wire.md, "A target without DIRECT_ALLOC"): per requirement,
+# target (tests/mutants/kbtp.py, tests/mutants/kbtp_races.py) -> (runs that failed on the requirement, runs). The race
+# mutants of tests/mutants/kbtp.py keep their window one step of the served target's loop wide, which the churn never
+# opens: they answer as the reference does. The Staged / Clears targets break the same rule in a window a real target
+# may keep open (an allocation waiting on its data with its ticket taken; a block cleared before the entry changes).
+# A pass names every rate; a requirement no served target was caught on stays inconclusive.
+CHURN_CATCHES: dict[str, dict[str, tuple[int, int]]] = {
+    # 2026-12-07, --runs 2 --budget 6 per wire (2 RoCEv2 + 2 iWARP runs), 600 cycles at F == N == 8
+    "KBTP-FREE-NO-OVERWRITE": {"StagedOverwritesUnconsumedSlot": (4, 4), "OverwritesUnconsumedSlot": (0, 4)},
+    "KBTP-FREE-TABLE-FIRST": {"ClearsBeforeEntryUpdate": (4, 4), "FreeReturnsBeforeEntryUpdate": (0, 4)},
+}
+
+
+@dataclass
+class ChurnReqs:
+    """The requirement each invariant of the churn answers to, as the running check cites them."""
+
+    twice: str = "KBTP-RING-NO-LOSS"  # a Block Offset handed out while a bound handle still holds it
+    intact: str = "KBTP-ALLOC-RING"  # a LOAD of an own handle returns what was stored: the data went into its block
+    # an allocation within quota that never completes breaks the bound of the text ("waits at most for an in-progress
+    # free"); once the ring has served allocations across two wraps, one overlapped by a FREE that never completes
+    # is what a free writing the slot of a ticket taken and not yet read (instead of deferring) does
+    overlapped_stall: str = "KBTP-FREE-NO-OVERWRITE"
+    stall: str = "KBTP-QUOTA-ALLOC-BOUNDED"
+    cross: str = "KBTP-RING-NO-LOSS"  # a LOAD of another initiator's handle racing its FREE
+    free: str = "KBTP-FREE-RETURN"
+    load: str = "KBTP-LOAD-COMPLETE"
+
+    @classmethod
+    def cited(cls, fallback: str, **named: str) -> ChurnReqs:
+        """Each invariant's own requirement (or the one ``named`` for it) where the running check cites it, else
+        ``fallback``."""
+        d = cls(**named)
+        return cls(*(precise(getattr(d, f), fallback) for f in ("twice", "intact", "overlapped_stall", "stall",
+                                                                  "cross", "free", "load")))
+
+
+def churn_pattern(k: int, cycle: int, unit: int) -> bytes:
+    return bytes([CHURN_MARK, k & 0xFF, cycle & 0xFF, unit & 0xFF]) * 8
+
+
+@dataclass
+class Churn:
+    """The harness owns every initiator a target without DIRECT_ALLOC serves on its shared ring, each with the whole
+    quota, so every block is in circulation; each allocates its quota (ALLOC_STORE, pipelined), loads it back, loads
+    the handles its neighbour is freeing, and frees its quota (FREE, pipelined), cycle after cycle, until the budget.
+    The target executes every allocation: its tickets and its ring are invisible, so whether a FREE reached the slot
+    of an allocation that had taken its ticket and not yet read it (the deferred free of the text's example) cannot
+    be seen. What can: ``overlaps``, FREEs answered while another initiator's ALLOC_STORE was outstanding (an upper
+    bound on the openings, not a count of them), and the invariants the rules guarantee, each checked as it happens:
+    no Block Offset handed out while a bound handle holds it, every allocation within quota completes, a LOAD returns
+    what was stored, a LOAD of a handle being freed returns its data or a refusal, every FREE answers OK."""
+
+    inis: list[HarnessInitiator]
+    quota: int
+    slots: int  # N of the shared ring (as declared)
+    budget_s: float
+    reqs: ChurnReqs = field(default_factory=ChurnReqs)
+    cycles: int = 0
+    allocations: int = 0  # answered OK
+    overlaps: int = 0
+    cross_loads: int = 0  # OK answers to LOADs of a neighbour's handle, each checked
+    bound: dict[int, tuple[str, int]] = field(default_factory=dict)  # Block Offset -> (initiator, handle)
+    allocating: dict[str, int] = field(default_factory=dict)  # initiator -> ALLOC_STOREs outstanding
+    freeing: dict[str, int] = field(default_factory=dict)  # initiator -> FREEs outstanding
+    blocks: dict[tuple[str, int], int] = field(default_factory=dict)  # (initiator, handle) -> its Block Offset
+    buffers: dict[tuple[str, str, int], Region] = field(default_factory=dict)
+    deadline: float = 0.0
+
+    @classmethod
+    def join(cls, bed: Bed, count: int, quota: int, slots: int, budget_s: float, reqs: ChurnReqs) -> Gen:
+        churn = cls([], quota, slots, budget_s, reqs)
+        for k in range(count):
+            ini = bed.initiator(f"K{k}")
+            ini.quiet = True  # thousands of answers: the evidence keeps the churn's counts, not each message
+            ack = yield from bed.open(ini, Features(0))
+            if ack.allocation_quota < quota:
+                inconclusive(f"{ini.name} was granted an Allocation Quota of {ack.allocation_quota}, not the "
+                             f"{quota} PICS declare: the churn cannot put every block in circulation")
+            churn.inis.append(ini)
+        return churn
+
+    def warm_up(self) -> Gen:
+        """One initiator at a time allocates and frees its quota until the ring has served allocations across two
+        wraps, nothing overlapping: a ring that loses blocks or never takes a free back stalls here (blamed
+        KBTP-QUOTA-ALLOC-BOUNDED), so a stall overlapped by a FREE later is the deferred free's."""
+        c = 0
+        while self.allocations < 2 * self.slots:
+            for k, ini in enumerate(self.inis):
+                handles = [ini.handle(j) for j in range(self.quota)]
+                yield from self._alloc_all(ini, k, c, handles)
+                yield from self._free_all(ini, handles)
+            c += 1
+
+    def actors(self) -> dict[str, Gen]:
+        self.deadline = time.monotonic() + self.budget_s
+        return {f"churn-{ini.name}": self.run_one(k) for k, ini in enumerate(self.inis)}
+
+    def _others(self, table: dict[str, int], me: str) -> bool:
+        return any(n for name, n in table.items() if name != me)
+
+    def run_one(self, k: int) -> Gen:
+        """Initiators of even index hold: allocate the quota (every other unit by RDMA Read of the data), load it
+        back, load the neighbour's, free it. Odd ones flick: each unit's ALLOC_STORE and FREE sent back to back, so a
+        block goes out and back within the target's own turns, no round trip of the harness between, while a holder's
+        allocation may still wait on its data (the text's delayed allocation X, and Y allocating and freeing)."""
+        ini, n = self.inis[k], len(self.inis)
+        peer = (k + 2) % n if n > 2 else (k + 1) % n  # the next holder: its handles are bound between its frees
+        handles = [ini.handle(j) for j in range(self.quota)]
+        for c in range(CHURN_MAX_CYCLES):
+            if time.monotonic() >= self.deadline or self.cycles >= CHURN_CYCLES:
+                return
+            if k % 2:
+                yield from self._flick(ini, k, c, handles)
+            else:
+                yield from self._alloc_all(ini, k, c, handles)
+                yield from self._load_own(ini, k, c, handles)
+                if peer != k:
+                    yield from self._load_neighbour(ini, self.inis[peer], peer)
+                yield from self._free_all(ini, handles)
+            self.cycles += 1
+
+    def _flick(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
+        sent = []
+        for j, h in enumerate(handles):
+            a, f = ini.next_id(), ini.next_id()
+            ini.send(ini.enc(AllocStore.with_inline(churn_pattern(k, c, j), flags=RequestFlags.SEAL, request_id=a,
+                                                    handle=h)))
+            ini.send(ini.enc(Free(request_id=f, handle=h)))
+            sent.append((a, f, h))
+        self.allocating[ini.name] = self.freeing[ini.name] = len(sent)
+        for a, f, h in sent:
+            wrapped = self.allocations >= 2 * self.slots
+            r = yield from ini.receive(
+                req=self.reqs.overlapped_stall if wrapped else self.reqs.stall, timeout=CHURN_WAIT_S,
+                what=f"COMPLETION of ALLOC_STORE {a} (handle {h:#x}, within quota, every block in circulation, after "
+                     f"{self.allocations} allocations answered{OVERLAPPED})")
+            self.allocating[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.stall, what=f"{ini.name}'s ALLOC_STORE {a} within quota")
+            block = r.block_offset
+            holder = self.bound.get(block)
+            check(holder is None, f"{ini.name}'s ALLOC_STORE {a} (handle {h:#x}) got Block Offset {block:#x}, which "
+                  f"{holder[0] if holder else ''}'s handle {holder[1] if holder else 0:#x} still holds (bound, not "
+                  "freed): a block handed out twice", req=self.reqs.twice, seen=f"{block:#x}")
+            self.allocations += 1
+            r = yield from ini.receive(req=self.reqs.free, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of FREE {f} (handle {h:#x})")
+            self.freeing[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.free, what=f"{ini.name}'s FREE {f} of handle {h:#x}")
+            if self._others(self.allocating, ini.name):
+                self.overlaps += 1
+
+    def _alloc_all(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
+        sent = []
+        for j, h in enumerate(handles):
+            rid = ini.next_id()
+            data = churn_pattern(k, c, j)
+            if (c + j) % 2:  # every other one by RDMA Read of the harness's buffer: the target's data fetch takes a
+                # round trip, and a target that takes its ticket first holds it unread that long
+                src = self._buffer(ini, "src", j, Access.REMOTE_READ)
+                src.write(0, data)
+                msg = AllocStore(request_id=rid, handle=h, flags=RequestFlags.SEAL, data=ini.descriptor(src, len(data)))
+            else:
+                msg = AllocStore.with_inline(data, flags=RequestFlags.SEAL, request_id=rid, handle=h)
+            ini.send(ini.enc(msg))
+            # a FREE of another initiator outstanding while this allocation is: the only way the frees of a run in
+            # quota reach an allocation is the deferred free of the text's example
+            sent.append((rid, h, self._others(self.freeing, ini.name)))
+        self.allocating[ini.name] = len(sent)
+        for rid, h, overlapped in sent:
+            overlapped = overlapped or self._others(self.freeing, ini.name)
+            wrapped = self.allocations >= 2 * self.slots  # the ring has worked across two wraps
+            r = yield from ini.receive(
+                req=self.reqs.overlapped_stall if overlapped and wrapped else self.reqs.stall, timeout=CHURN_WAIT_S,
+                what=f"COMPLETION of ALLOC_STORE {rid} (handle {h:#x}, within quota, every block in circulation, "
+                     f"after {self.allocations} allocations answered{OVERLAPPED if overlapped else ''})")
+            self.allocating[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.stall, what=f"{ini.name}'s ALLOC_STORE {rid} within quota")
+            check(r.request_id == rid, f"{ini.name}: the COMPLETION of request {r.request_id} came where ALLOC_STORE "
+                  f"{rid}'s was due", req=self.reqs.stall, seen=r.request_id, expected=rid)
+            block = r.block_offset
+            holder = self.bound.get(block)
+            check(holder is None, f"{ini.name}'s ALLOC_STORE {rid} (handle {h:#x}) got Block Offset {block:#x}, which "
+                  f"{holder[0] if holder else ''}'s handle {holder[1] if holder else 0:#x} still holds (bound, not "
+                  "freed): a block handed out twice", req=self.reqs.twice, seen=f"{block:#x}")
+            self.bound[block] = (ini.name, h)
+            self.blocks[(ini.name, h)] = block
+            self.allocations += 1
+
+    def _buffer(self, ini: HarnessInitiator, kind: str, j: int,
+                access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE) -> Region:
+        """One registered buffer per initiator, use and unit, reused every cycle (each use's answer came before
+        the next)."""
+        key = (ini.name, kind, j)
+        if key not in self.buffers:
+            self.buffers[key] = ini.buffer(len(churn_pattern(0, 0, 0)), access)
+        return self.buffers[key]
+
+    def _load_own(self, ini: HarnessInitiator, k: int, c: int, handles: list[int]) -> Gen:
+        length = len(churn_pattern(0, 0, 0))
+        bufs = []
+        for j, h in enumerate(handles):
+            buf = self._buffer(ini, "own", j)
+            ini.send(ini.enc(Load(request_id=ini.next_id(), handle=h, data=ini.descriptor(buf, length))))
+            bufs.append(buf)
+        for j, (h, buf) in enumerate(zip(handles, bufs, strict=True)):
+            r = yield from ini.receive(req=self.reqs.load, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of a LOAD of its own handle {h:#x}")
+            expect.status_is(r, Status.OK, req=self.reqs.load, what=f"{ini.name}'s LOAD of its bound handle {h:#x}")
+            got = buf.read(0, min(length, r.data_length))
+            expect.equal(f"{ini.name}'s handle {h:#x} (Block Offset {r.block_offset:#x}) loaded in cycle {c}", got,
+                         churn_pattern(k, c, j), req=self.reqs.intact)
+
+    def _load_neighbour(self, ini: HarnessInitiator, nxt: HarnessInitiator, k: int) -> Gen:
+        """LOADs of the neighbour's handles, which it may be freeing right now: an OK answer must carry what the
+        neighbour stored under that binding (a block of its pattern); a refusal is right once the FREE updated the
+        entry. A block returned to the ring, cleared or given to another allocation while the entry still binds it
+        shows here."""
+        length = len(churn_pattern(0, 0, 0))
+        bufs = []
+        for j in range(self.quota):
+            buf = self._buffer(ini, "cross", j)
+            buf.write(0, bytes(length))  # a LOAD answered OK with nothing written shows as zeros, not stale data
+            ini.send(ini.enc(Load(request_id=ini.next_id(), handle=nxt.handle(j), data=ini.descriptor(buf, length))))
+            bufs.append(buf)
+        for j, buf in enumerate(bufs):
+            h = nxt.handle(j)
+            r = yield from ini.receive(req=self.reqs.load, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of a LOAD of {nxt.name}'s handle {h:#x}")
+            if r.status != Status.OK:
+                continue
+            self.cross_loads += 1
+            got = buf.read(0, min(length, r.data_length))
+            ok = len(got) == length and got[0] == CHURN_MARK and got[1] == k & 0xFF and got[3] == j and \
+                got == got[:4] * 8
+            check(ok, f"{ini.name}'s LOAD of {nxt.name}'s handle {h:#x} (racing its FREE) was answered OK with "
+                  f"Generation {r.generation}, Block Offset {r.block_offset:#x}, but returned {got[:8].hex()}..., no "
+                  f"block {nxt.name} stored there: the block went back (cleared, or to another allocation) while the "
+                  "entry still bound it", req=self.reqs.cross, seen=got[:8].hex(),
+                  expected=f"{bytes([CHURN_MARK, k & 0xFF]).hex()}xx{j:02x} repeated")
+
+    def _free_all(self, ini: HarnessInitiator, handles: list[int]) -> Gen:
+        sent = []
+        for h in handles:
+            block = self.blocks.pop((ini.name, h))
+            self.bound.pop(block, None)  # from the FREE on, the target may hand the block out again
+            rid = ini.next_id()
+            ini.send(ini.enc(Free(request_id=rid, handle=h)))
+            sent.append((rid, h))
+        self.freeing[ini.name] = len(sent)
+        for rid, h in sent:
+            r = yield from ini.receive(req=self.reqs.free, timeout=CHURN_WAIT_S,
+                                       what=f"COMPLETION of FREE {rid} (handle {h:#x})")
+            self.freeing[ini.name] -= 1
+            expect.status_is(r, Status.OK, req=self.reqs.free, what=f"{ini.name}'s FREE {rid} of handle {h:#x}")
+            if self._others(self.allocating, ini.name):
+                self.overlaps += 1
+
+    def summary(self, shared: int, slots: int | str) -> str:
+        flicking = len(self.inis) // 2
+        return (f"black box without DIRECT_ALLOC, window not observable: {self.cycles} cycles (an initiator's whole "
+                f"quota out and back) of {len(self.inis)} initiators ({len(self.inis) - flicking} holding, {flicking} "
+                f"flicking) x quota {self.quota} on the shared ring (F {shared}, N {slots}), "
+                f"{self.overlaps} FREEs answered while another initiator's ALLOC_STORE was outstanding, "
+                f"{self.cross_loads} LOADs racing a neighbour's FREE checked; invariants intact")
+
+    def judge(self, summary: str, rule: str) -> None:
+        """Inconclusive when the budget allowed too few cycles; else a pass only if the churn was shown to catch a
+        served target that breaks ``rule`` (`CHURN_CATCHES`), naming every measured rate (those it does not catch
+        too); inconclusive saying so if it never caught one: a check never passes on what it could not see."""
+        evidence.note(summary)
+        need = CHURN_MIN_CYCLES * max(1, len(self.inis))
+        if self.cycles < need:
+            inconclusive(f"{summary}; {self.cycles} cycles within kbtp.target.race_budget_s {self.budget_s:g} s, fewer "
+                         f"than the {need} a judgement needs: the race was not exercised often enough to judge it")
+        rates = CHURN_CATCHES.get(rule, {})
+        measured = ", ".join(f"{name} in {caught} of {runs} runs" for name, (caught, runs) in rates.items())
+        measured = (f"this stress caught targets served without DIRECT_ALLOC breaking {rule}: {measured or 'none'} "
+                    "(docs/kbtp-wire.md)")
+        if not any(caught for caught, _ in rates.values()):
+            inconclusive(f"{summary}; but {measured}: the race is not observable from outside a target that "
+                         "executes every allocation itself, so intact invariants are no basis for a pass")
+        missed = [name for name, (caught, _) in rates.items() if not caught]
+        if missed:
+            measured += (f"; not caught: {', '.join(missed)}, whose window is one step of the target's own loop (it "
+                         "answers as a correct target does)")
+        pass_basis(f"{summary}; {measured}")

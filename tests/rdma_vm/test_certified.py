@@ -38,7 +38,9 @@ pytestmark = [pytest.mark.rdma_vm, pytest.mark.timeout(7000)]
 
 # siw's recorded wire deviations (disagreements.py), by the requirement their failing checks blame
 SIW_BROKEN = {"KBTP-WIRE-DDP-UNTAGGED", "KBTP-WIRE-MPA-CRC", "KBTP-WIRE-READ-BOUNDS"}
-NO_RING = ("exposes no ring",)  # a target without DIRECT_ALLOC (siw: no atomics): tests/clean_runs.py WIRE
+# a target without DIRECT_ALLOC (siw: no atomics): its free-path races churned from outside (blackbox.py Churn), too
+# few cycles on the VM inconclusive like a rare window; "exposes no ring" from before the churn
+NO_RING = ("exposes no ring", "no basis for a pass", *RARE_WINDOW)
 UNSEEN = ("without the harness seeing them",)  # the initiator's one-sided operations on the harness's device
 
 

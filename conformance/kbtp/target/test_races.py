@@ -14,7 +14,10 @@ named races opened from outside instead (conformance/kbtp/blackbox.py): the harn
 own partition, is the delayed allocation of the text's example, and reads the ring and the table back to back
 around the target's writes; each such check passes only when its window opened at least PICS
 kbtp.target.race_windows times (within kbtp.target.race_budget_s), and says "black box: window opened n of N
-attempts".
+attempts". A black box without DIRECT_ALLOC exposes no ring: `test_deferred_free_example` and
+`test_free_updates_entry_before_ring` churn its shared ring from outside instead (blackbox.py ``Churn``), check the
+invariants the rules guarantee as they happen, and pass only on a stress measured to catch a served target breaking
+the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
 
 The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kvconform-kbtp-interleavings).
 """
@@ -29,7 +32,18 @@ import pytest
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect
-from kvconform.conformance.kbtp.blackbox import TICKETS, Crowd, Held, Partition, Probe, Reqs, Windows, open_partition
+from kvconform.conformance.kbtp.blackbox import (
+    TICKETS,
+    Churn,
+    ChurnReqs,
+    Crowd,
+    Held,
+    Partition,
+    Probe,
+    Reqs,
+    Windows,
+    open_partition,
+)
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, EntryFlags, Features, RequestFlags, Status
 from kvconform.rdma import Access, pause, wait_until
@@ -66,13 +80,17 @@ def _scripted(bed: Bed, script: ScriptScheduler, **actors: Gen) -> dict[str, Any
 
 
 @pytest.mark.req("KBTP-EX-DEFER", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE", "KBTP-ALLOC-RING", "KBTP-RING-NO-LOSS",
-                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
+                 "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN", "KBTP-QUOTA-ALLOC-BOUNDED")
 def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N = F = 4, blocks handed out in ring order: X's allocation takes ticket 0 and is held before it
     reads slot 0; Y takes tickets 1-3 and frees its first block, whose Tail ticket 4 lands on the
     unconsumed slot 0 and must wait; X then gets slot 0's block, and Y's next allocation (ticket 4) gets
     exactly the block Y freed. No block is lost or handed out twice. A black box: `_deferred_free_black_box`."""
     if kbtp_target.black_box:
+        if not kbtp_target.has(DA):
+            _churn_without_ring(kbtp_target, seed, "deferred-free-churn", ChurnReqs.cited("KBTP-RING-NO-LOSS"),
+                                "KBTP-FREE-NO-OVERWRITE")
+            return
         _deferred_free_black_box(kbtp_target, seed)
         return
     if kbtp_target.params.max_initiators < 2:
@@ -139,6 +157,11 @@ def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int)
     `_entry_first_black_box`."""
     kbtp_target.require(DL)
     if kbtp_target.black_box:
+        if not kbtp_target.has(DA):
+            _churn_without_ring(kbtp_target, seed, "free-entry-first-churn",
+                                ChurnReqs.cited("KBTP-QUOTA-ALLOC-BOUNDED", cross="KBTP-FREE-TABLE-FIRST"),
+                                "KBTP-FREE-TABLE-FIRST")
+            return
         _entry_first_black_box(kbtp_target, seed)
         return
     plan = kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
@@ -276,6 +299,33 @@ def _runs(states: list[Any]) -> list[str]:
         else:
             out.append(f"{label} x1")
     return out
+
+
+def _churn_without_ring(kbtp_target: TargetUnderTest, seed: int, label: str, reqs: ChurnReqs, rule: str) -> None:
+    """A black box without DIRECT_ALLOC: the shared ring churned at full circulation by every initiator it serves
+    (`Churn`), its invariants checked as they happen; judged by `Churn.judge` (the window itself is not observable)."""
+    p = kbtp_target.params
+    shared, _ = p.capacity()
+    if p.quota <= 0 or shared < 1:
+        not_applicable(f"the declared geometry serves no initiator on the shared ring ({p.describe_capacity()})")
+    bed = kbtp_target.bed(seed, label=label)
+    churn: dict[str, Churn] = {}
+
+    def setup() -> Gen:
+        churn["c"] = yield from Churn.join(bed, shared, p.quota, p.ring_slots or p.shared_count, p.race_budget_s, reqs)
+        yield from churn["c"].warm_up()
+
+    bed.run_one(setup())
+    c = churn["c"]
+    circulating = shared * p.quota
+    evidence.note(f"{shared} initiators x quota {p.quota} = {circulating} of the shared ring's {p.shared_count} blocks "
+                  "in circulation")
+    bed.run(**c.actors())
+    summary = c.summary(p.shared_count, p.ring_slots if p.ring_slots else "declared")
+    if circulating < p.shared_count:
+        summary += (f" (only {circulating} of {p.shared_count} blocks in circulation: the declared quota leaves the "
+                    "rest)")
+    c.judge(summary, rule)
 
 
 def _need_ring(kbtp_target: TargetUnderTest) -> None:
