@@ -254,8 +254,8 @@ class Planning(Forwarding):
         if wait.result.done():
             return
         if not wait.fetch.done.done() and not wait.fetch.progress.is_set():
+            self._cancel_upstream_fetch(wait.fetch)  # first: what goes on after the wait sees it ended
             self._fetch_wait_over(wait, False)
-            self._cancel_upstream_fetch(wait.fetch)
         else:
             self._fetch_look(wait)
 
