@@ -27,6 +27,7 @@ from kvconform.moqt.session import (
     ObjectReceived,
     Request,
     RequestReceived,
+    RequestStreamEnded,
 )
 from kvconform.moqt.structures import AuthToken, Location, ParamType, TrackNamespace
 
@@ -297,6 +298,16 @@ def test_a_cut_through_fetch_ends_with_a_timed_out_range_when_its_fill_timeout_r
     last = _written(requester.session)[-1]
     assert isinstance(last, EndOfRange) and last.kind == EndOfRangeKind.TIMED_OUT and last.location == Location(1, 1)
     assert requester.session.names()[-2:] == ["end_data_stream", "finish_request"] and relay.timers == []
+
+
+def test_a_cut_through_fetch_cancelled_by_its_requester_cancels_its_upstream_fetch() -> None:
+    relay, publisher, requester, up = _cut_through_setup(fill_timeout_ms=None)
+    relay.dispatch(publisher, MessageReceived(up.stream_id, up, FetchOk(0, Location(1, 1))))
+    relay.advance(10.1)
+    job = requester.fetch_jobs[0]
+    assert job.cut_through and len(relay.timers) == 1  # fill_timeout_ms for the next progress
+    relay.dispatch(requester, RequestStreamEnded(0, job.request, 0x1))  # the requester reset its FETCH
+    assert requester.fetch_jobs == {} and relay.timers == [] and publisher.session.names()[-1] == "cancel"
 
 
 def test_a_held_subscribe_is_refused_with_timeout_when_no_upstream_answers_in_time() -> None:
