@@ -9,6 +9,7 @@ A sans-I/O core and a thin asyncio adapter, one concept per module:
   RENDEZVOUS_TIMEOUT, PUBLISH;
 * ``namespaces``: PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE, NAMESPACE / NAMESPACE_DONE;
 * ``planning``: what a fill or FETCH covers, from cache or upstream, in what order;
+* ``fetching``: a standalone FETCH as a core job (from cache or cut through from upstream, FILL_TIMEOUT);
 * ``forwarding``: objects cached and forwarded stream for stream; subscriptions ending;
 * ``core``: ``RelayCore`` joining them, events and ``now`` in, session commands and adapter hooks out
   (``hooks``);
