@@ -13,8 +13,7 @@ from typing import Any
 
 from kvconform.moqt import quic
 from kvconform.moqt.errors import SessionError, StreamResetCode
-from kvconform.moqt.messages import Fetch
-from kvconform.moqt.relay import Peer, Relay
+from kvconform.moqt.relay import FetchJob, Peer, Relay
 from kvconform.moqt.session import Request, SessionConfig
 
 GARBAGE_SEED = 0x5E7
@@ -53,8 +52,8 @@ class CrashOnFetchRelay(Relay):
         server.datagram_received = gate
         return relay
 
-    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
-        await super().handle_fetch(peer, req, msg)
+    def fetch_served(self, job: FetchJob) -> None:
+        super().fetch_served(job)
         if not self.crashed:
             self.crashed = self.dead = True
 

@@ -11,14 +11,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.moqt.cache import ObjectCache
+from kvconform.moqt.cache import CachedObject, ObjectCache
+from kvconform.moqt.data import EndOfRange, EndOfRangeKind, FetchHeader, FetchObject
 from kvconform.moqt.errors import PublishDoneCode, RequestErrorCode
-from kvconform.moqt.messages import Fetch, PublishDone, PublishNamespace, Subscribe, SubscribeOk
+from kvconform.moqt.filters import LocationFilter
+from kvconform.moqt.messages import Fetch, FetchOk, PublishDone, PublishNamespace, Subscribe, SubscribeOk
 from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.policy import Grant, Policy, Right, TokenKey
 from kvconform.moqt.relay import Downstream, RelayCore
 from kvconform.moqt.relay.state import DONE_GRACE, Completion, PlainCompletion
-from kvconform.moqt.session import MessageReceived, Request, RequestReceived
+from kvconform.moqt.session import (
+    DataStreamEnded,
+    DataStreamOpened,
+    MessageReceived,
+    ObjectReceived,
+    Request,
+    RequestReceived,
+    RequestStreamEnded,
+)
 from kvconform.moqt.structures import AuthToken, Location, ParamType, TrackNamespace
 
 NS = TrackNamespace((b"kvconform", b"core"))
@@ -55,6 +65,10 @@ class RecordingSession:
     def open_fill_stream(self, request_stream: int, request_id: int, fill: FillParameters) -> int:
         self.calls.append(("open_fill_stream", (request_stream,)))
         return 101
+
+    def open_fetch_stream(self, request_stream: int) -> int:
+        self.calls.append(("open_fetch_stream", (request_stream,)))
+        return 201
 
     def data_stream_open(self, stream_id: int) -> bool:
         return True
@@ -95,13 +109,16 @@ class SansIoRelay(RelayCore):
         self.sent_waits.append(peer)
 
     def advance(self, now: float) -> None:
-        """Time passes to ``now``: the deferred calls run, then every timer due by then."""
+        """Time passes to ``now``: the deferred calls run, then each timer due by then, and what they defer."""
         self.now = now
-        while self.soon:
-            self.soon.pop(0)()
-        for entry in sorted(t for t in self.timers if t[0] <= now):
-            self.timers.remove(entry)
-            entry[1]()
+        while True:
+            while self.soon:
+                self.soon.pop(0)()
+            due = sorted((t for t in self.timers if t[0] <= now), key=lambda t: t[0])
+            if not due:
+                return
+            self.timers.remove(due[0])
+            due[0][1]()
 
 
 def _subscribe(relay: SansIoRelay, stream_id: int, rendezvous_ms: int) -> tuple[Any, Request]:
@@ -201,6 +218,98 @@ def test_a_fill_waits_for_the_gap_fetched_upstream_then_is_written_and_ended() -
     assert ds.fill_tasks == set() and ds.fill_streams == set()
 
 
+def _fetch(relay: SansIoRelay, peer: Any, stream_id: int, first: tuple[int, int], last: tuple[int, int],
+           fill_timeout_ms: int | None = None) -> Request:
+    """A standalone FETCH of [first, last] (inclusive) from ``peer``."""
+    flt = LocationFilter.absolute_range(first[0], first[1], last[0] - first[0], last[1])
+    params = Parameters.of((ParamType.LOCATION_FILTER, flt), *(
+        [] if fill_timeout_ms is None else [(ParamType.FILL_TIMEOUT, fill_timeout_ms)]))
+    msg = Fetch(stream_id // 4, NS, NAME, params)
+    req = Request(stream_id, stream_id // 4, msg, local=False)
+    relay.dispatch(peer, RequestReceived(stream_id, req, msg))
+    return req
+
+
+def _written(session: RecordingSession) -> list[Any]:
+    """The records written on fetch streams, in order."""
+    return [args[1] for name, args in session.calls if name == "write_fetch_object"]
+
+
+def test_a_fetch_of_a_cached_range_is_a_core_job_answered_from_the_cache() -> None:
+    relay = SansIoRelay()
+    track = relay.track_for(NS, NAME)
+    for obj in range(3):
+        track.cache.add(CachedObject(0, obj, 0, 128, b"x%d" % obj))
+    requester = relay.open_peer(Conn())
+    _fetch(relay, requester, 0, (0, 0), (0, 2))
+    session = requester.session
+    assert session.names() == ["fetch_ok", "open_fetch_stream", "write_fetch_object", "write_fetch_object",
+                               "write_fetch_object", "end_data_stream", "finish_request"]
+    assert session.calls[0][1] == (0, Location(0, 2))  # End Location: the last Location covered
+    assert [o.location for o in _written(session)] == [Location(0, i) for i in range(3)]
+    assert relay.timers == [] and requester.fetch_jobs == {} and track.counters.fetch_objects == 3
+
+
+def _cut_through_setup(fill_timeout_ms: int | None) -> tuple[SansIoRelay, Any, Any, Request]:
+    """A publisher announces NS; a requester FETCHes a track the relay does not follow at ``now`` 10."""
+    relay = SansIoRelay()
+    publisher = relay.open_peer(Conn())
+    announce = PublishNamespace(0, NS)
+    relay.dispatch(publisher, RequestReceived(1, Request(1, 0, announce, local=False), announce))
+    requester = relay.open_peer(Conn())
+    relay.now = 10.0
+    _fetch(relay, requester, 0, (0, 0), (1, 1), fill_timeout_ms)
+    assert publisher.session.names()[-1] == "fetch" and requester.session.calls == []  # the same range upstream
+    return relay, publisher, requester, next(iter(publisher.fetches.values())).request
+
+
+def test_a_cut_through_fetch_is_written_as_its_upstream_objects_arrive() -> None:
+    relay, publisher, requester, up = _cut_through_setup(fill_timeout_ms=2000)
+    assert [t[0] for t in relay.timers] == [12.0]  # FILL_TIMEOUT: a total budget from the FETCH's arrival
+    relay.dispatch(publisher, MessageReceived(up.stream_id, up, FetchOk(0, Location(1, 1))))
+    relay.advance(10.1)
+    assert requester.session.names() == ["fetch_ok", "open_fetch_stream"]  # the upstream End Location, at once
+    assert requester.session.calls[0][1] == (0, Location(1, 1)) and _written(requester.session) == []
+    relay.dispatch(publisher, DataStreamOpened(3, "fetch", up, FetchHeader(up.request_id)))
+    for loc in ((0, 0), (0, 1)):
+        relay.now += 0.1
+        relay.dispatch(publisher, ObjectReceived(3, "fetch", up, FetchObject(*loc, b"p")))
+        relay.advance(relay.now)
+        assert _written(requester.session)[-1].location == Location(*loc)  # forwarded before the rest arrives
+    relay.dispatch(publisher, ObjectReceived(3, "fetch", up, FetchObject(1, 1, b"q")))
+    relay.dispatch(publisher, DataStreamEnded(3, "fetch", up, None))  # FIN: (1, 0) does not exist
+    relay.advance(10.5)
+    assert [r.location for r in _written(requester.session)] == [Location(0, 0), Location(0, 1), Location(1, 1)]
+    assert requester.session.names()[-2:] == ["end_data_stream", "finish_request"]
+    assert relay.timers == [] and requester.fetch_jobs == {} and publisher.fetches == {}
+
+
+def test_a_cut_through_fetch_ends_with_a_timed_out_range_when_its_fill_timeout_runs_out() -> None:
+    relay, publisher, requester, up = _cut_through_setup(fill_timeout_ms=1000)
+    relay.dispatch(publisher, MessageReceived(up.stream_id, up, FetchOk(0, Location(1, 1))))
+    relay.dispatch(publisher, DataStreamOpened(3, "fetch", up, FetchHeader(up.request_id)))
+    relay.dispatch(publisher, ObjectReceived(3, "fetch", up, FetchObject(0, 0, b"p")))
+    relay.advance(10.2)
+    assert [r.location for r in _written(requester.session)] == [Location(0, 0)]
+    relay.advance(10.999)
+    assert requester.session.names()[-1] == "write_fetch_object"  # still within the budget
+    relay.advance(11.0)  # FILL_TIMEOUT: the upstream FETCH is cancelled, the rest is a Timed-Out Range
+    assert publisher.session.names()[-1] == "cancel"
+    last = _written(requester.session)[-1]
+    assert isinstance(last, EndOfRange) and last.kind == EndOfRangeKind.TIMED_OUT and last.location == Location(1, 1)
+    assert requester.session.names()[-2:] == ["end_data_stream", "finish_request"] and relay.timers == []
+
+
+def test_a_cut_through_fetch_cancelled_by_its_requester_cancels_its_upstream_fetch() -> None:
+    relay, publisher, requester, up = _cut_through_setup(fill_timeout_ms=None)
+    relay.dispatch(publisher, MessageReceived(up.stream_id, up, FetchOk(0, Location(1, 1))))
+    relay.advance(10.1)
+    job = requester.fetch_jobs[0]
+    assert job.cut_through and len(relay.timers) == 1  # fill_timeout_ms for the next progress
+    relay.dispatch(requester, RequestStreamEnded(0, job.request, 0x1))  # the requester reset its FETCH
+    assert requester.fetch_jobs == {} and relay.timers == [] and publisher.session.names()[-1] == "cancel"
+
+
 def test_a_held_subscribe_is_refused_with_timeout_when_no_upstream_answers_in_time() -> None:
     relay = SansIoRelay()
     publisher = relay.open_peer(Conn())
@@ -233,7 +342,7 @@ def test_the_core_modules_import_neither_asyncio_nor_a_clock() -> None:
     banned = {"asyncio", "time", "socket", "threading", "selectors", "kvconform.moqt.quic", "kvconform.moqt.client"}
     core = sorted(p for p in CORE.glob("*.py") if p.name not in ADAPTER_MODULES)
     assert {p.name for p in core} >= {"state.py", "authorization.py", "aggregation.py", "namespaces.py",
-                                      "planning.py", "forwarding.py", "core.py", "hooks.py"}
+                                      "planning.py", "fetching.py", "forwarding.py", "core.py", "hooks.py"}
     found = []
     for path in core:
         tree = ast.parse(path.read_text("utf-8"))

@@ -16,7 +16,7 @@ import pytest
 from kvconform.moqt import simexplore
 from kvconform.moqt.data import EndOfRange, FetchObject
 from kvconform.moqt.filters import RangeFilter
-from kvconform.moqt.relay import Downstream, Relay, UpstreamFetch
+from kvconform.moqt.relay import Downstream, FetchWait, Relay, UpstreamFetch
 from kvconform.moqt.simclock import VirtualClockLoop, VirtualDeadlock, run_virtual
 from kvconform.moqt.simnet import Faults
 from kvconform.moqt.simrun import Main, simulate
@@ -161,9 +161,9 @@ def test_a_seed_gives_the_same_transcript_in_another_process_with_another_hash_s
 class StoreAndForwardRelay(Relay):
     """Mutant: waits for an upstream FETCH to finish before serving any of it (no cut-through)."""
 
-    async def _await_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None,
-                           until: Callable[[], bool] | None = None) -> bool:
-        return await super()._await_fetch(fetch, timeout_ms)
+    def _wait_for_fetch(self, fetch: UpstreamFetch, timeout_ms: int | None, until: Callable[[], bool] | None,
+                        then: Callable[[bool], None] | None) -> FetchWait:
+        return super()._wait_for_fetch(fetch, timeout_ms, None, then)
 
 
 def test_exploration_catches_a_relay_that_stores_a_whole_fetch_before_serving_it() -> None:

@@ -8,10 +8,9 @@ fail. The harness starts them like the reference, with the policy the PICS decla
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvconform.moqt import quic
@@ -24,16 +23,16 @@ from kvconform.moqt.parameters import Parameters
 from kvconform.moqt.policy import Decision, Policy, Right, is_prefix
 from kvconform.moqt.relay import (
     Downstream,
+    FetchJob,
     FillJob,
     InStream,
     Peer,
     Relay,
     Track,
     Upstream,
-    UpstreamFetch,
     _Refusal,
 )
-from kvconform.moqt.session import Event, Request, SessionUsageError, SetupReceived
+from kvconform.moqt.session import Event, Request, SetupReceived
 from kvconform.moqt.structures import AuthToken, KeyValuePair, Location, ParamType, SetupOption, TrackNamespace
 from tests.mutants import Mutant
 
@@ -60,9 +59,9 @@ class _GrantedSubscribe(Relay):
 class _GrantedFetch(Relay):
     """Serves every FETCH as if it carried a token granted on the track's namespace."""
 
-    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+    def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
         params = with_granted_token(self.policy, Right.SUBSCRIBE, msg.track_namespace, msg.parameters)
-        await super().handle_fetch(peer, req, dataclasses.replace(msg, parameters=params))
+        super().handle_fetch(peer, req, dataclasses.replace(msg, parameters=params))
 
 
 class _GrantedSubscribeNamespace(Relay):
@@ -85,21 +84,8 @@ class _StoredFetch(Relay):
     """Serves a FETCH of a track it does not follow once the whole upstream range is stored (no cut-through),
     so ``serve_fetch_range`` sees every FETCH response whole (a mutant reordering it reorders all of it)."""
 
-    async def serve_fetch_cut_through(self, peer: Peer, req: Request, track: Track, fetch: UpstreamFetch,
-                                      rng: tuple[Location, Location], end_of_track: bool,
-                                      filters: Sequence[RangeFilter], budget: Callable[[], int | None]) -> None:
-        await self._await_fetch(fetch, budget())
-        start, end = rng
-        items = self.fetch_items(track, start, end, False, filters, await self.ensure_cached(track, start, end,
-                                                                                            budget()))
-        session = peer.session
-        session.fetch_ok(req.stream_id, end, end_of_track=end_of_track, track_properties=self.track_properties(track))
-        sid = session.open_fetch_stream(req.stream_id)
-        self.serve_fetch_range(peer, req, track, sid, items)
-        if session.data_stream_open(sid):
-            session.end_data_stream(sid)
-        with contextlib.suppress(SessionUsageError):
-            session.finish_request(req.stream_id)
+    def cuts_through(self, job: FetchJob) -> bool:
+        return False
 
 
 # ---- delivery and fill ------------------------------------------------------------------------------
@@ -287,7 +273,7 @@ class FetchNotSupportedRelay(Relay):
     """MOQT-FETCH-RANGE: refuses every standalone FETCH with REQUEST_ERROR NOT_SUPPORTED (moq-rs 0.5.1 does so for
     most ranges, docs/interop-moqrs.md #2): checks that FETCH on their way to something else fail on this rule."""
 
-    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+    def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
         raise _Refusal(RequestErrorCode.NOT_SUPPORTED, "FETCH not supported")
 
 

@@ -108,11 +108,11 @@ class RecordingRelay(Relay):
                 self.data_asked.set()
         super().handle_subscribe(peer, req, msg)
 
-    async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+    def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
         self.asked.append(Asked("FETCH", msg.track_namespace, msg.track_name, msg.parameters, time.monotonic()))
         if _data_track(msg.track_name):
             self.data_asked.set()
-        await super().handle_fetch(peer, req, msg)
+        super().handle_fetch(peer, req, msg)
 
     def data_asks(self, kind: str) -> list[Asked]:
         return [a for a in self.asked if a.kind == kind and a.name not in (b"manifest", b"manifest.cose")]

@@ -49,9 +49,9 @@ def grant_recording_relay(grants: Grants) -> type[RecordingRelay]:
             grants.askers.add(peer.number)
             super().handle_subscribe(peer, req, msg)
 
-        async def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
+        def handle_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
             grants.askers.add(peer.number)
-            await super().handle_fetch(peer, req, msg)
+            super().handle_fetch(peer, req, msg)
 
     return GrantRecordingRelay
 

@@ -9,6 +9,7 @@ A sans-I/O core and a thin asyncio adapter, one concept per module:
   RENDEZVOUS_TIMEOUT, PUBLISH;
 * ``namespaces``: PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE, NAMESPACE / NAMESPACE_DONE;
 * ``planning``: what a fill or FETCH covers, from cache or upstream, in what order;
+* ``fetching``: a standalone FETCH as a core job (from cache or cut through from upstream, FILL_TIMEOUT);
 * ``forwarding``: objects cached and forwarded stream for stream; subscriptions ending;
 * ``core``: ``RelayCore`` joining them, events and ``now`` in, session commands and adapter hooks out
   (``hooks``);
@@ -30,6 +31,8 @@ from kvconform.moqt.relay.state import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_FILL_TIMEOUT_MS,
     Downstream,
+    FetchJob,
+    FetchWait,
     FillJob,
     InStream,
     Peer,
@@ -47,6 +50,8 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_FILL_TIMEOUT_MS",
     "Downstream",
+    "FetchJob",
+    "FetchWait",
     "FillJob",
     "InStream",
     "Peer",

@@ -18,7 +18,7 @@ from kvconform.moqt.filters import LocationFilter
 from kvconform.moqt.messages import Publish, RequestError, RequestOk, Subscribe, SubscribeOk, TrackStatus
 from kvconform.moqt.parameters import FillParameters, Parameters
 from kvconform.moqt.policy import Right
-from kvconform.moqt.relay.planning import Planning
+from kvconform.moqt.relay.fetching import Fetching
 from kvconform.moqt.relay.state import (
     Downstream,
     EstablishWait,
@@ -38,7 +38,7 @@ from kvconform.moqt.structures import KeyValuePair, Location, ParamType, TrackNa
 __all__ = ["Aggregation"]
 
 
-class Aggregation(Planning):
+class Aggregation(Fetching):
     """The relay's subscription aggregation concept (a part of ``RelayCore``)."""
 
     def track_for(self, namespace: TrackNamespace, name: bytes) -> Track:

@@ -154,7 +154,7 @@ class RelayCore(Namespaces):
             if isinstance(msg, TrackStatus):
                 self.handle_track_status(peer, req, msg)
             elif isinstance(msg, Fetch):
-                self.run_fetch(peer, req, msg)
+                self.handle_fetch(peer, req, msg)
             elif isinstance(msg, Subscribe):
                 self.handle_subscribe(peer, req, msg)
             elif isinstance(msg, PublishNamespace):
@@ -183,6 +183,9 @@ class RelayCore(Namespaces):
             return
         if event.reset_code is None:
             return  # FIN from a requester: no more updates, not a cancellation (section 4.4)
+        job = peer.fetch_jobs.get(sid)
+        if job is not None:
+            self.cancel_fetch(job)
         ds = peer.downstream.pop(sid, None)
         if ds is not None:
             self._drop_downstream(ds)
@@ -268,6 +271,8 @@ class RelayCore(Namespaces):
         for task in list(peer.tasks):
             task.cancel()
         self._drop_waits(peer)
+        for job in list(peer.fetch_jobs.values()):
+            self.cancel_fetch(job)
         for sid in list(peer.publications):
             self._withdraw(peer, sid)
         peer.namespace_subs.clear()

@@ -3,8 +3,7 @@
 The core (``RelayCore``: authorization, aggregation, namespaces, planning, forwarding) is sans-I/O. Session
 events and ``now`` come in (the adapter sets ``now`` and ``wall_now`` before each call); commands go out on the
 sessions (``kvconform.moqt.session.Session`` is sans-I/O too) and as the hooks below, which the asyncio adapter
-(``adapter.Relay``) implements: a timer at a deadline, a deferred call, a callback once streams have left, and
-the FETCH flow the adapter runs as coroutines, awaiting the core's waits.
+(``adapter.Relay``) implements: a timer at a deadline, a deferred call, a callback once streams have left.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvconform.moqt.cache import FullTrackName, ObjectCache
-from kvconform.moqt.messages import Fetch
 from kvconform.moqt.parameters import FillParameters
 from kvconform.moqt.policy import Policy
 from kvconform.moqt.relay.state import Completion, Downstream, Peer, RelayCounters, Track, Upstream
@@ -62,9 +60,6 @@ class CoreBase:
         """Call ``callback`` once the data and FIN (or reset) of ``stream_ids`` have left, ``timeout`` at most."""
         raise NotImplementedError
 
-    def run_fetch(self, peer: Peer, req: Request, msg: Fetch) -> None:
-        raise NotImplementedError
-
     # -- what one concept calls of another (declared for the type checker) -------------------------------
 
     if TYPE_CHECKING:
@@ -75,6 +70,8 @@ class CoreBase:
         def _check_track_name(self, namespace: TrackNamespace) -> None: ...
 
         def publishers_for(self, namespace: TrackNamespace) -> list[Peer]: ...
+
+        def track_for(self, namespace: TrackNamespace, name: bytes) -> Track: ...
 
         def open_upstream(self, source: Peer, track: Track) -> Upstream: ...
 

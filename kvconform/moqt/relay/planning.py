@@ -2,8 +2,8 @@
 is FETCHed upstream first, and the records a response carries, in order (sections 9.4, 11.2).
 
 Fills and FETCHes are served from the cache; Locations the cache does not know are FETCHed upstream within
-FILL_TIMEOUT (the adapter waits), and what stays unknown is reported with End of Unknown / Timed-Out Range
-records. MAX_CACHE_DURATION (Track Property 0x04) bounds how long an object may start being served.
+FILL_TIMEOUT (a pending wait of the core: ``FetchWait``), and what stays unknown is reported with End of Unknown /
+Timed-Out Range records. MAX_CACHE_DURATION (Track Property 0x04) bounds how long an object may start being served.
 """
 
 from __future__ import annotations
@@ -117,13 +117,8 @@ class Planning(Forwarding):
         job.cancelled = True
         with contextlib.suppress(SessionUsageError):
             job.ds.peer.session.reset_data_stream(job.stream_id, StreamResetCode.CANCELLED)
-        wait = job.wait
-        if wait is not None and not wait.result.done():  # the FETCH upstream goes on, for the cache
-            if wait in wait.fetch.waits:
-                wait.fetch.waits.remove(wait)
-            if wait.timer is not None:
-                self.cancel_timer(wait.timer)
-                wait.timer = None
+        if job.wait is not None:
+            self._drop_fetch_wait(job.wait)
         self._fill_ended(job)
 
     def _fill_ended(self, job: FillJob) -> None:
@@ -212,6 +207,16 @@ class Planning(Forwarding):
         self._fetch_window(wait)
         return wait
 
+    def _drop_fetch_wait(self, wait: FetchWait) -> None:
+        """Its waiter went away: the wait ends without an answer; the FETCH upstream goes on, for the cache."""
+        if wait.result.done():
+            return
+        if wait in wait.fetch.waits:
+            wait.fetch.waits.remove(wait)
+        if wait.timer is not None:
+            self.cancel_timer(wait.timer)
+            wait.timer = None
+
     def fetch_budget(self, deadline: float | None) -> int | None:
         """What is left (ms) of a request's FILL_TIMEOUT ending at ``deadline`` (None: bounded by progress)."""
         return None if deadline is None else max(int((deadline - self.now) * 1000), 0)
@@ -249,8 +254,8 @@ class Planning(Forwarding):
         if wait.result.done():
             return
         if not wait.fetch.done.done() and not wait.fetch.progress.is_set():
+            self._cancel_upstream_fetch(wait.fetch)  # first: what goes on after the wait sees it ended
             self._fetch_wait_over(wait, False)
-            self._cancel_upstream_fetch(wait.fetch)
         else:
             self._fetch_look(wait)
 

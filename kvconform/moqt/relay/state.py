@@ -40,6 +40,7 @@ __all__ = [
     "Completion",
     "Downstream",
     "EstablishWait",
+    "FetchJob",
     "FetchWait",
     "FillJob",
     "InStream",
@@ -184,6 +185,7 @@ class Peer:
     in_streams: dict[int, InStream] = field(default_factory=dict)  # its subgroup streams
     status_requests: dict[int, StatusWait] = field(default_factory=dict)  # our TRACK_STATUS request streams
     tasks: set[Any] = field(default_factory=set)  # the adapter's work for this session (Cancellable)
+    fetch_jobs: dict[int, FetchJob] = field(default_factory=dict)  # its FETCHes being served, by request stream
     gone: bool = False
 
     @property
@@ -387,6 +389,30 @@ class FillJob:
     def cancel(self) -> None:
         if self.on_cancel is not None:
             self.on_cancel()
+
+
+@dataclass(eq=False)
+class FetchJob:
+    """A standalone FETCH being served (section 7.3): a pending job of the core, like ``FillJob``. Served from
+    the cache once the gaps of its range are FETCHed upstream (``wait``), or, for a track the relay does not
+    follow, cut through from the relay's own FETCH upstream (``upstream``) as its objects arrive. ``deadline``
+    is the end of the request's FILL_TIMEOUT on the core's ``now`` scale (None: bounded by progress)."""
+
+    peer: Peer
+    request: Request
+    track: Track
+    descending: bool
+    filters: tuple[RangeFilter, ...]
+    deadline: float | None
+    rng: tuple[Location, Location] | None = None  # inclusive, once known
+    end_of_track: bool | None = None  # FETCH_OK's End Of Track, when the upstream's answer decides it
+    upstream: UpstreamFetch | None = None  # the relay's FETCH of the same range (a track it does not follow)
+    cut_through: bool = False  # served while ``upstream`` arrives
+    stream_id: int | None = None  # the fetch stream, once FETCH_OK is sent
+    cursor: Location | None = None  # cut-through: the first Location not yet written
+    served: int = 0  # fetch objects written
+    wait: FetchWait | None = None
+    finished: bool = False
 
 
 class Refusal(Exception):
