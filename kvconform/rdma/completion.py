@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, Protocol, TypeVar
 
+from kvconform.rdma.engine import WorkRequest
 from kvconform.rdma.fabric import Completion, Op, Sge, Status, Terminate
 
 _READ = Op.RDMA_READ
@@ -48,6 +49,30 @@ class Outcome(Protocol):
 
 
 R = TypeVar("R", bound=Outcome)
+
+
+class HoldsWorkRequest:
+    """The part of an `Outcome` a wire engine's record reads off the `WorkRequest` it holds as ``wr`` (a mixin of
+    the iWARP and RoCEv2 engines' records; no slots of its own, so slotted dataclasses can take it)."""
+
+    __slots__ = ()
+    wr: WorkRequest
+
+    @property
+    def wr_id(self) -> int:
+        return self.wr.wr_id
+
+    @property
+    def op(self) -> Op:
+        return self.wr.op
+
+    @property
+    def signaled(self) -> bool:
+        return self.wr.signaled
+
+    @property
+    def byte_len(self) -> int:
+        return wr_byte_len(self.wr.op, self.wr.dst, self.wr.data)
 
 
 def wr_byte_len(op: Op, dst: Sge | None, data: bytes) -> int:

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
+from kvconform.rdma.completion import HoldsWorkRequest, InOrderCompletions, flushed
 from kvconform.rdma.engine import LocalMemory, Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
@@ -63,7 +63,7 @@ _QN_OF = {Opcode.READ_REQUEST: ddp.QN_READ, Opcode.ATOMIC_REQUEST: ddp.QN_READ, 
 
 
 @dataclass
-class _Out:
+class _Out(HoldsWorkRequest):
     """A requester WR from post to completion."""
 
     wr: WorkRequest
@@ -72,22 +72,6 @@ class _Out:
     request_id: int = 0  # atomics: the Request Identifier echoed by the response
     placed: int = 0  # Reads: octets of the response placed
 
-    # what the completion rule reads (kvconform.rdma.completion.Outcome)
-    @property
-    def wr_id(self) -> int:
-        return self.wr.wr_id
-
-    @property
-    def op(self) -> Op:
-        return self.wr.op
-
-    @property
-    def signaled(self) -> bool:
-        return self.wr.signaled
-
-    @property
-    def byte_len(self) -> int:
-        return wr_byte_len(self.wr.op, self.wr.dst, self.wr.data)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvconform.rdma.completion import InOrderCompletions, flushed, wr_byte_len
+from kvconform.rdma.completion import HoldsWorkRequest, InOrderCompletions, flushed
 from kvconform.rdma.engine import LocalMemory, Source, WireEngine, WorkRequest
 from kvconform.rdma.fabric import (
     U64,
@@ -81,7 +81,7 @@ def _npkts(length: int, pmtu: int) -> int:
 
 
 @dataclass(eq=False, slots=True)
-class _Req:
+class _Req(HoldsWorkRequest):
     """A posted send-queue WR: its PSN range once sent, and its outcome."""
 
     wr: WorkRequest
@@ -91,22 +91,6 @@ class _Req:
     status: Status | None = None
     terminate: Terminate | None = None
 
-    # what the completion rule reads (kvconform.rdma.completion.Outcome)
-    @property
-    def wr_id(self) -> int:
-        return self.wr.wr_id
-
-    @property
-    def op(self) -> Op:
-        return self.wr.op
-
-    @property
-    def signaled(self) -> bool:
-        return self.wr.signaled
-
-    @property
-    def byte_len(self) -> int:
-        return wr_byte_len(self.wr.op, self.wr.dst, self.wr.data)
 
     @property
     def sent(self) -> bool:
