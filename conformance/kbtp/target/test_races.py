@@ -123,7 +123,8 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
         if not started:
             inconclusive("X's ALLOC_STORE never reached the target's actor: the example cannot be set up")
         for i in range(3):
-            r = yield from y.alloc_store(y.handle(i), bytes([0x30 + i]) * 16, req="KBTP-ALLOC-RING")
+            # within Y's quota of 3 and before any free: only the bound of the text keeps it from waiting
+            r = yield from y.alloc_store(y.handle(i), bytes([0x30 + i]) * 16, req="KBTP-QUOTA-ALLOC-BOUNDED")
             expect.status_is(r, Status.OK, req="KBTP-ALLOC-RING", what=f"Y's ALLOC_STORE {i + 1} (ticket {i + 1})")
             got[f"y{i}"] = r.block_offset
         f = yield from y.free(y.handle(0))
