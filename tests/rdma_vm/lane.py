@@ -61,10 +61,14 @@ def _pics(profile: str, features: str) -> tuple[str, ...]:
 ROCE_PICS = _pics("ib-rc", ROCE_FEATURES)
 IWARP_PICS = _pics("rdmap-5040", IWARP_FEATURES)
 BRIDGE_GUEST_PORT = 18516  # the bridge's agent in the VM (testbeds/rdma-vm/interop-serve.sh)
-# The initiator's facing runs: the direct checks, where the ones verbs leaves inconclusive are (the initiator's
-# one-sided operations); the rest of the suite is judged by the in-VM run already
-INITIATOR_CHECKS = ("test_direct",)
-INITIATOR_SUITE_S = 900.0
+# The initiator's facing runs: the checks the in-VM run leaves inconclusive (the initiator's one-sided operations,
+# which the device executes unseen); the rest of the suite is judged there already. On rxe1 all of test_direct.py
+# (7 s measured); on siw1 (no DIRECT_ALLOC) only the direct-load sequence: its direct-load race, which the in-VM
+# run judges, starts 16 to 40 beds, two minutes through the bridge, and one initiator forked on the loaded vCPU
+# then missed the harness's 15 s connect bound (CONNECT_WAIT_S): a harness-side timeout, not a verdict
+ROCE_INITIATOR_CHECKS = ("test_direct",)
+IWARP_INITIATOR_CHECKS = ("test_direct_load_sequence",)
+INITIATOR_SUITE_S = 600.0
 
 
 def _initiator_pics(profile: str, features: str) -> tuple[str, ...]:
@@ -168,10 +172,10 @@ def facing_runs(image: Artefacts, keep: Path, *, roles: tuple[str, ...] = ("targ
         # rdma_cm stream go through qemu's user-mode network to the host's 127.0.0.1)
         link = {**spawn_env(), HARNESS_LINK_ENV: f"ether={ports.ether}&address={HOST_ADDRESS}"}
         runs["rxe1-to-host-roce"] = ("kbtp-initiator", bridge_command(ports.bridge, "ib-rc"),
-                                     _initiator_pics("ib-rc", ROCE_FEATURES), INITIATOR_CHECKS, INITIATOR_SUITE_S,
+                                     _initiator_pics("ib-rc", ROCE_FEATURES), ROCE_INITIATOR_CHECKS, INITIATOR_SUITE_S,
                                      link)
         runs["siw1-to-host-iwarp"] = ("kbtp-initiator", bridge_command(ports.bridge, "rdmap-5040"),
-                                      _initiator_pics("rdmap-5040", IWARP_FEATURES), INITIATOR_CHECKS,
+                                      _initiator_pics("rdmap-5040", IWARP_FEATURES), IWARP_INITIATOR_CHECKS,
                                       INITIATOR_SUITE_S, None)
     out: dict[str, Any] = {}
     with VM(image, links=ports.links) as machine:
