@@ -31,7 +31,7 @@ PICS = ("kbtp.initiator.binding=ib-rc", "kbtp.initiator.features=[DIRECT_LOAD, D
 @contextmanager
 def agent(*devices: str) -> Iterator[int]:
     """The bridge's agent on 127.0.0.1 (a free port); yields its port; stopped at the end."""
-    argv = [sys.executable, "-m", "kvconform.testbeds.rdma_vm.bridge", "agent", "--host", "127.0.0.1", "--port", "0"]
+    argv = [sys.executable, "-m", "kvconform.testbeds.rdma_vm.bridge_agent", "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen([*argv, *(a for d in devices for a in ("--device", d))], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     watchdog = threading.Timer(START_S, proc.kill)
@@ -92,7 +92,7 @@ def test_the_header_and_the_arguments_it_makes() -> None:
 
 def test_the_relay_rewrites_only_the_host_of_a_loopback_target() -> None:
     assert guest_url("kbtp+roce://127.0.0.1:4567") == "kbtp+roce://10.0.2.2:4567"
-    with pytest.raises(ValueError, match="127.0.0.1:PORT"):
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1:PORT"):
         guest_url("kbtp+roce://192.0.2.1:4567")
 
 

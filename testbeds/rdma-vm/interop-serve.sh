@@ -2,9 +2,9 @@
 # Host<->VM interop, the VM's side when the VM serves (run inside the VM by tests/rdma_vm/test_interop.py):
 # the reference KBTP target on rxe1 (the RoCEv2 segment to the host; its out-of-band exchange on
 # 10.0.2.15:18515, forwarded from the host) and on siw1 (rdma_cm on 10.0.2.15:7471, forwarded); and the cmd:
-# bridge's agent on 10.0.2.15:18516 (forwarded), which forks the reference initiator on rxe1 (kbtp+roce) or siw1
-# (kbtp+iwarp) per connection (testbeds/rdma_vm/bridge.py). Prints INTEROP-SERVING once all three listen, then
-# serves until the host stops the VM (bounded by $1 seconds, default 1800). Each server's output is in
+# bridge's agent on 10.0.2.15:18516 (forwarded), which forks the reference initiator on rxe1 (kbtp+roce) or
+# siw1 (kbtp+iwarp) per connection (testbeds/rdma_vm/bridge_agent.py). Prints INTEROP-SERVING once all three
+# listen, then serves until the host stops the VM (bounded by $1 seconds, default 1800). Each server's output is in
 # $KVCONFORM_VM_RUN/results/serve-<device>.log (the agent's and its initiators': serve-bridge.log).
 out=$KVCONFORM_VM_RUN/results
 . testbeds/rdma-vm/links.sh
@@ -14,7 +14,7 @@ rxe=$!
 python3 -m kvconform serve kbtp-target --binding verbs --device siw1 --host 10.0.2.15 --port 7471 \
   --features DIRECT_LOAD,ADDR_LE > "$out/serve-siw1.log" 2>&1 &
 siw=$!
-python3 -m kvconform.testbeds.rdma_vm.bridge agent --host 10.0.2.15 --port 18516 --device roce=rxe1 \
+python3 -m kvconform.testbeds.rdma_vm.bridge_agent --host 10.0.2.15 --port 18516 --device roce=rxe1 \
   --device iwarp=siw1 > "$out/serve-bridge.log" 2>&1 &
 bridge=$!
 i=0

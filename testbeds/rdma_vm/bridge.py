@@ -1,22 +1,24 @@
 """The ``cmd:`` bridge into the testbed VM: the reference initiator on a VM's kernel device (rxe1, siw1) as the
 ``cmd:`` process of a kbtp-initiator run on the host, so that the harness's userspace target on a wire facing
-the device judges what verbs cannot see (issue 23 item 7; docs/interop-rdma.md, "What is left for the initiators").
+the device judges what verbs cannot see (issue 23 item 7; docs/interop-rdma.md, "The initiators' facing wire in
+the lane").
 
-- ``agent`` runs in the VM (testbeds/rdma-vm/interop-serve.sh) on a forwarded TCP port. It imports the initiator
-  once and forks one per connection, its stdin and stdout on the socket: a Python start per bed on the VM's one
-  TCG vCPU would cost seconds each, and the direct-load race alone starts 16 to 40 beds. A connection's first line
-  says what to dial (a JSON object: ``target``, ``initiator_id``, ``features``, optional ``profile``); the device
-  is the one the agent serves for the URL's scheme (``--device roce=rxe1 --device iwarp=siw1``).
-- ``relay`` is the host's ``cmd:`` command: it rewrites ``{target}``'s 127.0.0.1 to the address the VM reaches
-  the host's loopback at (qemu's user-mode network: 10.0.2.2), sends that first line and carries the contract's
-  lines both ways until either end closes::
+- the agent (kvconform.testbeds.rdma_vm.bridge_agent) runs in the VM (testbeds/rdma-vm/interop-serve.sh) on a
+  forwarded TCP port. It imports the initiator once and forks one per connection, its stdin and stdout on the
+  socket: a Python start per bed on the VM's one TCG vCPU would cost seconds each, and the direct-load race alone
+  starts 16 to 40 beds. A connection's first line says what to dial (a JSON object: ``target``,
+  ``initiator_id``, ``features``, optional ``profile``); the device is the one the agent serves for the URL's
+  scheme (``--device roce=rxe1 --device iwarp=siw1``).
+- the relay (this module, which imports only the standard library: it starts once per bed) is the host's
+  ``cmd:`` command: it rewrites ``{target}``'s 127.0.0.1 to the address the VM reaches the host's loopback at
+  (qemu's user-mode network: 10.0.2.2), sends that first line and carries the contract's lines both ways until
+  either end closes::
 
     cmd:python -m kvconform.testbeds.rdma_vm.bridge relay --port P --target {target} \\
         --initiator-id {initiator_id} --features={features}
 
 Both are bounded: a connection's header within HEADER_WAIT_S, a forked initiator within CHILD_BOUND_S (SIGALRM),
-the relay's connect within CONNECT_S. Only the standard library is imported at module level (the relay starts
-once per bed on the host).
+the relay's connect within CONNECT_S.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import argparse
 import json
 import os
 import selectors
-import signal
 import socket
 import sys
 from typing import Any
@@ -84,50 +85,6 @@ def read_header(conn: socket.socket) -> dict[str, Any]:
     return body
 
 
-def _child(conn: socket.socket, listener: socket.socket, devices: dict[str, str], serve: Any) -> int:
-    """In the forked child: the socket becomes stdin and stdout, then the initiator runs to its end."""
-    listener.close()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.alarm(CHILD_BOUND_S)  # a bound on the whole initiator, whatever it waits for
-    try:
-        argv = initiator_argv(read_header(conn), devices)
-    except ValueError as exc:
-        conn.sendall(json.dumps({"id": 0, "error": f"bridge: {exc}"}).encode() + b"\n")
-        print(f"bridge: {exc}", file=sys.stderr, flush=True)
-        return 2
-    os.dup2(conn.fileno(), 0)
-    os.dup2(conn.fileno(), 1)
-    conn.close()
-    print(f"bridge: initiator {' '.join(argv)}", file=sys.stderr, flush=True)
-    return int(serve(argv))
-
-
-def agent(host: str, port: int, devices: dict[str, str]) -> int:
-    """Listen on ``host:port``; fork one reference initiator per connection. Runs until SIGTERM."""
-    # lazy: the relay on the host imports this module too, and needs none of the initiator's imports
-    from kvconform.components.kbtp import serve_kbtp_initiator
-    # lazy: imported once here so that each forked initiator starts with pyverbs already loaded (one TCG vCPU)
-    from kvconform.rdma.verbs.device import pyverbs
-
-    if set(devices.values()) != {"wire"}:
-        pyverbs()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the initiators
-    listener = socket.create_server((host, port))
-    print(f"listening on {host}:{listener.getsockname()[1]} ({', '.join(f'{w}={d}' for w, d in devices.items())})",
-          flush=True)
-    while True:
-        conn, _ = listener.accept()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _child(conn, listener, devices, serve_kbtp_initiator)
-            finally:
-                sys.stdout.flush()
-                os._exit(code)
-        conn.close()
-
-
 # ---- the host's side --------------------------------------------------------------------------------------
 
 
@@ -168,40 +125,24 @@ def relay(port: int, header: dict[str, Any]) -> int:
         sock.close()
 
 
-def _devices(specs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for spec in specs:
-        wire, sep, device = spec.partition("=")
-        if not sep or wire not in SCHEMES.values() or not device:
-            raise argparse.ArgumentTypeError(f"--device {spec!r}: expected roce=DEV or iwarp=DEV")
-        out[wire] = device
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvconform.testbeds.rdma_vm.bridge", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="side", required=True)
-    a = sub.add_parser("agent", help="in the VM: fork a reference initiator on a device per connection")
-    a.add_argument("--host", required=True, help="the address to listen on (the VM's user-mode NIC: 10.0.2.15)")
-    a.add_argument("--port", type=int, required=True)
-    a.add_argument("--device", action="append", default=[], help="WIRE=DEV: roce=rxe1, iwarp=siw1 (repeatable; DEV 'wire': the userspace "
-                        "binding, no device)")
-    r = sub.add_parser("relay", help="on the host: the cmd: command relaying the contract to the agent")
-    r.add_argument("--port", type=int, required=True, help="the host's 127.0.0.1 port forwarded to the agent")
-    r.add_argument("--target", required=True, help="{target}: the harness target's URL on 127.0.0.1")
-    r.add_argument("--initiator-id", default=None)
-    r.add_argument("--features", default=None)
-    r.add_argument("--profile", default=None)
-    r.add_argument("--host-from-guest", default=HOST_FROM_GUEST, help=f"default {HOST_FROM_GUEST} (qemu user net)")
+    p = argparse.ArgumentParser(prog="python -m kvconform.testbeds.rdma_vm.bridge",
+                                description="on the host: the cmd: command relaying the contract to the VM's agent "
+                                            "(kvconform.testbeds.rdma_vm.bridge_agent)")
+    p.add_argument("side", choices=("relay",))
+    p.add_argument("--port", type=int, required=True, help="the host's 127.0.0.1 port forwarded to the agent")
+    p.add_argument("--target", required=True, help="{target}: the harness target's URL on 127.0.0.1")
+    p.add_argument("--initiator-id", default=None)
+    p.add_argument("--features", default=None)
+    p.add_argument("--profile", default=None)
+    p.add_argument("--host-from-guest", default=HOST_FROM_GUEST, help=f"default {HOST_FROM_GUEST} (qemu user net)")
     args = p.parse_args(argv)
     try:
-        if args.side == "agent":
-            return agent(args.host, args.port, _devices(args.device))
         header = {"target": guest_url(args.target, args.host_from_guest), "initiator_id": args.initiator_id,
                   "features": args.features, "profile": args.profile}
         return relay(args.port, header)
-    except (ValueError, OSError, argparse.ArgumentTypeError) as exc:
-        print(f"bridge {args.side}: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        print(f"bridge relay: {exc}", file=sys.stderr)
         return 2
 
 
