@@ -118,10 +118,31 @@ OP_TIMEOUT_S = 30.0  # an operation the initiator never answers ends as a violat
 CONNECT_WAIT_S = 15.0  # from start to its connection being set up
 
 
+# The harness target's RoCEv2 link when the initiator under test is on a segment of its own (the testbed VM's
+# rxe1): ``ether=LOCAL,PEER&address=IP``, the query of ``kbtp+roce://`` (kvconform.rdma.roce.ethernet)
+HARNESS_LINK_ENV = "KVCONFORM_KBTP_HARNESS_LINK"
+
+
+def harness_link(text: str | None) -> LinkSpec | None:
+    """The LinkSpec of a ``ether=LOCAL,PEER&address=IP`` text (None for none); TargetUnavailable naming it."""
+    if not text:
+        return None
+    query = {k: v[-1] for k, v in parse_qs(text, keep_blank_values=True).items()}
+    try:
+        if set(query) != {"ether", "address"}:
+            raise LinkError("expected ether=LOCAL,PEER&address=IP")
+        return LinkSpec.parse(query["ether"], query["address"])
+    except LinkError as exc:
+        raise TargetUnavailable(f"{HARNESS_LINK_ENV}={text!r}: {exc}") from None
+
+
 class CmdInitiatorDriver:
     """kbtp-initiator driver of a process under the cmd: contract (kvconform.kbtp.control, docs/kbtp-wire.md).
 
-    Placeholders: ``{target}`` (always), ``{initiator_id}`` and ``{features}`` (optional)."""
+    Placeholders: ``{target}`` (always), ``{initiator_id}`` and ``{features}`` (optional). The harness target
+    listens on 127.0.0.1; over RoCEv2 its packets go through the host's kernel, or over the link that
+    ``$KVCONFORM_KBTP_HARNESS_LINK`` names (an initiator on a VM's rxe: the lane's bridge, testbeds/rdma_vm/bridge.py).
+    """
 
     def __init__(self, template: str) -> None:
         self.template = template
@@ -132,7 +153,9 @@ class CmdInitiatorDriver:
         return f"cmd:{self.template}"
 
     def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
-        return WireFabric(params.profile, binding=wire_of(params.profile), trace=trace)  # type: ignore[arg-type]
+        wire = wire_of(params.profile)
+        link = harness_link(os.environ.get(HARNESS_LINK_ENV)) if wire == "roce" else None
+        return WireFabric(params.profile, binding=wire, trace=trace, link=link)  # type: ignore[arg-type]
 
     def start(self, fabric: Fabric, node: Node, conn: Any, params: Any) -> Any:
         raise TypeError("a cmd: initiator is launched (CmdInitiatorDriver.launch), not placed on a node")

@@ -15,6 +15,11 @@ passes ``kvconform run kbtp-target --target kbtp+iwarp://HOST:PORT`` as declared
 devices take the out-of-band QP exchange on ``--port`` (the bytes of ``kbtp+roce://``), iWARP devices rdma_cm
 on ``--host`` (an address of the device's netdev; rdma_cm refuses 127.0.0.1). The profile defaults to ib-rc
 (RoCE) or rdmap-5040 (iWARP without RFC 7306, as siw is).
+
+``kvconform serve kbtp-initiator --target URL [--binding wire|verbs --device DEV]`` is the reference initiator
+under the ``cmd:`` contract: over the userspace binding the URL's scheme names (``wire``, the default), or on a
+kernel RDMA device (``verbs``: rxe dials the target's out-of-band exchange, siw its rdma_cm listener), so that a
+harness target on a wire facing the device sees every one-sided operation the device executes.
 """
 
 from __future__ import annotations
@@ -181,10 +186,40 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
     return 0
 
 
+VERBS_PROFILE = {"iwarp": "rdmap-5040", "roce": "ib-rc"}  # as serve kbtp-target --binding verbs defaults
+
+
+def _initiator_device(args: argparse.Namespace, wire: str) -> Any:
+    """The verbs device of ``--binding verbs`` (None for the userspace wire); ValueError naming what is wrong,
+    TargetUnavailable when the device cannot be used."""
+    if args.binding != "verbs":
+        if args.device or args.local:
+            raise ValueError("--device and --local go with --binding verbs")
+        return None
+    if not args.device:
+        raise ValueError("--binding verbs needs --device (ibv_devices lists them)")
+    try:
+        info = query(args.device)
+    except VerbsUnavailable as exc:
+        raise TargetUnavailable(str(exc)) from exc
+    if (info.transport == "iwarp") != (wire == "iwarp"):
+        raise ValueError(f"--target {args.target!r}: {info.describe()} does not carry {wire} (iWARP devices dial "
+                         "kbtp+iwarp://, RoCE devices kbtp+roce://)")
+    return info
+
+
 def initiator_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="kvconform serve kbtp-initiator", description=SUMMARIES["kbtp-initiator"])
     p.add_argument("--target", required=True, help="the target: kbtp+iwarp://HOST:PORT or kbtp+roce://HOST:PORT")
-    p.add_argument("--profile", default=None, help="capability profile (default rdmap-7306 / ib-rc by binding)")
+    p.add_argument("--binding", choices=("wire", "verbs"), default="wire",
+                   help="wire: the userspace binding of the target's scheme (default); verbs: a kernel RDMA device "
+                        "(--device) whose transport the scheme names (RoCE: kbtp+roce, iWARP: kbtp+iwarp)")
+    p.add_argument("--device", default=None, help="--binding verbs: the verbs device (ibv_devices), e.g. rxe1, siw1")
+    p.add_argument("--local", default=None, metavar="IP",
+                   help="--binding verbs: an address of the device's netdev (RoCE: its GID; iWARP: rdma_cm's source)")
+    p.add_argument("--profile", default=None,
+                   help="capability profile (default rdmap-7306 / ib-rc by scheme; on a device as for serve "
+                        "kbtp-target --binding verbs: rdmap-5040 on iWARP, ib-rc on RoCE)")
     p.add_argument("--features", type=_features, default=_features(DEFAULT_FEATURES),
                    help=f"optional features to request (default {DEFAULT_FEATURES})")
     p.add_argument("--initiator-id", default=None, help="Initiator ID, 32 hex digits (default: random)")
@@ -207,7 +242,9 @@ def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -
         if url.scheme not in SCHEMES or not url.hostname or url.port is None:
             raise ValueError(f"--target {args.target!r}: expected kbtp+iwarp://HOST:PORT or kbtp+roce://HOST:PORT")
         binding = SCHEMES[url.scheme]
-        profile_name = args.profile or DEFAULT_PROFILE[binding]
+        verbs = _initiator_device(args, binding)
+        default = DEFAULT_PROFILE[binding] if verbs is None else VERBS_PROFILE[binding]
+        profile_name = args.profile or default
         if profile_name not in PROFILES:
             raise ValueError(f"--profile {profile_name!r}: known profiles {', '.join(PROFILES)}")
         params = InitiatorParams(binding=profile_name, features=args.features,
@@ -215,7 +252,15 @@ def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -
         check_binding(f"{url.scheme}://", binding, profile_name, params.profile, "--profile")
         driver = ReferenceInitiatorDriver()
         driver.initiator_class = load_subclass(args.initiator_class, ReferenceInitiator, "--initiator-class")
-        fabric = WireFabric(params.profile, binding=binding)  # type: ignore[arg-type]
+        fabric: Any
+        if verbs is not None:
+            try:
+                fabric = VerbsFabric(params.profile, device=args.device, host=args.local, info=verbs,
+                                     gid_address=args.local)
+            except VerbsUnavailable as exc:
+                raise TargetUnavailable(str(exc)) from exc
+        else:
+            fabric = WireFabric(params.profile, binding=binding)  # type: ignore[arg-type]
         node = fabric.node("I")
         conn = fabric.dial(fabric.remote("target", url.hostname, url.port), node, name="I-conn")
         endpoint: Any = driver.start(fabric, node, conn, params)

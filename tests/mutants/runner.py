@@ -42,15 +42,15 @@ class Run:
 
 def run_suite(suite: str, target: str, report_dir: Path, *, pics: tuple[str, ...] = (),
               checks: tuple[str, ...] = (), testbed: Path | None = TESTBED, timeout: float = RUN_BOUND,
-              extra: tuple[str, ...] = ()) -> Run:
+              extra: tuple[str, ...] = (), env: Mapping[str, str] | None = None) -> Run:
     """`kvconform run suite --target target`; `checks` limits it (-k) to those check functions; ``extra``: more
     `kvconform run` options (``--kbtp-wire roce``). The run is killed past ``timeout``; the test that makes it
-    needs a pytest-timeout covering that (tests/spawn.py)."""
+    needs a pytest-timeout covering that (tests/spawn.py). ``env``: the run's environment (default spawn_env())."""
     select = ["-k", " or ".join(checks)] if checks else []
     overrides = [arg for p in pics for arg in ("--pics-set", p)]
     bed = ["--testbed", str(testbed)] if testbed else []
     proc = kvconform(["run", suite, "--target", target, *bed, "--report-dir", str(report_dir), "--seed", SEED, "-q",
-                      *extra, *select, *overrides], timeout=timeout)
+                      *extra, *select, *overrides], timeout=timeout, env=env)
     cov = report_dir / "coverage.json"
     coverage = json.loads(cov.read_text()) if cov.exists() else {}
     return Run(proc.returncode, coverage, proc.stdout[-4000:] + proc.stderr[-4000:])

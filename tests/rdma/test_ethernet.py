@@ -154,6 +154,27 @@ def test_two_links_back_to_back_resolve_and_carry_datagrams() -> None:
         b.close()
 
 
+def test_a_datagram_for_its_own_address_stays_off_the_segment() -> None:
+    """The harness's own QPs on the link's address (its target and its own client, kbtp-initiator's second party)
+    reach each other through the link's socket: qemu never sends a frame for this host back."""
+    ports = [_free_udp_port(), _free_udp_port()]
+    a = QemuSocketLink(LinkSpec.parse(f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", HOST_IP))
+    segment = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        segment.bind(("127.0.0.1", ports[1]))
+        segment.setblocking(False)
+        a.sendto(b"to myself", (HOST_IP, 4791))
+        with selectors.DefaultSelector() as sel:
+            sel.register(a, selectors.EVENT_READ)
+            assert sel.select(5.0), "the datagram for its own address never came back within 5 s"
+        assert a.recvfrom(1 << 16) == (b"to myself", (HOST_IP, 4791, 0))
+        with pytest.raises(BlockingIOError):  # nothing went to the segment, not even an ARP request
+            segment.recv(1 << 16)
+    finally:
+        a.close()
+        segment.close()
+
+
 def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -4,7 +4,10 @@
   on the same device through verbs (testbeds/rdma-vm/suites.sh): the primary path of each certification;
 - ``facing_runs``: one boot serving the reference on rxe1 and siw1 (testbeds/rdma-vm/interop-serve.sh), and the
   host's harness running the kbtp-target suite at them over its userspace RoCEv2 link and userspace iWARP: the
-  wire facing the device, which judges what verbs cannot see or craft (the wire attacks, the impairment checks).
+  wire facing the device, which judges what verbs cannot see or craft (the wire attacks, the impairment checks);
+  in the same boot the reference initiator on rxe1 and siw1 (forked per bed by the bridge's agent,
+  testbeds/rdma_vm/bridge.py) runs the kbtp-initiator suite's direct checks against the harness's userspace target
+  on the host: the wire facing the initiator, which sees the one-sided operations the device executes.
 
 tests/rdma_vm/test_certified.py merges the two into one report per device and role (kvconform.reports.facing).
 """
@@ -15,13 +18,17 @@ import json
 import re
 import shutil
 import socket
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvconform.targets.kbtp_wire import HARNESS_LINK_ENV
 from kvconform.testbeds.rdma_vm.build import Artefacts
 from kvconform.testbeds.rdma_vm.vm import VM, Links
 from tests.mutants.runner import ROOT, run_suite
+from tests.spawn import spawn_env
 
 VM_TESTBED = ROOT / "testbeds" / "rdma-vm.yaml"
 HOST_ADDRESS = "10.78.0.1"  # the host's end of the RoCEv2 segment (links.sh gives the VM 10.78.0.2)
@@ -53,6 +60,26 @@ def _pics(profile: str, features: str) -> tuple[str, ...]:
 
 ROCE_PICS = _pics("ib-rc", ROCE_FEATURES)
 IWARP_PICS = _pics("rdmap-5040", IWARP_FEATURES)
+BRIDGE_GUEST_PORT = 18516  # the bridge's agent in the VM (testbeds/rdma-vm/interop-serve.sh)
+# The initiator's facing runs: the checks the in-VM run leaves inconclusive (the initiator's one-sided operations,
+# which the device executes unseen); the rest of the suite is judged there already. On rxe1 all of test_direct.py
+# (5 to 36 s measured); on siw1 (no DIRECT_ALLOC) only the direct-load sequence (3 s), the one check of the
+# file the in-VM run leaves inconclusive: its direct-load race, judged in the VM, accepted no direct load in 40
+# interleavings through the bridge (inconclusive, 24 s)
+ROCE_INITIATOR_CHECKS = ("test_direct",)
+IWARP_INITIATOR_CHECKS = ("test_direct_load_sequence",)
+INITIATOR_SUITE_S = 600.0
+
+
+def _initiator_pics(profile: str, features: str) -> tuple[str, ...]:
+    """The in-VM entries' kbtp.initiator PICS (testbeds/rdma-vm.yaml rxe-ref, siw-ref), for the facing run."""
+    return (f"kbtp.initiator.binding={profile}", f"kbtp.initiator.features=[{features.replace(',', ', ')}]")
+
+
+def bridge_command(port: int, profile: str) -> str:
+    """The kbtp-initiator `cmd:` target of the reference initiator in the VM, through the bridge on ``port``."""
+    return (f"cmd:{sys.executable} -m kvconform.testbeds.rdma_vm.bridge relay --port {port} --target {{target}} "
+            f"--initiator-id {{initiator_id}} --features={{features}} --profile {profile}")
 
 
 def _free_port(kind: int) -> int:
@@ -69,15 +96,17 @@ class Ports:
     link_qemu: int  # ... and qemu's
     rxe: int  # forwarded to the target on rxe1's out-of-band exchange (guest 10.0.2.15:18515)
     siw: int  # forwarded to the target on siw1's rdma_cm listener (guest 10.0.2.15:7471)
+    bridge: int  # forwarded to the bridge's agent (guest 10.0.2.15:BRIDGE_GUEST_PORT)
 
     @classmethod
     def pick(cls) -> Ports:
         return cls(_free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_STREAM),
-                   _free_port(socket.SOCK_STREAM))
+                   _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_STREAM))
 
     @property
     def links(self) -> Links:
-        return Links(roce=(self.link_host, self.link_qemu), forwards=((self.rxe, 18515), (self.siw, 7471)))
+        return Links(roce=(self.link_host, self.link_qemu),
+                     forwards=((self.rxe, 18515), (self.siw, 7471), (self.bridge, BRIDGE_GUEST_PORT)))
 
     @property
     def ether(self) -> str:
@@ -124,26 +153,45 @@ def in_vm_runs(image: Artefacts, keep: Path) -> dict[tuple[str, str], Any]:
     return out
 
 
-def facing_runs(image: Artefacts, keep: Path) -> dict[str, Any]:
+def facing_runs(image: Artefacts, keep: Path, *, roles: tuple[str, ...] = ("target", "initiator")) -> dict[str, Any]:
     """The VM serving the reference on rxe1 and siw1; the host's harness runs the kbtp-target suite at each over
-    its userspace binding (every packet the target sends and every check of what it receives is the kernel's).
-    Per run (``host-roce-to-rxe1``, ``host-iwarp-to-siw1``): the tests.mutants.runner Run, its URL and its report
-    folder. The VM is stopped before this returns."""
+    its userspace binding (every packet the target sends and every check of what it receives is the kernel's),
+    and the kbtp-initiator suite's direct checks with the reference initiator on each (through the bridge) facing
+    its userspace target. Per run (``host-roce-to-rxe1``, ``host-iwarp-to-siw1``, ``rxe1-to-host-roce``,
+    ``siw1-to-host-iwarp``; ``roles`` limits them): the tests.mutants.runner Run, its URL (the cmd: template) and
+    its report folder, and ``seconds``. The VM is stopped before this returns."""
     ports = Ports.pick()
-    runs = {"host-roce-to-rxe1": (f"kbtp+roce://127.0.0.1:{ports.rxe}?ether={ports.ether}&address={HOST_ADDRESS}",
-                                  ROCE_PICS),
-            "host-iwarp-to-siw1": (f"kbtp+iwarp://127.0.0.1:{ports.siw}?rtr_delay_ms={SIW_RTR_DELAY_MS}", IWARP_PICS)}
+    runs: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], float, dict[str, str] | None]] = {}
+    if "target" in roles:
+        runs["host-roce-to-rxe1"] = ("kbtp-target", f"kbtp+roce://127.0.0.1:{ports.rxe}?ether={ports.ether}&"
+                                     f"address={HOST_ADDRESS}", ROCE_PICS, (), SUITE_S, None)
+        runs["host-iwarp-to-siw1"] = ("kbtp-target", f"kbtp+iwarp://127.0.0.1:{ports.siw}?rtr_delay_ms="
+                                      f"{SIW_RTR_DELAY_MS}", IWARP_PICS, (), SUITE_S, None)
+    if "initiator" in roles:
+        # rxe1 reaches the harness target's RoCEv2 packets on the segment (its out-of-band exchange and siw1's
+        # rdma_cm stream go through qemu's user-mode network to the host's 127.0.0.1)
+        link = {**spawn_env(), HARNESS_LINK_ENV: f"ether={ports.ether}&address={HOST_ADDRESS}"}
+        runs["rxe1-to-host-roce"] = ("kbtp-initiator", bridge_command(ports.bridge, "ib-rc"),
+                                     _initiator_pics("ib-rc", ROCE_FEATURES), ROCE_INITIATOR_CHECKS, INITIATOR_SUITE_S,
+                                     link)
+        runs["siw1-to-host-iwarp"] = ("kbtp-initiator", bridge_command(ports.bridge, "rdmap-5040"),
+                                      _initiator_pics("rdmap-5040", IWARP_FEATURES), IWARP_INITIATOR_CHECKS,
+                                      INITIATOR_SUITE_S, None)
     out: dict[str, Any] = {}
     with VM(image, links=ports.links) as machine:
         try:
             machine.start("sh testbeds/rdma-vm/interop-serve.sh 3000", on_line=console)
             ready = machine.wait_for(r"INTEROP-(SERVING|FAIL)", READY_S)
             assert ready[1] == "SERVING", "\n".join(machine.lines[-40:])
-            for name, (url, pics) in runs.items():
+            for name, (suite, url, pics, checks, bound, env) in runs.items():
                 rdir = keep / name
-                budget = f"kbtp.target.race_budget_s={FACING_RACE_BUDGET_S}"
-                run = run_suite("kbtp-target", url, rdir, pics=(*pics, budget), testbed=VM_TESTBED, timeout=SUITE_S)
-                out[name] = {"run": run, "url": url, "dir": rdir}
+                budget = (f"kbtp.target.race_budget_s={FACING_RACE_BUDGET_S}",) if suite == "kbtp-target" else ()
+                start = time.monotonic()
+                run = run_suite(suite, url, rdir, pics=(*pics, *budget), checks=checks, testbed=VM_TESTBED,
+                                timeout=bound, env=env)
+                seconds = time.monotonic() - start
+                print(f"facing run {name}: exit {run.code} in {seconds:.0f} s", flush=True)
+                out[name] = {"run": run, "url": url, "dir": rdir, "seconds": seconds}
         finally:
             machine.stop()
             keep_results(machine.run_dir / "results", keep / "vm")

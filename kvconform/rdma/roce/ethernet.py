@@ -211,6 +211,9 @@ class QemuSocketLink:
             raise LinkError(f"ether local {spec.local[0]}:{spec.local[1]}: cannot bind: {exc}") from exc
         self.sock.setblocking(False)
         self._in: deque[Datagram] = deque()
+        # the harness's own QPs on this address (a harness target and its own client) reach each other through
+        # this socket, not the segment: qemu would never send a frame for this host back
+        self.host.neighbours[self.host.ip] = self.host.mac
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -238,7 +241,7 @@ class QemuSocketLink:
     def _flush(self) -> None:
         for frame in self.host.take_frames():
             try:
-                self.sock.sendto(frame, self.spec.peer)
+                self.sock.sendto(frame, self.spec.local if frame[:6] == self.host.mac else self.spec.peer)
             except (BlockingIOError, ConnectionRefusedError):
                 continue  # qemu not there yet, or a full buffer: RC retransmits, ARP asks again
 
