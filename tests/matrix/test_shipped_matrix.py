@@ -4,8 +4,9 @@ reference, the reference image's decode side and aiomoqt's relay, both images ru
 
 What must hold: every cell between kvconform's own implementations passes, the prefill side's transfer into the
 reference image's container too (the contract image passes its tlkv-decode suite); the cache crosses aiomoqt's
-relay intact (the exchange passes); aiomoqt's kvcs-relay suite fails exactly the known disagreements
-(``tests/interop/disagreements.py``, docs/interop-aiomoqt.md), so its cells fail and name aiomoqt's relay,
+relay intact (the exchange passes); aiomoqt's kvcs-relay suite fails the known disagreements and nothing else
+(``tests/interop/disagreements.py``, docs/interop-aiomoqt.md; one of them may be inconclusive in a run, never
+passed), so its cells fail and name aiomoqt's relay,
 nobody else; moq-rs's relay (a host process of .venv-moqrs) refuses the binary fields of KVCS namespaces, so its
 cell's exchange fails on 'invalid string' and its kvcs-relay suite on MOQT-CTRL-NAMESPACE-BYTES only, blaming
 moq-rs's relay (docs/interop-moqrs.md #1); every container carried the run's and its cell's labels and none is
@@ -54,8 +55,15 @@ def test_shipped_registry_matrix(request: pytest.FixtureRequest, tmp_path: Path)
     assert through["exchange"]["outcome"] == "pass", through["exchange"]["message"]
     suite = next(s for s in doc["suites"] if s["implementation"] == "aiomoqt")
     failing = {f["check"].split("[", 1)[0] for f in suite["failed"]}
-    assert failing == set(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT), (
-        f"aiomoqt's kvcs-relay suite failed {sorted(failing)}; known: {sorted(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT)}")
+    known = set(KVCS_RELAY_SUITE_FAILS_ON_AIOMOQT)
+    assert failing <= known, f"aiomoqt's kvcs-relay suite failed {sorted(failing - known)}, not known disagreements"
+    # A known disagreement may be unjudgeable in one run (a check that places stream ends by packet order is
+    # inconclusive when a packet of the relay's was lost on the busy loopback), never passed.
+    verdicts = {t["nodeid"].split("::")[-1].split("[", 1)[0]: t["verdict"]
+                for t in json.loads((out / suite["coverage"]).read_text("utf-8"))["tests"]}
+    unjudged = {name: verdicts.get(name) for name in known - failing}
+    assert all(v == "inconclusive" for v in unjudged.values()), f"known disagreements not failed: {unjudged}"
+    assert len(failing) >= len(known) - 1, f"aiomoqt's kvcs-relay suite failed {sorted(failing)} of {sorted(known)}"
     assert through["outcome"] == "fail" and blamed(through) == {("aiomoqt", "kvcs-relay")}, through["blame"]
     moqrs = by_id[MOQRS_CELL]
     assert moqrs["exchange"]["outcome"] == "fail" and "'invalid string'" in moqrs["exchange"]["message"], moqrs
