@@ -113,6 +113,10 @@ class VerbsNode(EmuNode):
             access &= ~Access.MW_BIND  # siw refuses the flag; its windows are memory regions (module docstring)
         return int(access)
 
+    def memory_region(self, stag: int) -> Any:
+        """The device's memory region (pyverbs ``MR``) behind the region or one-off window ``stag``."""
+        return self._mrs[stag]
+
     def lkey_of(self, sge: Sge) -> tuple[int, int]:
         """(address, lkey) of a local SGE."""
         mr = self._mrs.get(sge.region.stag)
