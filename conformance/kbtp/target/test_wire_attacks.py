@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from kvconform.conformance.kbtp.terminate import R_TERMINATE_HEADER, Named, accepted, layout_faults, names
+from kvconform.conformance.kbtp.terminate import Named, accepted, layout_faults, names
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, Status
 from kvconform.kbtp.messages import Free
@@ -60,6 +60,7 @@ R_MPA_START = "KBTP-WIRE-MPA-START"
 R_UNTAGGED = "KBTP-WIRE-DDP-UNTAGGED"
 R_MASKED = "KBTP-WIRE-RDMAP-MASKED"
 R_INTACT = "KBTP-WIRE-INTACT"
+R_TERMINATE_HEADER = "KBTP-WIRE-TERMINATE-HEADER"
 
 # RoCEv2: the NAK syndromes (rdma-bindings §4.5); iWARP: Terminate Layer/EType (§2.6)
 NAK_INVALID_REQUEST = 0x60 | NakCode.INVALID_REQUEST
