@@ -5,6 +5,8 @@ Catalog section "Wire bindings" (sources: rdma-bindings.md §2-§4).
 Each case opens a victim session that stores a block, an attacker session whose connection carries the crafted
 frame, checks the answer the RFCs require (a Terminate of the right Layer/EType/Code, or a silent drop), then a
 fresh session stores, loads and frees a block and the victim's block still loads as stored (KBTP-WIRE-INTACT).
+A Terminate's Layer and EType read nibble-swapped are the expected error (kvconform.conformance.kbtp.terminate):
+the header layout is KBTP-WIRE-TERMINATE-HEADER's, judged in test_wire_attacks.py.
 On the emulated fabric there is no wire to attack: not-applicable.
 """
 

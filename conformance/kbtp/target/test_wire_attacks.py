@@ -8,9 +8,11 @@ crafted request: through the harness's own binding engine where the request is w
 buffer, as raw frames past the engine otherwise (a PSN it did not assign, a duplicate, an MSN or MO it would never
 send, a start frame with a bad Key). It judges the answer the RFCs require: a NAK of the right syndrome, a
 Terminate of the right Layer/EType/Code, an ACK without a second execution, a refused start frame. Afterwards the
-victim's block loads as stored and a fresh session stores, loads and frees one (KBTP-WIRE-INTACT). An answer the
-harness could not see (the connection already gone, a listener that refuses even a valid start frame) is
-inconclusive with the reason, never a pass.
+victim's block loads as stored and a fresh session stores, loads and frees one (KBTP-WIRE-INTACT). A Terminate that
+names the expected error with Layer and EType in each other's nibble is that error (the pass says so); its header
+layout is one rule, KBTP-WIRE-TERMINATE-HEADER, judged by test_iwarp_terminate_header alone
+(kvconform.conformance.kbtp.terminate). An answer the harness could not see (the connection already gone, a
+listener that refuses even a valid start frame) is inconclusive with the reason, never a pass.
 """
 
 from __future__ import annotations
