@@ -211,6 +211,10 @@ class Terminate:
     code: int
     reason: str
     sender: str = ""  # the connection endpoint that detected the error and sent the Terminate
+    # the Terminate message's octets as they arrived (header and the copies it carries), for the checks that
+    # judge its layout (a nibble-swapped octet 0 reads as another Layer and EType); empty for one not read off
+    # a wire. Not part of equality: two Terminates of one error compare equal whatever their encoding
+    wire: bytes = field(default=b"", compare=False)
 
     def key(self) -> tuple[int, int, int]:
         """(Layer, EType, Code) as on the wire, for comparisons against expected outcomes."""

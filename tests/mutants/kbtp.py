@@ -46,6 +46,7 @@ from tests.mutants.kbtp_wire_attacks import (  # noqa: F401 - issue 23's wire at
     WireIgnoresMsn,
     WirePsnGapExecuted,
     WireReadPastBoundsAnswered,
+    WireTerminateBitfieldsLe,
     WireUnmaskedAtomics,
     WireWriteStartChecked,
 )
@@ -1428,6 +1429,7 @@ MUTANTS: dict[str, Mutant] = {
     "WireAcceptsBadMpaKey": Mutant("kbtp-target", "KBTP-WIRE-MPA-START", ("test_iwarp_bad_mpa_request",)),
     "WireIgnoresMsn": Mutant("kbtp-target", "KBTP-WIRE-DDP-UNTAGGED", ("test_iwarp_untagged_errors",)),
     "WireUnmaskedAtomics": Mutant("kbtp-target", "KBTP-WIRE-RDMAP-MASKED", ("test_iwarp_masked_atomics",)),
+    "WireTerminateBitfieldsLe": Mutant("kbtp-target", "KBTP-WIRE-TERMINATE-HEADER", ("test_iwarp_terminate_header",)),
     # issue 23: faults on the wire (conformance/kbtp/target/test_wire_faults.py, tests/mutants/kbtp_wire_faults.py)
     "WireDuplicatedLinkAtomicTwice": Mutant("kbtp-target", "KBTP-WIRE-IB-DUPLICATE",
                                             ("test_roce_duplicated_link_executes_once",), _IB),

@@ -168,6 +168,21 @@ class _MasksIgnored(IwarpEngine):
         super()._atomic_request(seg)
 
 
+def _le_bitfields(header: bytes) -> bytes:
+    """A Terminate header as Linux siw's little-endian bitfields write it (docs/interop-rdma.md #4): Layer in the
+    low nibble of octet 0 and EType in the high one, HdrCt M, D, R in the low three bits of octet 2."""
+    hdrct = int.from_bytes(header[2:4], "big")
+    flags = (0x01 if hdrct & 0x8000 else 0) | (0x02 if hdrct & 0x4000 else 0) | (0x04 if hdrct & 0x2000 else 0)
+    return bytes([((header[0] & 0x0F) << 4) | (header[0] >> 4), header[1], flags, 0]) + header[4:]
+
+
+class _TerminateBitfieldsLe(IwarpEngine):
+    def _untagged(self, opcode: RdmapOpcode, payload: bytes, inval: int = 0) -> None:
+        if opcode is RdmapOpcode.TERMINATE:  # the error is detected and its Code right; the header is siw's
+            payload = _le_bitfields(payload)
+        super()._untagged(opcode, payload, inval)
+
+
 class WireAtomicBoundsAnswered(_WireDriver):
     """KBTP-WIRE-ATOMIC-BOUNDS: the target's RNIC answers an atomic past the buffer its STag names with an Atomic
     Response instead of a Terminate (base or bounds violation)."""
@@ -202,6 +217,14 @@ class WireIgnoresMsn(_WireDriver):
     iwarp_class = _MsnIgnored
 
 
+class WireTerminateBitfieldsLe(_WireDriver):
+    """KBTP-WIRE-TERMINATE-HEADER: the target's RNIC writes its Terminate header with little-endian bitfields, as
+    Linux siw does: Layer and EType swapped in octet 0, M|D|R in the low bits of octet 2. It detects every error
+    and names it with the right Code, so only the header rule fails (the attacks accept the swap as the error)."""
+
+    iwarp_class = _TerminateBitfieldsLe
+
+
 class WireUnmaskedAtomics(_WireDriver):
     """KBTP-WIRE-RDMAP-MASKED: the target's RNIC executes RFC 7306 Atomic Requests without their masks (a plain
     64-bit add, a full compare and swap)."""
@@ -218,6 +241,7 @@ __all__ = [
     "WireIgnoresMsn",
     "WirePsnGapExecuted",
     "WireReadPastBoundsAnswered",
+    "WireTerminateBitfieldsLe",
     "WireUnmaskedAtomics",
     "WireWriteStartChecked",
 ]

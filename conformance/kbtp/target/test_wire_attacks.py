@@ -8,9 +8,11 @@ crafted request: through the harness's own binding engine where the request is w
 buffer, as raw frames past the engine otherwise (a PSN it did not assign, a duplicate, an MSN or MO it would never
 send, a start frame with a bad Key). It judges the answer the RFCs require: a NAK of the right syndrome, a
 Terminate of the right Layer/EType/Code, an ACK without a second execution, a refused start frame. Afterwards the
-victim's block loads as stored and a fresh session stores, loads and frees one (KBTP-WIRE-INTACT). An answer the
-harness could not see (the connection already gone, a listener that refuses even a valid start frame) is
-inconclusive with the reason, never a pass.
+victim's block loads as stored and a fresh session stores, loads and frees one (KBTP-WIRE-INTACT). A Terminate that
+names the expected error with Layer and EType in each other's nibble is that error (the pass says so); its header
+layout is one rule, KBTP-WIRE-TERMINATE-HEADER, judged by test_iwarp_terminate_header alone
+(kvconform.conformance.kbtp.terminate). An answer the harness could not see (the connection already gone, a
+listener that refuses even a valid start frame) is inconclusive with the reason, never a pass.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from kvconform.conformance.kbtp.terminate import Named, accepted, layout_faults, names
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, Status
 from kvconform.kbtp.messages import Free
@@ -59,6 +62,7 @@ R_MPA_START = "KBTP-WIRE-MPA-START"
 R_UNTAGGED = "KBTP-WIRE-DDP-UNTAGGED"
 R_MASKED = "KBTP-WIRE-RDMAP-MASKED"
 R_INTACT = "KBTP-WIRE-INTACT"
+R_TERMINATE_HEADER = "KBTP-WIRE-TERMINATE-HEADER"
 
 # RoCEv2: the NAK syndromes (rdma-bindings §4.5); iWARP: Terminate Layer/EType (§2.6)
 NAK_INVALID_REQUEST = 0x60 | NakCode.INVALID_REQUEST
@@ -142,7 +146,9 @@ def _refusal(wc: WorkCompletion, what: str, *, nak: set[int], term: tuple[set[in
              binding: str, req: str, terminate: Terminate | None = None) -> None:
     """Judge the answer to a one-sided request the target must refuse: on RoCEv2 the NAK ``nak`` (the requester's
     completion status follows the NAK code 1:1, §4.5), on iWARP a Terminate of (Layer, EType, one of Codes)
-    (``terminate``: the connection's, when the failed completion is a Read behind the refused Write)."""
+    (``terminate``: the connection's, when the failed completion is a Read behind the refused Write). An octet 0
+    that is the nibble swap of the expected one, with the expected Code, is the same error (its layout is
+    KBTP-WIRE-TERMINATE-HEADER's, judged by test_iwarp_terminate_header) where the octet as read names no error."""
     names = {NAK_INVALID_REQUEST: "NAK invalid request (0x61)", NAK_REMOTE_ACCESS: "NAK remote access error (0x62)"}
     layer, etype, codes = term
     refusal = " or ".join(names[n] for n in sorted(nak)) if binding == "roce" else \
@@ -164,7 +170,8 @@ def _refusal(wc: WorkCompletion, what: str, *, nak: set[int], term: tuple[set[in
         return
     if t is None:
         violation(f"{what}: the request failed ({wc.status.name}) without a Terminate from the target", req=req)
-    check(int(t.layer) in layer and int(t.etype) in etype and int(t.code) in codes,
+    # the expected error read with Layer and EType swapped is the same error (terminate.py says when)
+    check(accepted(t, layer, etype, codes, what),
           f"{what}: Terminate (Layer, EType, Code) {t.key()}, the rule requires {refusal} ({t.reason})", req=req)
 
 
@@ -193,6 +200,7 @@ def test_misaligned_atomic(kbtp_target: TargetUnderTest, seed: int) -> None:
         dst = a.buffer(8, Access.LOCAL_WRITE)
         a.conn.post_fetch_add(dst.sge(0, 8), head.stag, head.tagged_offset + 4, 0, tag="misaligned")
         wc = yield from _wc(a, Op.FETCH_ADD, R_ALIGN)
+        # swapped, (0, 1 or 2, c) reads (1 or 2, 0, c): accepted only where that names no error (terminate.py)
         _refusal(wc, f"a FetchAdd at the Head's Tagged Offset + 4 ({head.tagged_offset + 4:#x})",
                  nak={NAK_INVALID_REQUEST, NAK_REMOTE_ACCESS}, term=({0}, {1, 2}, set(range(256))),
                  binding=fabric.binding, req=R_ALIGN)
@@ -217,6 +225,7 @@ def test_atomic_out_of_bounds(kbtp_target: TargetUnderTest, seed: int) -> None:
         dst = a.buffer(8, Access.LOCAL_WRITE)
         a.conn.post_fetch_add(dst.sge(0, 8), head.stag, head.tagged_offset + 8, 0, tag="past-head")
         wc = yield from _wc(a, Op.FETCH_ADD, R_ATOMIC_BOUNDS)
+        # (0, 1, 1) read swapped is (1, 0, 1): DDP local catastrophic has the one Code 0, so it names nothing
         _refusal(wc, f"a FetchAdd past the Head counter (Tagged Offset {head.tagged_offset + 8:#x})",
                  nak={NAK_REMOTE_ACCESS}, term=({0}, {1}, {0x01}), binding=fabric.binding, req=R_ATOMIC_BOUNDS)
         yield from _intact(bed, victim)
@@ -260,6 +269,7 @@ def test_write_outside_partition(kbtp_target: TargetUnderTest, seed: int, case: 
             if wc.ok:
                 violation(f"an RDMA Write of 16 octets at Tagged Offset {to:#x} ({case}) was placed: no Terminate "
                           "came before the answer to the Read behind it", req=R_WRITE_BOUNDS)
+        # (1, 1, 1): Layer and EType are equal, so a nibble swap reads the same octet
         _refusal(wc, f"an RDMA Write of 16 octets at Tagged Offset {to:#x} ({case}; the partition is "
                  f"[{part.tagged_offset:#x}, +{part.count * p.block_size:#x}))", nak={NAK_REMOTE_ACCESS},
                  term=({1}, {1}, {0x01}), binding=fabric.binding, req=R_WRITE_BOUNDS, terminate=a.conn.terminate)
@@ -294,6 +304,7 @@ def test_read_past_the_pool(kbtp_target: TargetUnderTest, seed: int, case: str) 
         dst = a.buffer(length, Access.LOCAL_WRITE)
         a.conn.post_read(dst.sge(0, length), pool.stag, to, tag=case)
         wc = yield from _wc(a, Op.RDMA_READ, R_READ_BOUNDS)
+        # (0, 1, 1) read swapped is (1, 0, 1): DDP local catastrophic has the one Code 0, so it names nothing
         _refusal(wc, f"an RDMA Read of {length} octets at Tagged Offset {to:#x} ({case}; the pool is "
                  f"[{pool.tagged_offset:#x}, +{pool.count * p.block_size:#x}))", nak={NAK_REMOTE_ACCESS},
                  term=({0}, {1}, {0x01}), binding=fabric.binding, req=R_READ_BOUNDS)
@@ -651,10 +662,44 @@ def test_iwarp_untagged_errors(kbtp_target: TargetUnderTest, seed: int, case: st
         if term is None:
             inconclusive(f"{case}: the stream was closed without a Terminate ({a.conn.state}): a closed stream is not "
                          "the refusal the rule names, and why it closed cannot be seen")
-        check(int(term.layer) == 1 and int(term.etype) == 2 and int(term.code) in codes,
+        # (1, 2, c) read swapped is (2, 1, c): LLP has only EType 0 (rdma-bindings §2.6), so it names nothing else
+        check(accepted(term, {1}, {2}, codes, case),
               f"{case}: Terminate (Layer, EType, Code) {term.key()}, the rule requires (1, 2, "
               f"{' or '.join(str(c) for c in sorted(codes))}) ({term.reason})", req=R_UNTAGGED)
         yield from _intact(bed, victim)
+
+    bed.run_one(scenario())
+
+
+@pytest.mark.req(R_TERMINATE_HEADER, "KBTP-HELLO-FIRST")
+def test_iwarp_terminate_header(kbtp_target: TargetUnderTest, seed: int) -> None:
+    """The Terminate header is laid out as rdma-bindings §2.5 and RFC 5040 §4.8 require. An untagged Send whose
+    MSN is 2^20 ahead provokes a known error, DDP untagged buffer invalid MSN range (or no buffer): octet 0 must
+    read 0x12 (Layer DDP in the high 4 bits, EType 2 in the low 4), octets 2-3 carry HdrCt M|D|R in their top
+    three bits and zero in the 13 reserved ones, and what follows is exactly what D and R announce. Whether the
+    error is the right one is KBTP-WIRE-DDP-UNTAGGED's (test_iwarp_untagged_errors): a Terminate that names
+    another error, or none seen, leaves the layout unjudged (inconclusive)."""
+    bed = kbtp_target.bed(seed, label="wire-terminate-header")
+    fabric = _wire(bed, "iwarp")
+    frame, codes = UNTAGGED_CASES["msn-out-of-range"]
+    expected = 0x12  # Layer 1 (DDP), EType 2 (untagged buffer)
+
+    def scenario() -> Gen:
+        a = yield from _session(bed, "A")
+        fabric.inject(a.conn, frame(a))
+        yield from wait_until(lambda: a.conn.state is not ConnState.CONNECTED, name="attack-answer",
+                              timeout=ANSWER_S)
+        term = a.conn.terminate
+        if term is None or not term.wire:  # none, or the harness's own: no header of the target's was read
+            inconclusive(f"no Terminate from the target was read within {ANSWER_S:g} s (state {a.conn.state}, "
+                         f"{term}): there is no header to judge (test_iwarp_untagged_errors judges the answer)")
+        if names(term, {1}, {2}, codes) is Named.OTHER:
+            inconclusive(f"the target's Terminate {term.wire[:4].hex(' ')} names another error than DDP untagged "
+                         f"invalid MSN (Code {' or '.join(str(c) for c in sorted(codes))}), so what its octet 0 "
+                         "should read is not known (KBTP-WIRE-DDP-UNTAGGED's failure, test_iwarp_untagged_errors)")
+        faults = layout_faults(term, expected, terminated_ddp=ddp.UNTAGGED_LEN)
+        check(not faults, f"the Terminate of an MSN out of range (octets {term.wire.hex(' ')}): " + "; ".join(faults),
+              req=R_TERMINATE_HEADER)
 
     bed.run_one(scenario())
 

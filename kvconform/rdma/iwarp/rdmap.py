@@ -153,5 +153,5 @@ def decode_terminate(data: bytes, sender: str) -> TerminateMessage:
     names = {0: "RDMAP", 1: "DDP", 2: "LLP (MPA)"}
     term = Terminate(Layer(layer) if layer in (0, 1, 2) else Layer.RDMAP, etype, code,
                      f"Terminate from {sender}: {names.get(layer, f'layer {layer}')} EType {etype}, "
-                     f"{_code_name(layer, etype, code)}", sender)
+                     f"{_code_name(layer, etype, code)}", sender, bytes(data))
     return TerminateMessage(term, copy)
