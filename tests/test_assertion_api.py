@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvconform.catalog import load_catalogs
+from kvconform.reports.coverage import build_coverage
+from kvconform.results import TestResult
 from kvconform.verdicts import (
     CheckContext,
     Findings,
@@ -151,13 +153,6 @@ def test_a_blame_only_id_may_fail_the_check_but_is_never_reached() -> None:
 
 
 def test_a_blamed_blame_only_id_is_failed_in_coverage_and_a_pass_does_not_list_it() -> None:
-    # lazy: the report writer is only needed here
-    from kvconform.catalog import load_catalogs
-    # lazy: the report writer is only needed here
-    from kvconform.results import TestResult
-    # lazy: the report writer is only needed here
-    from reports.coverage import build_coverage
-
     catalog = load_catalogs()
     failed = TestResult("conformance/kbtp/target/test_x.py::test_f", "kbtp-target", ("KBTP-QUOTA-ALLOC-BOUNDED",),
                         "RULE", "fail", blamed="KBTP-FREE-SLOT-ORDER", reached=())
