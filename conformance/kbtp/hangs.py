@@ -6,10 +6,11 @@ what the harness can observe of the target's rings names the rule that made the 
 ``diagnosed`` wraps such a check. When its failure is a bounded wait of KBTP-QUOTA-ALLOC-BOUNDED that ended, it
 looks, in this order, and blames the first rule an observation breaks:
 
-1. a DIRECT_ALLOC partition ring, where the target offers one: the harness binds every block of its partition, then
-   frees and rebinds one at a time past twice the ring's length, reading the whole ring after each FREE; where the
-   freed block landed names the rule (``diagnose.landing_rule``: byte order, KBTP-FREE-RETURN,
-   KBTP-FREE-SLOT-ORDER, KBTP-RING-WRAP), a slot's Block Offset before that (``diagnose.block_rule``);
+1. a DIRECT_ALLOC partition ring, where the target offers one: the harness binds every block of its partition
+   (each slot must read consumed after its BIND: KBTP-RING-CONSUME, KBTP-RING-EMPTY), then frees and rebinds one
+   at a time past twice the ring's length, reading the whole ring after each FREE; where the freed block landed
+   names the rule (``diagnose.landing_rule``: byte order, KBTP-FREE-RETURN, KBTP-RING-WRAP), a
+   slot's Block Offset before that (``diagnose.block_rule``);
 2. a fresh shared ring the harness configures (an in-process target): held whole by one initiator, at F < N and
    then F == N, each free must come back to the allocation right after it (``diagnose.shared_rule``: KBTP-RING-INIT,
    KBTP-RING-WRAP, KBTP-RING-EMPTY); a block that never comes back though nothing else could explain it is
@@ -50,8 +51,8 @@ BOUNDED = "KBTP-QUOTA-ALLOC-BOUNDED"
 DEFER = "KBTP-FREE-DEFER"
 WAIT_ENDED = "nothing arrived within"  # the message of a bounded wait that ended (kvconform.targets.kbtp_client)
 # What a diagnosis may blame (beside the generic requirement, which every wrapped check cites).
-RULES = (diagnose.ADDRLE, diagnose.SLOT_LAYOUT, diagnose.EMPTY, diagnose.INIT, diagnose.FREE_RETURN,
-         diagnose.FREE_SLOT, diagnose.WRAP, diagnose.NO_LOSS)
+RULES = (diagnose.ADDRLE, diagnose.SLOT_LAYOUT, diagnose.EMPTY, diagnose.CONSUME, diagnose.INIT, diagnose.FREE_RETURN,
+         diagnose.WRAP, diagnose.NO_LOSS)
 FRESH_SLOTS = 4  # the fresh shared rings' N: F = 3 < N (empty slots to land on), then F = N (the Tail on slot 0)
 DA = Features.DIRECT_ALLOC
 
@@ -109,7 +110,9 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
         _found[id(target)] = finding
     evidence.note(f"hang diagnosis: {finding.rule or 'no ring rule'}: {finding.text}")
     if finding.rule is None and v.requirement != BOUNDED:
-        raise v  # nothing points past the deferral: the hang stays its own
+        # nothing points past the deferral: the hang stays its own
+        violation(f"{v.what}; frees that are not deferred were observed: {finding.text}", req=v.requirement,
+                  seen=v.seen, expected=v.expected)
     if finding.rule is None:
         violation(f"{v.what}; what the harness could observe of the rings names no rule: {finding.text}", req=BOUNDED,
                   seen=v.seen, expected=v.expected)
@@ -161,6 +164,10 @@ def _partition_probe(target: TargetUnderTest, seed: int) -> Finding:
             if wrong is not None:
                 return Finding(wrong.rule, f"on the DIRECT_ALLOC partition ring: {wrong.evidence}")
             yield from part.bind(part.free_handle(), ticket, block, bytes([0x48, k]) * 4)
+            after = yield from part.read_slot(slot, BOUNDED)
+            unconsumed = diagnose.consumed_rule(after, ticket, block, partition)
+            if unconsumed is not None:
+                return Finding(unconsumed.rule, f"on the DIRECT_ALLOC partition ring: {unconsumed.evidence}")
         for i in range(2 * part.slots + 1):
             h = sorted(part.bound)[i % part.quota]
             block = part.bound[h].block
@@ -248,6 +255,9 @@ def _named(kind: str, t: int, f: int, n: int, text: str) -> Finding:
     if rule == diagnose.INIT and t == f == n:
         # F == N after F < N went round: the Tail's slots follow its tickets, only its start is wrong
         text += "; on F < N the same cycle went round, so the Tail did not start at Slot Offset 16 * (F mod N) = 0"
+    elif rule == diagnose.WRAP:
+        text += (f"; every earlier free came back, and at ticket {t} the Slot Offsets wrap to 0 (a slot never "
+                 "consumed, KBTP-RING-CONSUME, would look the same on a shared ring, whose slots cannot be read)")
     elif rule == diagnose.NO_LOSS:
         text += (" (the free completed and no later ticket got the block: it is lost; which slot the free wrote "
                  "and where the Tail stands cannot be read on the shared ring)")

@@ -330,7 +330,6 @@ def test_ring_counter_example(kbtp_target: TargetUnderTest, seed: int) -> None:
                  "KBTP-HELLO-FIRST", "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT", "KBTP-ACK-PARTITION-SCOPE",
                  "KBTP-LOAD-COMPLETE", "KBTP-RING-WRAP", "KBTP-RING-EMPTY", "KBTP-ADDRLE-MEMORY",
                  "KBTP-RING-SLOT-LAYOUT")
-@pytest.mark.blames(diagnose.FREE_SLOT)  # where a freed block landed may show it; the order within the write cannot
 def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N + 1 direct allocations, each bound and freed (so the ring wraps within the quota): the slot shows a block
     of the partition, BIND marks the ticket's slot consumed (all ones) and binds the data written, FREE writes the
@@ -350,7 +349,7 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
             not_applicable("Allocation Quota 0")
         first = None
         # A freed block in no slot of the ring is a FREE-RETURN only if it stays away: a Tail slot off by one that
-        # lands on a slot not yet consumed defers the write until the next BIND consumes it (then KBTP-FREE-SLOT-ORDER).
+        # lands on a slot not yet consumed defers the write until the next BIND consumes it (then KBTP-RING-WRAP).
         pending: tuple[int, int] | None = None  # (block, Tail ticket) not in the ring yet
         landed = 0  # frees that landed in their slots
 
