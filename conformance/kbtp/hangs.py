@@ -49,6 +49,7 @@ from kvconform.verdicts import (
 
 BOUNDED = "KBTP-QUOTA-ALLOC-BOUNDED"
 DEFER = "KBTP-FREE-DEFER"
+NO_EFFECT = "KBTP-VAL-NO-EFFECT"
 WAIT_ENDED = "nothing arrived within"  # the message of a bounded wait that ended (kvconform.targets.kbtp_client)
 # What a diagnosis may blame (beside the generic requirement, which every wrapped check cites).
 RULES = (diagnose.ADDRLE, diagnose.SLOT_LAYOUT, diagnose.EMPTY, diagnose.CONSUME, diagnose.INIT, diagnose.FREE_RETURN,
@@ -85,14 +86,30 @@ def diagnosed_deferral(check: C) -> C:
     return _wrap(check, (BOUNDED, DEFER))
 
 
-def _wrap(check: C, waits: tuple[str, ...]) -> C:
+def diagnosed_refusal(check: C) -> C:
+    """``diagnosed``, and a hang of an allocation after a refused request (KBTP-VAL-NO-EFFECT: the ring and the
+    quota as before) is blamed on the rule the probes name when the ring loses blocks with no refusal at all; when
+    they find nothing the hang stays the refusal's."""
+    return _wrap(check, (BOUNDED, NO_EFFECT))
+
+
+def diagnosed_sharing(check: C) -> C:
+    """``diagnosed``, and a block handed out twice (KBTP-RING-NO-LOSS) is blamed on the rule the probes name when
+    the ring hands out a bound block with no race at all; when they find nothing the finding stays the invariant's."""
+    return _wrap(check, (BOUNDED,), (diagnose.NO_LOSS,))
+
+
+def _wrap(check: C, waits: tuple[str, ...], outcomes: tuple[str, ...] = ()) -> C:
+    """``waits``: the requirements whose ended bounded wait is diagnosed; ``outcomes``: those whose every failure is."""
+
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return check(*args, **kwargs)
         except Violation as v:
             target = kwargs.get("kbtp_target")
-            if v.requirement not in waits or WAIT_ENDED not in str(v) or not isinstance(target, TargetUnderTest):
+            hang = v.requirement in waits and WAIT_ENDED in str(v)
+            if not (hang or v.requirement in outcomes) or not isinstance(target, TargetUnderTest):
                 raise
             blame(target, int(kwargs.get("seed", kwargs.get("session_seed", 0))), v)
             raise  # blame always raises; kept for the type checker
@@ -110,8 +127,8 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
         _found[id(target)] = finding
     evidence.note(f"hang diagnosis: {finding.rule or 'no ring rule'}: {finding.text}")
     if finding.rule is None and v.requirement != BOUNDED:
-        # nothing points past the deferral: the hang stays its own
-        violation(f"{v.what}; frees that are not deferred were observed: {finding.text}", req=v.requirement,
+        # nothing points past the deferral, the refusal or the race: the finding stays its own
+        violation(f"{v.what}; without it the ring was observed: {finding.text}", req=v.requirement,
                   seen=v.seen, expected=v.expected)
     if finding.rule is None:
         violation(f"{v.what}; what the harness could observe of the rings names no rule: {finding.text}", req=BOUNDED,
@@ -119,6 +136,10 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
     text = finding.text
     if v.requirement == DEFER:
         text += "; a free that is not deferred loses its block too, so the deferral is not what lost it"
+    if v.requirement == diagnose.NO_LOSS and finding.rule != diagnose.NO_LOSS:
+        text += "; the ring breaks it with no race at all"
+    if v.requirement == NO_EFFECT:
+        text += "; the ring loses it with no request refused, so the refusal is not what lost it"
     diagnose.reraise_as(v, finding.rule, text)
 
 
@@ -225,7 +246,8 @@ def _fresh_ring(target: TargetUnderTest, seed: int, f: int, n: int) -> Finding |
                 return Finding(None, f"{where}: the allocation of initial ticket {t} did not complete OK")
             held[a.handle(t)] = r.block_offset
         for t in range(f, 2 * n + 1):
-            h = a.handle((t - f) % f)
+            # the last bound first: a first-lap slot whose stale content is the first block hands out a block bound
+            h = a.handle(f - 1 - (t - f) % f)
             freed = held.pop(h)
             fr = yield from a.free(h, req=BOUNDED)
             if isinstance(fr, Ended) or fr.status != Status.OK:
@@ -252,7 +274,10 @@ def _fresh_ring(target: TargetUnderTest, seed: int, f: int, n: int) -> Finding |
 
 def _named(kind: str, t: int, f: int, n: int, text: str) -> Finding:
     rule = diagnose.shared_rule(kind, t, f, n)
-    if rule == diagnose.INIT and t == f == n:
+    if rule == diagnose.INIT and kind == "held":
+        text += (f", a block another handle still holds: slot {t} (F <= {t} < N) starts as {{Sequence {t} - N, all "
+                 "ones}, empty until the free of its ticket")
+    elif rule == diagnose.INIT and t == f == n:
         # F == N after F < N went round: the Tail's slots follow its tickets, only its start is wrong
         text += "; on F < N the same cycle went round, so the Tail did not start at Slot Offset 16 * (F mod N) = 0"
     elif rule == diagnose.WRAP:

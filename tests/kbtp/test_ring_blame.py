@@ -7,8 +7,11 @@
   process over RoCEv2 and iWARP on 127.0.0.1 (`kvconform serve kbtp-target --target-class`) and tested through
   `kbtp+roce://` / `kbtp+iwarp://`: every failing check blames that rule; the reference served the same way passes
   those checks. In-process, tests/test_mutants_kbtp.py judges the same mutants.
+- Independent single-bug targets (tests/kbtp/independent_target.py, written from the text; shared ring only): the
+  whole kbtp-target run fails only on the rule the bug breaks, the hangs elsewhere named by conformance/kbtp/hangs.py.
 
-The default run takes a bounded sample of the served runs (two mutants, one per wire, and one reference: ~8 s);
+The default run takes a bounded sample of the served runs (two mutants, one per wire, and one reference: ~8 s) and
+of the independent bug targets (one: ~8 s);
 every mutant on both wires and the reference at both quotas run with KVCONFORM_RING_BLAME_FULL=1
 (`tox -e ring-blame`: 33 tests, ~35 s on two idle cores).
 """
@@ -163,3 +166,34 @@ def test_served_reference_passes_the_ring_checks(wire: str, quota: int, tmp_path
     verdicts = {t["nodeid"].split("::")[-1]: (t["verdict"], t.get("message", "")[:200]) for t in run.coverage["tests"]}
     assert run.code == 0 and all(v in ("pass", "not-applicable") for v, _ in verdicts.values()), verdicts
     assert verdicts["test_direct_alloc_bind_and_free"][0] == "pass", verdicts
+
+
+# ---- independent single-bug targets (written from the text: tests/kbtp/independent_target.py) -----------------
+
+# target -> the one requirement its whole kbtp-target run may fail. It offers no DIRECT mode, so its shared ring is
+# observed only through completions: the ring checks see the bug at the geometries where it shows, and every check
+# whose allocation hangs (or gets a bound block) has it named by the fresh-ring probe (conformance/kbtp/hangs.py).
+INDEPENDENT_BUGS = {
+    "WrapsAtTwiceTheRing": "KBTP-RING-WRAP",
+    "FillsEmptySlots": "KBTP-RING-INIT",
+}
+INDEPENDENT_SAMPLE = {"WrapsAtTwiceTheRing"}  # ~8 s; the rest with KVCONFORM_RING_BLAME_FULL (tox -e ring-blame)
+
+
+@pytest.mark.slow
+@covering(RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", [pytest.param(n, id=n, marks=pytest.mark.skipif(
+    not FULL and n not in INDEPENDENT_SAMPLE, reason="outside the default run's sample; KVCONFORM_RING_BLAME_FULL=1 "
+    "(tox -e ring-blame) runs it")) for n in sorted(INDEPENDENT_BUGS)])
+def test_independent_ring_bug_fails_only_its_rule(name: str, tmp_path: Path) -> None:
+    rule = INDEPENDENT_BUGS[name]
+    run = run_suite("kbtp-target", f"python:tests.kbtp.independent_target:{name}", tmp_path,
+                    pics=("kbtp.target.features=[]",), timeout=RUN_TIMEOUT_S)
+    assert run.coverage, run.output
+    blamed = {t["nodeid"].split("::")[-1]: t.get("blamed") for t in run.coverage["tests"] if t["verdict"] == "fail"}
+    assert blamed and set(blamed.values()) == {rule}, f"{name}: {blamed}\n{run.output}"
+    assert "test_shared_ring_geometries[F3-N4]" in blamed, blamed  # the ring check itself sees it
+    assert not [t for t in run.coverage["tests"] if t["verdict"] == "inconclusive"], run.coverage["tests"]
+    failed = {r["id"] for role in run.coverage["protocols"]["kbtp"]["roles"].values()
+              for r in role["requirements"] if r["verdict"] == "fail"}
+    assert failed == {rule}, failed

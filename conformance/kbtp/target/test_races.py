@@ -565,7 +565,7 @@ def _churn(ini: HarnessInitiator, ledger: Ledger, cycles: int, quota: int, tag: 
 
 @pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN", "KBTP-HELLO-FIRST",
                  "KBTP-LOAD-COMPLETE")
-@hangs.diagnosed
+@hangs.diagnosed_sharing
 def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """Initiators that together hold every block of the shared ring allocate, check and free under
     seeded random and PCT schedules: every allocation within quota succeeds without stalling, no block
