@@ -411,8 +411,9 @@ class _SkippingRing(SharedRing):
 
 
 class SkipsASlot(IndependentTarget):
-    """A free writes the slot after the one its Tail ticket names (KBTP-RING-WRAP / KBTP-RING-NO-LOSS): once
-    the ring has gone round, an allocation waits for a block that never comes to its slot."""
+    """A free writes the slot after the one its Tail ticket names (KBTP-FREE-SLOT-ORDER: "the target writes the
+    Block Offset and then Sequence u" into the Tail slot): from the first free on, no freed block reaches an
+    allocation. The shared ring is not readable, so the harness sees only the lost block (KBTP-RING-NO-LOSS)."""
 
     ring_class = _SkippingRing
 

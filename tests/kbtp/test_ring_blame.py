@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.conformance.kbtp import diagnose
+from kvconform.conformance.kbtp import diagnose, hangs
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET as ONES
+from kvconform.verdicts import Violation
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
 from tests.served import served
@@ -197,3 +198,30 @@ def test_independent_ring_bug_fails_only_its_rule(name: str, tmp_path: Path) -> 
     failed = {r["id"] for role in run.coverage["protocols"]["kbtp"]["roles"].values()
               for r in role["requirements"] if r["verdict"] == "fail"}
     assert failed == {rule}, failed
+
+
+# ---- the hang diagnosis's decisions (conformance/kbtp/hangs.py) -------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "t", "f", "n", "rule", "says"), [
+    ("held", 3, 3, 4, diagnose.INIT, "starts as {Sequence 3 - N, all ones}"),
+    ("hang", 3, 3, 4, diagnose.NO_LOSS, "cannot be read on the shared ring"),  # the first free: no rule of its own
+    ("hang", 4, 3, 4, diagnose.WRAP, "KBTP-RING-CONSUME, would look the same"),  # at the wrap: both named
+    ("hang", 4, 4, 4, diagnose.INIT, "Slot Offset 16 * (F mod N) = 0"),  # F == N after F < N went round
+])
+def test_a_fresh_ring_probe_names_the_rule_and_what_it_could_not_read(kind: str, t: int, f: int, n: int, rule: str,
+                                                                      says: str) -> None:
+    finding = hangs._named(kind, t, f, n, "probe")
+    assert finding.rule == rule and says in finding.text, finding
+
+
+def test_a_diagnosed_check_may_blame_the_ring_rules_and_passes_other_failures_through() -> None:
+    def check(kbtp_target: object, seed: int) -> None:
+        raise Violation("KBTP-LOAD-COMPLETE", "A: COMPLETION of LOAD 3: nothing arrived within 30.0 s")
+
+    wrapped = hangs.diagnosed(check)
+    marks = [m for m in getattr(wrapped, "pytestmark", []) if m.name == "blames"]
+    assert marks and set(marks[0].args) == set(hangs.RULES) and hangs.BOUNDED not in marks[0].args
+    with pytest.raises(Violation) as info:  # not a hang of an allocation within quota: not diagnosed
+        wrapped(kbtp_target=object(), seed=1)
+    assert info.value.requirement == "KBTP-LOAD-COMPLETE"
