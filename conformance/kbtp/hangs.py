@@ -70,6 +70,7 @@ class Finding:
 
 
 _found: dict[int, Finding] = {}  # id(TargetUnderTest) -> its finding: the probes run once per target
+_found_readable: dict[tuple[int, str], Finding] = {}  # the partition probe alone (diagnosed_ring)
 
 
 def diagnosed(check: C) -> C:
@@ -99,8 +100,17 @@ def diagnosed_sharing(check: C) -> C:
     return _wrap(check, (BOUNDED,), (diagnose.NO_LOSS,))
 
 
-def _wrap(check: C, waits: tuple[str, ...], outcomes: tuple[str, ...] = ()) -> C:
-    """``waits``: the requirements whose ended bounded wait is diagnosed; ``outcomes``: those whose every failure is."""
+def diagnosed_ring(check: C) -> C:
+    """For the shared-ring checks themselves: a hang they blame on KBTP-RING-WRAP or KBTP-RING-NO-LOSS (what the
+    completions of a ring held whole show) is blamed on the rule a DIRECT_ALLOC partition ring shows when that is
+    another (a slot never consumed after its BIND looks like a wrong wrap from the completions alone); otherwise it
+    stays."""
+    return _wrap(check, (diagnose.WRAP, diagnose.NO_LOSS), readable_only=True)
+
+
+def _wrap(check: C, waits: tuple[str, ...], outcomes: tuple[str, ...] = (), *, readable_only: bool = False) -> C:
+    """``waits``: the requirements whose ended bounded wait is diagnosed; ``outcomes``: those whose every failure is;
+    ``readable_only``: only the ring the harness can read may name another rule."""
 
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -111,7 +121,10 @@ def _wrap(check: C, waits: tuple[str, ...], outcomes: tuple[str, ...] = ()) -> C
             hang = v.requirement in waits and WAIT_ENDED in str(v)
             if not (hang or v.requirement in outcomes) or not isinstance(target, TargetUnderTest):
                 raise
-            blame(target, int(kwargs.get("seed", kwargs.get("session_seed", 0))), v)
+            seed = int(kwargs.get("seed", kwargs.get("session_seed", 0)))
+            if readable_only:
+                _blame_from_partition(target, seed, v)
+            blame(target, seed, v)
             raise  # blame always raises; kept for the type checker
 
     marked: C = pytest.mark.blames(*RULES)(run)
@@ -143,12 +156,27 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
     diagnose.reraise_as(v, finding.rule, text)
 
 
-def _probe(target: TargetUnderTest, seed: int) -> Finding:
+def _blame_from_partition(target: TargetUnderTest, seed: int, v: Violation) -> None:
+    key = (id(target), "partition")
+    finding = _found_readable.get(key)
+    if finding is None:
+        finding = _probe(target, seed, (_partition_probe,))
+        _found_readable[key] = finding
+    evidence.note(f"ring diagnosis on the DIRECT_ALLOC partition ring: {finding.rule or 'no ring rule'}: "
+                  f"{finding.text}")
+    if finding.rule is None or finding.rule == v.requirement:
+        raise v
+    diagnose.reraise_as(v, finding.rule, f"{finding.text}; the shared ring's slots cannot be read, and what its "
+                        "completions show fits this cause too")
+
+
+def _probe(target: TargetUnderTest, seed: int, probes: tuple[Callable[[TargetUnderTest, int], Finding], ...] = ()
+           ) -> Finding:
     """Run the probes outside the check's assertions (their steps are not the check's claims)."""
     previous = activate_check(None)
     unseen: list[str] = []
     try:
-        for probe in (_partition_probe, _fresh_ring_probe):
+        for probe in probes or (_partition_probe, _fresh_ring_probe):
             try:
                 finding = probe(target, seed)
             except (Inconclusive, NotApplicable, TargetUnavailable) as exc:
@@ -198,6 +226,12 @@ def _partition_probe(target: TargetUnderTest, seed: int) -> Finding:
                 got = yield from part.read_slot(RING_SLOT_SIZE * s, BOUNDED)
                 ring.append(got)
             blame = diagnose.landing_rule(ring, block, u, addr_le=part.ini.addr_le, landed=i)
+            if blame is not None and blame.rule == diagnose.FREE_RETURN and i == 0 and u % part.slots == 0:
+                # the first free's Slot Offset is the wrap's (F == N): lost there, it is the wrap's or the return's
+                return Finding(None, f"on the DIRECT_ALLOC partition ring (F {part.quota}, N {part.slots}) the first "
+                                     f"free (Tail ticket {u}, where the Slot Offset wraps to 0) is in no slot: a wrong "
+                                     "wrap (KBTP-RING-WRAP) and a return to another ring (KBTP-FREE-RETURN) look the "
+                                     "same")
             if blame is not None and blame.rule != diagnose.NO_LOSS:
                 return Finding(blame.rule, f"on the DIRECT_ALLOC partition ring (F {part.quota}, N {part.slots}), "
                                            f"read after each FREE: {blame.evidence}")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from kvconform import sweep
-from kvconform.conformance.kbtp import diagnose, expect
+from kvconform.conformance.kbtp import diagnose, expect, hangs
 from kvconform.conformance.kbtp.blackbox import Partition, Reqs, open_partition
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, Features, Status
@@ -60,6 +60,7 @@ POINT_RULES = (diagnose.INIT, diagnose.WRAP)
                  marks=pytest.mark.blames(*POINT_RULES) if g is None else pytest.mark.req(*POINT_RULES))
     for g in GEOMETRIES])
 @pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-RING-EMPTY", "KBTP-HELLO-FIRST")
+@hangs.diagnosed_ring
 def test_shared_ring_geometries(geometry: tuple[int, int] | None, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A ring of F blocks and N slots, all of it held at once: every block bound, then one handle freed and
     rebound until more than 2N tickets went round; every allocation completes, and never with a Block Offset
