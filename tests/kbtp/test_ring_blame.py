@@ -13,7 +13,7 @@
 The default run takes a bounded sample of the served runs (two mutants, one per wire, and one reference: ~8 s) and
 of the independent bug targets (one: ~8 s);
 every mutant on both wires and the reference at both quotas run with KVCONFORM_RING_BLAME_FULL=1
-(`tox -e ring-blame`: 33 tests, ~35 s on two idle cores).
+(`tox -e ring-blame`: 33 tests, ~35 s on two idle cores), and both independent bug targets (~18 s each).
 """
 
 from __future__ import annotations
