@@ -157,15 +157,26 @@ class CheckContext:
     nodeid: str
     cited: frozenset[str]
     reached: set[str] = field(default_factory=set)
+    # Ids the check may blame without claiming to pass them (``@pytest.mark.blames``): a diagnosis names one when
+    # the state it read points there; an assertion of one that holds reaches nothing (no pass is claimed for it)
+    may_blame: frozenset[str] = frozenset()
     # What a pass rests on when it is not the plain one (a black-box race: how often the window opened); the
     # reports show it as the message of a passed check
     basis: list[str] = field(default_factory=list)
 
     def note(self, requirement: str) -> None:
-        if requirement not in self.cited:
-            raise HarnessBug(f"{self.nodeid} asserts {requirement}, which its @pytest.mark.req does not cite "
-                             f"(it cites {', '.join(sorted(self.cited))})")
-        self.reached.add(requirement)
+        if requirement in self.cited:
+            self.reached.add(requirement)
+            return
+        if requirement in self.may_blame:
+            return  # blame-only: a failure blames it, a pass does not reach it
+        raise HarnessBug(f"{self.nodeid} asserts {requirement}, which its @pytest.mark.req does not cite "
+                         f"(it cites {', '.join(sorted(self.cited))}"
+                         + (f"; it may blame {', '.join(sorted(self.may_blame))}" if self.may_blame else "") + ")")
+
+    def allows(self, requirement: str) -> bool:
+        """An assertion may name ``requirement`` (cited, or blame-only)."""
+        return requirement in self.cited or requirement in self.may_blame
 
 
 _context: CheckContext | None = None

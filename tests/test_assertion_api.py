@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvconform.catalog import load_catalogs
+from kvconform.reports.coverage import build_coverage
+from kvconform.results import TestResult
 from kvconform.verdicts import (
     CheckContext,
     Findings,
@@ -35,10 +37,11 @@ def _modules() -> list[Path]:
 
 
 def _marker_ids(func: ast.FunctionDef) -> set[str] | None:
-    """The literal ids of a check's @pytest.mark.req decorators (None when any is computed)."""
+    """The literal ids of a check's @pytest.mark.req and @pytest.mark.blames decorators (None when any is
+    computed)."""
     ids: set[str] = set()
     for dec in func.decorator_list:
-        if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "req":
+        if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr in ("req", "blames"):
             for arg in dec.args:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     ids.add(arg.value)
@@ -129,3 +132,34 @@ def test_the_running_check_records_reached_ids_and_refuses_uncited_ones() -> Non
             check(True, "z", req="DEMO-Z")
     finally:
         activate_check(previous)
+
+
+def test_a_blame_only_id_may_fail_the_check_but_is_never_reached() -> None:
+    """``@pytest.mark.blames``: a diagnosis may name the id when the state points there; an assertion of it that
+    holds claims no pass (it is not reached), one that fails blames it."""
+    context = CheckContext("conformance/x/y/test_z.py::test_q", frozenset({"DEMO-A"}), may_blame=frozenset({"DEMO-R"}))
+    previous = activate_check(context)
+    try:
+        check(True, "the ring rule held", req="DEMO-R")
+        assert context.reached == set()
+        with pytest.raises(Violation) as info:
+            check(False, "the ring rule broken", req="DEMO-R")
+        assert info.value.requirement == "DEMO-R" and context.reached == set()
+        assert context.allows("DEMO-R") and context.allows("DEMO-A") and not context.allows("DEMO-Z")
+        with pytest.raises(HarnessBug, match=r"it may blame DEMO-R"):
+            check(True, "z", req="DEMO-Z")
+    finally:
+        activate_check(previous)
+
+
+def test_a_blamed_blame_only_id_is_failed_in_coverage_and_a_pass_does_not_list_it() -> None:
+    catalog = load_catalogs()
+    failed = TestResult("conformance/kbtp/target/test_x.py::test_f", "kbtp-target", ("KBTP-QUOTA-ALLOC-BOUNDED",),
+                        "RULE", "fail", blamed="KBTP-FREE-SLOT-ORDER", reached=())
+    passed = TestResult("conformance/kbtp/target/test_x.py::test_p", "kbtp-target", ("KBTP-QUOTA-ALLOC-BOUNDED",),
+                        "RULE", "pass", reached=("KBTP-QUOTA-ALLOC-BOUNDED",))
+    for results, expected in (([failed], "fail"), ([passed], None)):
+        doc = build_coverage(catalog, results, {})
+        entries = {r["id"]: r for r in doc["protocols"]["kbtp"]["roles"]["target"]["requirements"]}
+        tests = entries["KBTP-FREE-SLOT-ORDER"]["tests"]
+        assert (tests[0]["verdict"] if tests else None) == expected, entries["KBTP-FREE-SLOT-ORDER"]

@@ -18,7 +18,9 @@ order a diagnosis tries them (KBTP "Free-Block Ring", "Session Establishment", "
 - KBTP-FREE-RETURN: a freed block that is in no slot of the ring it was allocated from;
 - KBTP-RING-WRAP: a freed block in another slot of its ring than the one of its Tail ticket, 16 * (u mod N); on
   the shared ring, the ticket at which the counters' Slot Offsets wrap to 0 (N, 2N) not getting the block its free
-  returned, though every earlier free came back.
+  returned, though every earlier free came back. A block with Sequence u in another slot from the first free on
+  looks the same as a free that writes another slot than the one its Tail FetchAdd returned
+  (KBTP-FREE-SLOT-ORDER): the Tail is never readable, so the message names both.
 
 Each ``judge_*`` function asserts its rules in that order through the assertion API, so a failing check names the
 first rule the observation breaks and quotes it (slot index, seen and expected values, byte order); when none of
@@ -40,6 +42,7 @@ EMPTY = "KBTP-RING-EMPTY"
 INIT = "KBTP-RING-INIT"
 WRAP = "KBTP-RING-WRAP"
 FREE_RETURN = "KBTP-FREE-RETURN"
+FREE_SLOT = "KBTP-FREE-SLOT-ORDER"  # named in evidence only: where a free writes cannot be told from the Tail's offset
 CONSUME = "KBTP-RING-CONSUME"
 NO_LOSS = "KBTP-RING-NO-LOSS"
 TICKETS = 1 << 32
@@ -110,7 +113,9 @@ def landing_rule(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bo
                      f"allocated from; slot {at} (16 * ({u} mod {n})) reads {_slot(ring[at])}")
     if at not in where:
         return Blame(WRAP, f"the block {block:#x} freed with Tail ticket {u} is in slot(s) {where}, not slot {at}: the "
-                     f"Slot Offset the Tail gave ticket {u} is not 16 * ({u} mod {n}) = {16 * at}")
+                     f"Slot Offset the Tail gave ticket {u} is not 16 * ({u} mod {n}) = {16 * at} (or the free wrote "
+                     f"another slot than the one its Tail FetchAdd returned, {FREE_SLOT}: the Tail cannot be read, "
+                     "the two look the same)")
     return Blame(NO_LOSS, f"slot {at} of Tail ticket {u} reads {_slot(ring[at])}, expected Sequence {u} with block "
                  f"{block:#x}")
 

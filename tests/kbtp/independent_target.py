@@ -18,7 +18,8 @@ For the harness's scripted race checks it follows the race-point convention the 
 serving connection C is ``target@C``; an allocation pauses at ``read-slot.shared.<ticket>`` after its Head
 FetchAdd, a free at ``tail.shared`` before its Tail FetchAdd.
 
-``RING_BUG`` variants below break one ring rule each, for the blame tests.
+The variants at the end break one ring rule each, for the blame tests (tests/kbtp/test_verdicts.py,
+tests/kbtp/test_ring_blame.py).
 """
 
 from __future__ import annotations
@@ -410,8 +411,9 @@ class _SkippingRing(SharedRing):
 
 
 class SkipsASlot(IndependentTarget):
-    """A free writes the slot after the one its Tail ticket names (KBTP-RING-WRAP / KBTP-RING-NO-LOSS): once
-    the ring has gone round, an allocation waits for a block that never comes to its slot."""
+    """A free writes the slot after the one its Tail ticket names (KBTP-FREE-SLOT-ORDER: "the target writes the
+    Block Offset and then Sequence u" into the Tail slot): from the first free on, no freed block reaches an
+    allocation. The shared ring is not readable, so the harness sees only the lost block (KBTP-RING-NO-LOSS)."""
 
     ring_class = _SkippingRing
 
@@ -429,6 +431,41 @@ class DropsDeferredFrees(IndependentTarget):
     is lost, and the allocation of its ticket waits for ever."""
 
     ring_class = _ForgettingRing
+
+
+class _LateWrappingRing(SharedRing):
+    def fetch_add(self, which: str) -> tuple[int, int]:
+        ticket, index = super().fetch_add(which)
+        if which == "tail":
+            index = ticket % (2 * self.n)  # the Tail's Slot Offset wraps at twice the end of the ring
+        return ticket, index
+
+    def give_back(self, ticket: int, index: int, block: int) -> None:
+        if index >= self.n:
+            return  # written past the last slot, outside the ring: the block is lost
+        super().give_back(ticket, index, block)
+
+
+class WrapsAtTwiceTheRing(IndependentTarget):
+    """The Tail's Slot Offset wraps at twice the end of the ring (KBTP-RING-WRAP: "advances ... the Slot Offset by
+    one slot, wrapping at the end of the ring"): the frees of the first lap land, the first one whose Tail ticket
+    reaches N writes past the last slot and its block is lost."""
+
+    ring_class = _LateWrappingRing
+
+
+class _ForwardFilledRing(SharedRing):
+    def __init__(self, blocks: list[int], slots: int, masked: bool) -> None:
+        super().__init__(blocks, slots, masked)
+        for s in range(len(blocks), slots):  # the first lap's slots as if they held blocks again, from block 0
+            self.slots[s] = [s, blocks[s % len(blocks)]]
+
+
+class FillsEmptySlots(IndependentTarget):
+    """Slots F..N-1 start as {Sequence s, the (s mod F)-th block}, not {Sequence s - N, all ones} (KBTP-RING-INIT):
+    the allocation of first-lap ticket s >= F is handed a block still bound."""
+
+    ring_class = _ForwardFilledRing
 
 
 class _CrashingOnLoad(_Running):

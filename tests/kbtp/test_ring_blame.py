@@ -7,10 +7,13 @@
   process over RoCEv2 and iWARP on 127.0.0.1 (`kvconform serve kbtp-target --target-class`) and tested through
   `kbtp+roce://` / `kbtp+iwarp://`: every failing check blames that rule; the reference served the same way passes
   those checks. In-process, tests/test_mutants_kbtp.py judges the same mutants.
+- Independent single-bug targets (tests/kbtp/independent_target.py, written from the text; shared ring only): the
+  whole kbtp-target run fails only on the rule the bug breaks, the hangs elsewhere named by conformance/kbtp/hangs.py.
 
-The default run takes a bounded sample of the served runs (two mutants, one per wire, and one reference: ~8 s);
+The default run takes a bounded sample of the served runs (two mutants, one per wire, and one reference: ~8 s) and
+of the independent bug targets (one: ~8 s);
 every mutant on both wires and the reference at both quotas run with KVCONFORM_RING_BLAME_FULL=1
-(`tox -e ring-blame`: 33 tests, ~35 s on two idle cores).
+(`tox -e ring-blame`: 33 tests, ~35 s on two idle cores), and both independent bug targets (~18 s each).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.conformance.kbtp import diagnose
+from kvconform.conformance.kbtp import diagnose, hangs
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET as ONES
+from kvconform.verdicts import Violation
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
 from tests.served import served
@@ -163,3 +167,61 @@ def test_served_reference_passes_the_ring_checks(wire: str, quota: int, tmp_path
     verdicts = {t["nodeid"].split("::")[-1]: (t["verdict"], t.get("message", "")[:200]) for t in run.coverage["tests"]}
     assert run.code == 0 and all(v in ("pass", "not-applicable") for v, _ in verdicts.values()), verdicts
     assert verdicts["test_direct_alloc_bind_and_free"][0] == "pass", verdicts
+
+
+# ---- independent single-bug targets (written from the text: tests/kbtp/independent_target.py) -----------------
+
+# target -> the one requirement its whole kbtp-target run may fail. It offers no DIRECT mode, so its shared ring is
+# observed only through completions: the ring checks see the bug at the geometries where it shows, and every check
+# whose allocation hangs (or gets a bound block) has it named by the fresh-ring probe (conformance/kbtp/hangs.py).
+INDEPENDENT_BUGS = {
+    "WrapsAtTwiceTheRing": "KBTP-RING-WRAP",
+    "FillsEmptySlots": "KBTP-RING-INIT",
+}
+INDEPENDENT_SAMPLE = {"WrapsAtTwiceTheRing"}  # ~8 s; the rest with KVCONFORM_RING_BLAME_FULL (tox -e ring-blame)
+
+
+@pytest.mark.slow
+@covering(RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", [pytest.param(n, id=n, marks=pytest.mark.skipif(
+    not FULL and n not in INDEPENDENT_SAMPLE, reason="outside the default run's sample; KVCONFORM_RING_BLAME_FULL=1 "
+    "(tox -e ring-blame) runs it")) for n in sorted(INDEPENDENT_BUGS)])
+def test_independent_ring_bug_fails_only_its_rule(name: str, tmp_path: Path) -> None:
+    rule = INDEPENDENT_BUGS[name]
+    run = run_suite("kbtp-target", f"python:tests.kbtp.independent_target:{name}", tmp_path,
+                    pics=("kbtp.target.features=[]",), timeout=RUN_TIMEOUT_S)
+    assert run.coverage, run.output
+    blamed = {t["nodeid"].split("::")[-1]: t.get("blamed") for t in run.coverage["tests"] if t["verdict"] == "fail"}
+    assert blamed and set(blamed.values()) == {rule}, f"{name}: {blamed}\n{run.output}"
+    assert "test_shared_ring_geometries[F3-N4]" in blamed, blamed  # the ring check itself sees it
+    assert not [t for t in run.coverage["tests"] if t["verdict"] == "inconclusive"], run.coverage["tests"]
+    failed = {r["id"] for role in run.coverage["protocols"]["kbtp"]["roles"].values()
+              for r in role["requirements"] if r["verdict"] == "fail"}
+    assert failed == {rule}, failed
+
+
+# ---- the hang diagnosis's decisions (conformance/kbtp/hangs.py) -------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "t", "f", "n", "rule", "says"), [
+    ("held", 3, 3, 4, diagnose.INIT, "starts as {Sequence 3 - N, all ones}"),
+    ("hang", 3, 3, 4, diagnose.NO_LOSS, "cannot be read on the shared ring"),  # the first free: no rule of its own
+    ("hang", 4, 3, 4, diagnose.WRAP, "KBTP-RING-CONSUME, would look the same"),  # at the wrap: both named
+    ("hang", 4, 4, 4, diagnose.INIT, "Slot Offset 16 * (F mod N) = 0"),  # F == N after F < N went round
+])
+def test_a_fresh_ring_probe_names_the_rule_and_what_it_could_not_read(kind: str, t: int, f: int, n: int, rule: str,
+                                                                      says: str) -> None:
+    finding = hangs._named(kind, t, f, n, "probe")
+    assert finding.rule == rule and says in finding.text, finding
+
+
+def test_a_diagnosed_check_may_blame_the_ring_rules_and_passes_other_failures_through() -> None:
+    def check(kbtp_target: object, seed: int) -> None:
+        raise Violation("KBTP-LOAD-COMPLETE", "A: COMPLETION of LOAD 3: nothing arrived within 30.0 s")
+
+    wrapped = hangs.diagnosed(check)
+    marks = [m for m in getattr(wrapped, "pytestmark", []) if m.name == "blames"]
+    assert marks and set(marks[0].args) == set(hangs.RULES) and hangs.BOUNDED not in marks[0].args
+    with pytest.raises(Violation) as info:  # not a hang of an allocation within quota: not diagnosed
+        wrapped(kbtp_target=object(), seed=1)
+    assert info.value.requirement == "KBTP-LOAD-COMPLETE"

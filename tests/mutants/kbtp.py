@@ -747,8 +747,9 @@ class _NeverConsumes(ReferenceTarget):
 
 
 class SlotsNeverConsumed(ReferenceTargetDriver):
-    """KBTP-QUOTA-ALLOC-BOUNDED: allocations never mark their slot consumed, so frees on it are deferred for
-    ever and, once the ring has gone round, an allocation within quota waits for a block that never comes."""
+    """KBTP-RING-CONSUME: allocations never mark their slot consumed, so frees on it are deferred for ever and,
+    once the ring has gone round, an allocation within quota waits for a block that never comes (the hang is
+    diagnosed on the DIRECT_ALLOC partition ring: its slot reads unconsumed after BIND)."""
 
     target_class = _NeverConsumes
 
@@ -1507,7 +1508,8 @@ MUTANTS: dict[str, Mutant] = {
     "FreeReturnsBeforeEntryUpdate": Mutant("kbtp-target", "KBTP-FREE-TABLE-FIRST",
                                            ("test_free_updates_entry_before_ring",)),
     "SequenceBeforeBlock": Mutant("kbtp-target", "KBTP-FREE-SLOT-ORDER", ("test_free_writes_block_before_sequence",)),
-    "SlotsNeverConsumed": Mutant("kbtp-target", "KBTP-QUOTA-ALLOC-BOUNDED", ("test_seeded_interleavings",)),
+    # its hangs are diagnosed on the DIRECT_ALLOC partition ring, whose slot reads unconsumed after BIND
+    "SlotsNeverConsumed": Mutant("kbtp-target", "KBTP-RING-CONSUME", ("test_seeded_interleavings",)),
     "EntryBeforeData": Mutant("kbtp-target", "KBTP-ALLOC-ENTRY-ORDER", ("test_entry_written_after_data",)),
     # kbtp-target, issue 11 (suite power; helper kbtp-target)
     "WrapsToZeroFromGenerationOne": Mutant("kbtp-target", "KBTP-GEN-NONZERO", ("test_generation_wrap",)),

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from kvconform.conformance.kbtp import diagnose, expect
+from kvconform.conformance.kbtp import diagnose, expect, hangs
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, RING_SLOT_SIZE, EntryFlags, Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
@@ -56,6 +56,7 @@ def test_direct_load_descriptors(kbtp_target: TargetUnderTest, seed: int) -> Non
 
 @pytest.mark.req("KBTP-TABLE-ADDRESS", "KBTP-TABLE-FLAGS", "KBTP-TABLE-LAYOUT", "KBTP-ADDRLE-MEMORY",
                  "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_direct_load_entry(kbtp_target: TargetUnderTest, seed: int) -> None:
     """Through the Table STag, the entry the table address rule names for a bound handle holds VALID|SEALED,
     the completion's Generation, Data Length and Block Offset (little-endian under ADDR_LE); an unbound
@@ -94,6 +95,7 @@ def test_direct_load_entry(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-POOL-BLOCKS", "KBTP-DLOAD-VALIDITY", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_direct_load_block(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A direct load of a sealed block: the entry's Block Offset is a block of the pool the Pool descriptor
     names, the block read through the Pool STag holds the data, and the entry reads the same again."""
@@ -127,6 +129,7 @@ def test_direct_load_block(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 @pytest.mark.parametrize("which", ["pool", pytest.param("table", marks=pytest.mark.req(R_TABLE_ONLY))])
 @pytest.mark.req("KBTP-DLOAD-READONLY", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_direct_load_stags_are_read_only(which: str, kbtp_target: TargetUnderTest, seed: int) -> None:
     """An RDMA Write through the Table or Pool STag fails (from the connection the STags were granted on, so
     only the STag's access rights can refuse it) and changes nothing: the block keeps its data, the entry

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvconform import evidence
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, hangs
 from kvconform.conformance.kbtp.prepared import PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Opcode, RequestFlags, Status
@@ -123,6 +123,7 @@ def test_request_id_echoed(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-POOL-OFFSETS", "KBTP-ALLOC-COMPLETE", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_allocations_complete_with_block_offsets(kbtp_target: TargetUnderTest, seed: int) -> None:
     """ALLOC_STORE completes with the block's Block Offset and a non-zero Generation; two blocks bound at
     once have Block Offsets that differ by a non-zero multiple of Block Size (offsets, not block numbers)."""
@@ -230,6 +231,7 @@ CASES = [
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.req(*c.reqs), id=c.id) for c in CASES])
 @pytest.mark.req("KBTP-VAL-NO-EFFECT", "KBTP-STATUS-CODES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_validation(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A request that fails one validation rule completes with a Status the text defines, the rule's, and has
     no other effect: the prepared handles keep their data and Generation."""
@@ -268,6 +270,7 @@ def test_validation(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None
 
 @pytest.mark.req("KBTP-LOAD-WRITE", "KBTP-LOAD-COMPLETE", "KBTP-RDMAP-DATA-OPS", "KBTP-HELLO-FIRST",
                  "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_load_writes_data_length(kbtp_target: TargetUnderTest, seed: int) -> None:
     """ALLOC_STORE by RDMA Read of a buffer the target may only read, then LOAD by RDMA Write into a buffer
     it may only write: exactly Data Length octets arrive, and the completion carries the entry's Block
@@ -299,6 +302,7 @@ def test_load_writes_data_length(kbtp_target: TargetUnderTest, seed: int) -> Non
 
 @pytest.mark.req("KBTP-STORE-DATA", "KBTP-HDR-GEN-REQUEST", "KBTP-HDR-GEN-COMPLETION", "KBTP-HELLO-FIRST",
                  "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_mapped_store(kbtp_target: TargetUnderTest, seed: int) -> None:
     """STORE into a bound unsealed block, by RDMA Read and then inline with SEAL, each with the entry's
     Generation: the block holds the new data and Data Length, the second seals it, and each completion
@@ -332,6 +336,7 @@ def test_mapped_store(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-SEAL-IMMUTABLE", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_sealed_block_is_immutable(kbtp_target: TargetUnderTest, seed: int) -> None:
     """Whatever is sent to a sealed block short of FREE (STOREs inline and by RDMA Read, with Generation 0
     and with the entry's, an ALLOC_STORE to its handle), its contents do not change."""
@@ -359,6 +364,7 @@ def test_sealed_block_is_immutable(kbtp_target: TargetUnderTest, seed: int) -> N
 
 @pytest.mark.req("KBTP-GEN-NEXT", "KBTP-GEN-NONZERO", "KBTP-GEN-CHANGES", "KBTP-HELLO-FIRST",
                  "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
+@hangs.diagnosed
 def test_generation_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
     """Bind / free cycles of one handle: each bind and each free changes the Generation by one, skipping
     zero (through the 16-bit wrap only when the target starts near it, as the reference driver's preset does;
@@ -393,6 +399,7 @@ def test_generation_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 @pytest.mark.req("KBTP-FREE-ENTRY", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE",
                  "KBTP-FREE-RETURN")
+@hangs.diagnosed
 def test_free_unbinds(kbtp_target: TargetUnderTest, seed: int) -> None:
     """After FREE completes the handle is not VALID (a LOAD is NOT_VALID even with ALLOW_UNSEALED) and can
     be bound again; a sealed handle is freed just the same."""
@@ -415,6 +422,7 @@ def test_free_unbinds(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 @pytest.mark.req("KBTP-FLAG-INVALIDATE", "KBTP-COMP-SEND", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_invalidate(kbtp_target: TargetUnderTest, seed: int) -> None:
     """Without INVALIDATE the completion is a plain Send; with INVALIDATE it is a Send with Invalidate of
     the Data Descriptor's STag: the harness sees the STag invalidated when the completion arrives."""
@@ -451,6 +459,7 @@ def test_invalidate(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 @pytest.mark.req("KBTP-COMP-DATA-READY", "KBTP-OP-IN-ORDER", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_completion_after_data(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """Pipelined requests on one connection complete in order, each LOAD's data already in the buffer
     when its completion arrives, across seeded interleavings (RDMAP placement reorders Write chunks)."""
@@ -521,6 +530,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("case", [pytest.param(m, marks=pytest.mark.req(m.req), id=m.id) for m in MALFORMED])
 @pytest.mark.req("KBTP-VAL-NO-EFFECT", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_malformed_request(case: Malformed, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A request that cannot be parsed completes MALFORMED echoing its Request ID when the header is
     readable, binds nothing, and the target keeps serving: a valid request afterwards succeeds."""
@@ -549,6 +559,7 @@ def test_malformed_request(case: Malformed, kbtp_target: TargetUnderTest, seed: 
 @pytest.mark.parametrize("where", ["bad-stag", "past-buffer"])
 @pytest.mark.req("KBTP-VAL-NO-EFFECT", "KBTP-RING-NO-LOSS", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_descriptor_out_of_range(where: str, kbtp_target: TargetUnderTest, seed: int) -> None:
     """An ALLOC_STORE whose Data Descriptor names a bad STag or runs past the registered buffer cannot be
     read: the handle must not end up bound to a partial block, and the block must not be lost (the

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from kvconform import evidence, sweep
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, hangs
 from kvconform.conformance.kbtp.prepared import PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
@@ -333,6 +333,7 @@ def _params(cases: list[Case]) -> list[Any]:
 
 
 @pytest.mark.parametrize("case", _params(PATH_CASES))
+@hangs.diagnosed_refusal
 def test_rule_on_every_path(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A rule broken on each path it applies to (inline and RDMA Read for stores, a guarded larger buffer for
     loads) completes with the rule's Status and has no other effect: prepared handles, guard octets, the
@@ -341,6 +342,7 @@ def test_rule_on_every_path(case: Case, kbtp_target: TargetUnderTest, seed: int)
 
 
 @pytest.mark.parametrize("case", _params(VALUE_CASES))
+@hangs.diagnosed_refusal
 def test_field_value_classes(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """Each request field through its value classes (off by one, zero, all ones, values a narrowed comparison
     confuses with a legal one, the legal boundary itself): the Status the text gives that value, and no

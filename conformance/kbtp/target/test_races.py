@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from kvconform import evidence
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, hangs
 from kvconform.conformance.kbtp.blackbox import (
     TICKETS,
     Churn,
@@ -81,6 +81,7 @@ def _scripted(bed: Bed, script: ScriptScheduler, **actors: Gen) -> dict[str, Any
 
 @pytest.mark.req("KBTP-EX-DEFER", "KBTP-FREE-DEFER", "KBTP-FREE-NO-OVERWRITE", "KBTP-ALLOC-RING", "KBTP-RING-NO-LOSS",
                  "KBTP-HELLO-FIRST", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed_deferral
 def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
     """N = F = 4, blocks handed out in ring order: X's allocation takes ticket 0 and is held before it
     reads slot 0; Y takes tickets 1-3 and frees its first block, whose Tail ticket 4 lands on the
@@ -152,6 +153,7 @@ def test_deferred_free_example(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-FREE-TABLE-FIRST", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN")
+@hangs.diagnosed
 def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A FREE held just before its Tail FetchAdd (the reference's ``tail.<ring>`` race point): a direct
     read of the entry at that moment already shows it unbound with a new Generation. A black box:
@@ -563,6 +565,7 @@ def _churn(ini: HarnessInitiator, ledger: Ledger, cycles: int, quota: int, tag: 
 
 @pytest.mark.req("KBTP-RING-NO-LOSS", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN", "KBTP-HELLO-FIRST",
                  "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed_sharing
 def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """Initiators that together hold every block of the shared ring allocate, check and free under
     seeded random and PCT schedules: every allocation within quota succeeds without stalling, no block
@@ -597,6 +600,7 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
 
 
 @pytest.mark.req("KBTP-ALLOC-ENTRY-ORDER", "KBTP-TABLE-BIND-ORDER", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """A DIRECT_LOAD reader polls the entry of a handle while the writer binds it by an ALLOC_STORE whose
     data the target RDMA-reads (so writing it takes many steps): whenever two entry reads around a block
@@ -659,6 +663,7 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
 
 @pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-GEN-CHANGES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-FREE-RETURN")
+@hangs.diagnosed
 def test_direct_load_races_free(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """A DIRECT_LOAD reader (entry, block, entry) races a writer that frees and re-allocates its handle
     while another initiator (when the declared geometry has room for it) churns the ring: whenever both

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, hangs
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import (
     DIRECT_ALLOC_SIZE,
@@ -142,6 +142,7 @@ def test_quotas_within_pool(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-HELLO-ID-ACTIVE", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_active_initiator_id_rejected(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A second HELLO with the Initiator ID of a still active session is rejected (a non-OK HELLO_ACK, or
     the connection is torn down); the first session keeps working."""
@@ -175,6 +176,7 @@ def _reconnect(bed: Bed, old: HarnessInitiator, name: str) -> Gen:
 
 @pytest.mark.req("KBTP-GOODBYE", "KBTP-RETENTION", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_goodbye_keeps_bindings(kbtp_target: TargetUnderTest, seed: int) -> None:
     """GOODBYE without RELEASE ends the session; reconnecting with the same Initiator ID gives the same
     handle range with the bindings intact."""
@@ -200,6 +202,7 @@ def test_goodbye_keeps_bindings(kbtp_target: TargetUnderTest, seed: int) -> None
 
 @pytest.mark.req("KBTP-GOODBYE-RELEASE", "KBTP-QUOTA-RELEASE", "KBTP-GOODBYE", "KBTP-HELLO-FIRST",
                  "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_goodbye_release_frees_everything(kbtp_target: TargetUnderTest, seed: int) -> None:
     """GOODBYE with RELEASE frees every handle the initiator bound: after reconnecting they are not
     bound, and the whole quota can be allocated again."""
@@ -235,6 +238,7 @@ def _fill(a: HarnessInitiator, q: int) -> Gen:
 
 
 @pytest.mark.req("KBTP-QUOTA-NO-SPACE", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED")
+@hangs.diagnosed
 def test_quota_exhaustion(kbtp_target: TargetUnderTest, seed: int) -> None:
     """With the whole Allocation Quota bound, one more ALLOC_STORE completes NO_SPACE (or the target
     terminates the session, which it MAY: KBTP-QUOTA-TERMINATE)."""
@@ -254,6 +258,7 @@ def test_quota_exhaustion(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-QUOTA-RELEASE", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-FREE-RETURN")
+@hangs.diagnosed
 def test_free_releases_quota(kbtp_target: TargetUnderTest, seed: int) -> None:
     """With the whole quota bound, a FREE gives one unit back: the next ALLOC_STORE succeeds, and (the
     quota full again) the one after it does not."""
@@ -275,6 +280,7 @@ def test_free_releases_quota(kbtp_target: TargetUnderTest, seed: int) -> None:
 
 
 @pytest.mark.req("KBTP-LOAD-ANY", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_load_of_another_initiators_handle(kbtp_target: TargetUnderTest, seed: int) -> None:
     """Another initiator's handle loads OK with its data when the target declares cross-initiator loads,
     INVALID_HANDLE when it declares it refuses them; undeclared, either answer is the target's decision."""
@@ -304,6 +310,7 @@ def test_load_of_another_initiators_handle(kbtp_target: TargetUnderTest, seed: i
 
 
 @pytest.mark.req("KBTP-VAL-HANDLE", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-LOAD-COMPLETE")
+@hangs.diagnosed
 def test_store_and_free_of_another_initiators_handle(kbtp_target: TargetUnderTest, seed: int) -> None:
     """A STORE or FREE of another initiator's (bound, unsealed) handle is INVALID_HANDLE, its own range
     only, and changes nothing: the owner still loads its data."""

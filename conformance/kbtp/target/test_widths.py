@@ -19,7 +19,7 @@ import time
 import pytest
 
 from kvconform import evidence
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, hangs
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free
@@ -68,6 +68,7 @@ def _batch(a: HarnessInitiator, h: int, cycles: int, depth: int) -> Gen:
 
 
 @pytest.mark.req("KBTP-GEN-NONZERO", "KBTP-GEN-NEXT", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED", "KBTP-COMP-SEND")
+@hangs.diagnosed
 def test_generation_wrap(kbtp_target: TargetUnderTest, seed: int) -> None:
     """One handle bound and freed until its Generation passes 0xFFFF, starting from the Generation the target
     hands out: every step is +1, the step after 0xFFFF is 1 (never 0). Bounded by PICS
