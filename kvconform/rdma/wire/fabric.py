@@ -441,6 +441,7 @@ class WireFabric(RuntimeFabric):
         if link is not None and not wire.carries_link:
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
+        self._rx_batch: list[WireConnection] | None = None  # inside _udp_read: connections to flush after it
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
         self.impairer: Impairer | None = Impairer(impair, self.binding) if impair is not None and impair.active \
             else None
@@ -819,8 +820,9 @@ class WireFabric(RuntimeFabric):
                 if t is not None and t <= now:
                     self._io(c, partial(e.poll_timers, now), "timer")
 
-    def _io(self, conn: WireConnection, fn: Callable[[], None], what: str) -> None:
-        """Run engine work (arrival, timer) as a trace record, then deliver its output and completions."""
+    def _io(self, conn: WireConnection, fn: Callable[[], None], what: str, *, flush: bool = True) -> None:
+        """Run engine work (arrival, timer) as a trace record, then deliver its output and completions (unless
+        ``flush`` is False: the caller flushes later)."""
         rt = self.runtime
         if rt.tracing:
             rt.pending_notes = []
@@ -828,7 +830,8 @@ class WireFabric(RuntimeFabric):
         if rt.tracing:
             rt.steps += 1
             self._record(f"{conn.name}:{what}", conn.name)
-        self._flush(conn)
+        if flush:
+            self._flush(conn)
 
     def _flush(self, conn: WireConnection) -> None:
         """Send what the engine produced and hand its completions to the CQ (waking actors)."""
@@ -982,6 +985,18 @@ class WireFabric(RuntimeFabric):
     def _udp_read(self) -> None:
         udp = self._udp
         assert udp is not None
+        # The socket is drained (a bounded batch) before the engines' output and completions are flushed, once per
+        # connection: the datagrams that arrived together cost one pass through _flush, and an engine answers a
+        # run of requests with one coalesced ACK (RoceEngine._ack)
+        batch = self._rx_batch = []
+        try:
+            self._udp_batch(udp)
+        finally:
+            self._rx_batch = None
+            for conn in batch:
+                self._flush(conn)
+
+    def _udp_batch(self, udp: socket.socket | QemuSocketLink) -> None:
         for _ in range(64):  # a bounded batch, so actors and timers get their turn
             try:
                 data, addr = udp.recvfrom(_RECV)
@@ -1011,7 +1026,10 @@ class WireFabric(RuntimeFabric):
             conn.watched.append(data)
         # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
         source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
-        self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx")
+        batch = self._rx_batch
+        self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx", flush=batch is None)
+        if batch is not None and conn not in batch:
+            batch.append(conn)
 
     def close(self) -> None:
         """Close every socket (connections end as if the host went away)."""
