@@ -442,6 +442,7 @@ class WireFabric(RuntimeFabric):
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
         self._rx_batch: list[WireConnection] | None = None  # inside _udp_read: connections to flush after it
+        self._udp_sent = 0  # datagrams sent since _udp_read last counted
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
         self.impairer: Impairer | None = Impairer(impair, self.binding) if impair is not None and impair.active \
             else None
@@ -663,6 +664,7 @@ class WireFabric(RuntimeFabric):
                 self._gso = False  # no UDP GSO here: one datagram at a time from now on
                 continue
             sent += payloads[k:j]
+            self._udp_sent += j - k
             k = j
         return sent
 
@@ -988,20 +990,28 @@ class WireFabric(RuntimeFabric):
         # The socket is drained (a bounded batch) before the engines' output and completions are flushed, once per
         # connection: the datagrams that arrived together cost one pass through _flush, and an engine answers a
         # run of requests with one coalesced ACK (RoceEngine._ack)
-        batch = self._rx_batch = []
-        try:
-            self._udp_batch(udp)
-        finally:
-            self._rx_batch = None
-            for conn in batch:
-                self._flush(conn)
+        # arrivals (in one process, the answers to what was just flushed) are read again at once, within one bound
+        left = 64  # so actors and timers get their turn
+        while left > 0:
+            batch = self._rx_batch = []
+            self._udp_sent = 0
+            try:
+                read = self._udp_batch(udp, left)
+            finally:
+                self._rx_batch = None
+                for conn in batch:
+                    self._flush(conn)
+            if not read or not (batch and self._udp_sent):
+                return  # nothing arrived, or nothing was sent that this socket could get back at once
+            left -= read
 
-    def _udp_batch(self, udp: socket.socket | QemuSocketLink) -> None:
-        for _ in range(64):  # a bounded batch, so actors and timers get their turn
+    def _udp_batch(self, udp: socket.socket | QemuSocketLink, limit: int) -> int:
+        """Read and process up to ``limit`` datagrams, until the socket is empty; how many were read."""
+        for n in range(limit):
             try:
                 data, addr = udp.recvfrom(_RECV)
             except (BlockingIOError, InterruptedError):
-                return
+                return n
             except OSError as exc:
                 if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
                     continue  # an ICMP error for an earlier datagram: RC recovers by retransmission
@@ -1016,6 +1026,7 @@ class WireFabric(RuntimeFabric):
                 impairer.datagram(f"{conn.name}<", data, partial(self._datagram_in, conn, addr), self.now)
             else:
                 self._datagram_in(conn, addr, data)
+        return limit
 
     def _datagram_in(self, conn: WireConnection, addr: Any, data: bytes) -> None:
         if conn.engine is None or self._udp is None:
