@@ -170,7 +170,8 @@ class ServedTarget:
 def served_rates(binding: str, block: int, ops: int, repeat: int) -> tuple[dict[str, Measure], float]:
     """`kbtp_rates`' workload by an initiator here against a `ServedTarget`; the measures and the target
     process's CPU seconds over them."""
-    from kvconform.rdma.wire.fabric import WireFabric  # lazy: only the wire rows need sockets
+    # lazy: as in rates(), the wire fabric is imported where a wire row is measured
+    from kvconform.rdma.wire.fabric import WireFabric
 
     wire = binding.removesuffix("-served")
     profile = RDMAP_7306 if wire == "iwarp" else IB_RC
