@@ -137,6 +137,7 @@ class RoceEngine:
         p_key: int = 0xFFFF,
         masked_atomics: bool = False,
         ack_every: int = 16,
+        ack_delay_s: float = 0.0,
         atomic_cache: int = 16,
         max_rd_atomic: int = 16,
     ) -> None:
@@ -152,6 +153,10 @@ class RoceEngine:
         self.p_key = p_key
         self.masked_atomics = masked_atomics
         self.ack_every = ack_every
+        # how long a positive ACK may wait for a later one to replace it (see _ack); bounded well inside the ACK
+        # timeout, which both ends configure alike here (a requester retransmits after it)
+        self.ack_delay_s = min(ack_delay_s, ack_timeout_s / 8)
+        self._ack_due: float | None = None  # when the held ACK must go out (ack_delay_s)
         self.max_rd_atomic = max_rd_atomic
         self._state = ConnState.CONNECTED
         self._term: Terminate | None = None
@@ -268,6 +273,8 @@ class RoceEngine:
         self._clock(now)
         if self._state is not ConnState.CONNECTED:
             return
+        if self._ack_due is not None and now >= self._ack_due:
+            self._release_ack()
         if self._rnr_at is not None and now >= self._rnr_at:
             self._rnr_at = None
             self._retransmit(self._rnr_psn)
@@ -291,12 +298,12 @@ class RoceEngine:
         if self._rearm:
             return self._now  # due at once: the fabric's poll_timers brings the real time
         ack, rnr = self._ack_deadline, self._rnr_at  # asked on every turn of the fabric's loop: no list
-        if ack is None or rnr is None:
-            return rnr if ack is None else ack
-        return min(ack, rnr)
+        due = rnr if ack is None else ack if rnr is None else min(ack, rnr)
+        held = self._ack_due
+        return due if held is None else held if due is None else min(due, held)
 
     def take_output(self) -> list[bytes]:
-        if self._held_ack is not None:
+        if self._held_ack is not None and not self.ack_delay_s:
             self._release_ack()
         out, self._out = self._out, []
         return out
@@ -323,11 +330,16 @@ class RoceEngine:
     # ---- output ------------------------------------------------------------------------------------------
 
     def _emit(self, op: int, psn: int, *, ack_req: bool = False, se: bool = False, payload: bytes = b"",
-              ext: bytes = b"") -> None:
+              ext: bytes = b"", implicit_ack: bool = False) -> None:
         """One packet: BTH ‖ ``ext`` (its extension headers, encoded in §4.3 order) ‖ payload ‖ pad ‖ ICRC, built
-        without per-packet header objects. A coalesced ACK still held goes out first (packets keep their order)."""
-        if self._held_ack is not None:
-            self._release_ack()
+        without per-packet header objects. A held ACK (`_ack`) goes out before a response, or is dropped when the
+        response is an implicit ACK of a newer PSN (``implicit_ack``); a request of this QP's own may pass a
+        delayed one."""
+        if self._held_ack is not None and not (self.ack_delay_s and op in REQUESTS):
+            if implicit_ack:
+                self._held_ack = self._ack_due = None
+            else:
+                self._release_ack()
         pad = -len(payload) & 3
         size = 8 + BTH_LEN + len(ext) + len(payload) + pad + ICRC_LEN  # the UDP length: the ICRC covers it
         prefix = self._prefix.get(size)
@@ -338,18 +350,24 @@ class RoceEngine:
         self._out.append(seal(prefix, head, ext, payload, _PADS[pad]))
 
     def _ack(self, psn: int) -> None:
-        """A positive ACK of everything up to ``psn``. It is held until the engine's output is taken or another
-        packet is emitted, and a later ACK replaces it: one ACK for a run of requests that arrived together.
-        IB RC allows it (rdma-bindings §4.6: "An ACK carries the PSN of the newest packet it acknowledges and covers
-        everything up to that PSN (coalesced)"; §5.4 step 5: "coalescing allowed"); responses still go out in PSN
-        order, and nothing is held past the call that produced it (the fabric takes the output after each batch of
-        arrivals)."""
+        """A positive ACK of everything up to ``psn``, held so that a later ACK can replace it: one ACK for a run of
+        requests. IB RC allows it (rdma-bindings §4.6: "An ACK carries the PSN of the newest packet it acknowledges
+        and covers everything up to that PSN (coalesced)"; §5.4 step 5: "coalescing allowed").
+
+        With ``ack_delay_s`` 0 it goes out when the engine's output is taken (the fabric takes it after each batch
+        of arrivals: requests that arrived together get one ACK). Otherwise it waits up to ``ack_delay_s``: the
+        requests of the next operation replace it, and a READ response or Atomic ACK, itself an implicit ACK of
+        everything before it (§4.6: "READ responses and Atomic ACKs are themselves implicit ACKs"), makes it
+        unneeded. Either way it precedes any other response (responses stay in PSN order); only this QP's own
+        requests, a separate stream, may pass it."""
+        if self._held_ack is None and self.ack_delay_s > 0:
+            self._ack_due = self._now + self.ack_delay_s
         self._held_ack = (psn, self._msn)
 
     def _release_ack(self) -> None:
         held = self._held_ack
         assert held is not None
-        self._held_ack = None
+        self._held_ack = self._ack_due = None
         self._emit(Opcode.ACKNOWLEDGE, held[0], ext=aeth_bytes(CREDIT_INVALID, held[1]))
 
     # ---- requester ---------------------------------------------------------------------------------------
@@ -569,6 +587,8 @@ class RoceEngine:
 
     def _close(self, state: ConnState, *, culprit: _Req | None = None, status: Status | None = None) -> None:
         """Move to ``state`` and flush every unfinished WR and Recv (kvconform.rdma.completion)."""
+        if self._held_ack is not None:
+            self._release_ack()  # what was received is acknowledged as it would have been without the delay
         self._state = state
         self._ack_deadline = self._rnr_at = None
         recvs = list(self._recvs)
@@ -660,13 +680,13 @@ class RoceEngine:
             self._unacked = 0
         aeth = aeth_bytes(CREDIT_INVALID, self._msn)
         if n == 1:
-            self._emit(Opcode.READ_RESPONSE_ONLY, psn, payload=data, ext=aeth)
+            self._emit(Opcode.READ_RESPONSE_ONLY, psn, payload=data, ext=aeth, implicit_ack=not duplicate)
             return
         pmtu = self.pmtu
         for i in range(n):
             chunk = data[i * pmtu:(i + 1) * pmtu]
             if i == 0:
-                self._emit(Opcode.READ_RESPONSE_FIRST, psn, payload=chunk, ext=aeth)
+                self._emit(Opcode.READ_RESPONSE_FIRST, psn, payload=chunk, ext=aeth, implicit_ack=not duplicate)
             elif i == n - 1:
                 self._emit(Opcode.READ_RESPONSE_LAST, psn + i, payload=chunk, ext=aeth)
             else:
@@ -705,7 +725,8 @@ class RoceEngine:
         self._epsn = (psn + 1) & PSN_MASK
         self._msn = (self._msn + 1) & PSN_MASK
         self._unacked = 0
-        self._emit(Opcode.ATOMIC_ACKNOWLEDGE, psn, ext=aeth_bytes(CREDIT_INVALID, self._msn) + u64_bytes(orig))
+        self._emit(Opcode.ATOMIC_ACKNOWLEDGE, psn, ext=aeth_bytes(CREDIT_INVALID, self._msn) + u64_bytes(orig),
+                   implicit_ack=True)
 
     def _data(self, pkt: Packet) -> None:
         """SEND and RDMA WRITE packets at the expected PSN."""

@@ -73,6 +73,9 @@ WireBindingName = Literal["iwarp", "roce"]
 ROCE_PORT = 4791  # IANA RoCEv2 UDP port (rdma-bindings §4.1)
 CONNECT_TIMEOUT_S = 10.0  # TCP connect plus MPA / out-of-band exchange
 RUN_TIMEOUT_S = 120.0  # wall-clock bound of one run(): a peer that never answers ends the run, not the suite
+# RoceEngine ack_delay_s: a positive ACK waits this long for the next operation's requests to replace it (one ACK
+# fewer per exchange while operations follow each other); far inside any ACK timeout the engines use
+ROCE_ACK_DELAY_S = 0.002
 SETTLE_S = 0.01  # run(): once every actor is done, the wire counts as quiet after this long without traffic
 _RECV = 1 << 16
 # UDP GSO (Linux >= 4.18): one sendmsg, several datagrams of one size (the last may be shorter)
@@ -583,8 +586,9 @@ class WireFabric(RuntimeFabric):
     def make_roce_engine(self, conn: WireConnection, local: Any, remote: Any) -> Any:
         """The engine of one RoCEv2 connection, once the QP exchange gave both ends' QP information."""
 
+        options = {"ack_delay_s": ROCE_ACK_DELAY_S, **self.engine_options}
         return RoceEngine(conn.name, self._memory(conn), local=local, remote=remote, pmtu=self.profile.pmtu,
-                          masked_atomics=self.profile.masked_atomics, **self.engine_options)
+                          masked_atomics=self.profile.masked_atomics, **options)
 
     def inject(self, conn: WireConnection, raw: bytes) -> None:
         """Put crafted bytes on ``conn``'s wire, past its engine: stream bytes (iWARP) or one UDP payload (RoCEv2)
