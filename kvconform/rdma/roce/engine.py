@@ -63,7 +63,7 @@ from kvconform.rdma.roce.headers import (
     u32_bytes,
     u64_bytes,
 )
-from kvconform.rdma.roce.icrc import ICRC_LEN, check_icrc, prefix_crc, seal
+from kvconform.rdma.roce.icrc import ICRC_LEN, UDP_LEN, prefix_crc, seal, unseal
 from kvconform.rdma.roce.qp import QpInfo
 
 _HALF = 1 << 23
@@ -164,6 +164,7 @@ class RoceEngine:
         self._out: list[bytes] = []
         self._held_ack: tuple[int, int] | None = None  # a coalesced ACK not yet emitted: (PSN, MSN), see _ack
         self._prefix: dict[int, int] = {}  # ICRC state before the BTH, per UDP length (the addresses are fixed)
+        self._rx_prefix: dict[tuple[str, int, int, int], int] = {}  # the same for arrivals: per source and length
         self._wcs: list[Completion] = []
         self.dropped_icrc = self.dropped_pkey = self.dropped_qpn = self.dropped_malformed = 0
         # requester
@@ -176,6 +177,7 @@ class RoceEngine:
         self._ack_deadline: float | None = None
         self._rnr_at: float | None = None
         self._rnr_psn = 0
+        self._unsent = 0  # WRs posted while connected and not sent yet (flushed ones stay counted: no _pump then)
         self._rearm = False  # post() has no clock: the ACK timer is re-armed at the next call that has one
         # responder
         self._epsn = remote.psn
@@ -218,6 +220,8 @@ class RoceEngine:
         req = _Req(wr)
         if self._state is not ConnState.CONNECTED:
             req.status = Status.WR_FLUSH_ERR
+        else:
+            self._unsent += 1
         self._wrs.append(req)
         self._pump()
         self._rearm = self._rearm or self._ack_deadline is not None
@@ -244,7 +248,14 @@ class RoceEngine:
         if self._state is not ConnState.CONNECTED:
             return
         src = source or Source(self.remote.ip, self.remote.port)
-        body = check_icrc(src.address, src.port, self.local.ip, self.local.port, data, src.ip_ident)
+        key = (src.address, src.port, src.ip_ident, len(data))
+        prefix = self._rx_prefix.get(key)
+        if prefix is None:
+            if len(self._rx_prefix) >= 256:
+                self._rx_prefix.clear()  # (a kernel device numbers its packets' IPv4 Identification: keys vary)
+            prefix = self._rx_prefix[key] = prefix_crc(src.address, src.port, self.local.ip, self.local.port,
+                                                       UDP_LEN + len(data), src.ip_ident)
+        body = unseal(prefix, data)
         if body is None:
             self.dropped_icrc += 1
             return
@@ -382,8 +393,8 @@ class RoceEngine:
 
     def _pump(self) -> None:
         """Send the WRs not yet sent, in order, as fences, the RNR wait and the state allow."""
-        if self._state is not ConnState.CONNECTED or self._rnr_at is not None:
-            return
+        if not self._unsent or self._state is not ConnState.CONNECTED or self._rnr_at is not None:
+            return  # (called after every arrival: most of the time everything posted is sent)
         for req in self._wrs:
             if req.sent or req.status is not None:
                 continue
@@ -396,6 +407,7 @@ class RoceEngine:
                     for r in self._wrs) >= self.max_rd_atomic:
                 return  # max_rd_atomic outstanding already (§4.6)
             req.psn, req.npsn = self._next_psn, self._npsn(wr)
+            self._unsent -= 1
             self._next_psn = (self._next_psn + req.npsn) & PSN_MASK
             self._send_req(req, req.psn)
             if self._ack_deadline is None:

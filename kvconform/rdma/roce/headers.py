@@ -91,7 +91,9 @@ READ_RESPONSES = frozenset(op for op in Opcode if Opcode.READ_RESPONSE_FIRST <= 
 REQUESTS = SEND_OPS | WRITE_OPS | {Opcode.READ_REQUEST, Opcode.CMP_SWAP, Opcode.FETCH_ADD}
 
 
-@dataclass(frozen=True, slots=True)
+# Bth and Packet are not frozen: one of each is decoded per packet, and a frozen dataclass's __init__ costs four
+# times a plain one's (bench_kbtp_wire.py); nothing changes one once decoded (dataclasses.replace makes a new one)
+@dataclass(slots=True)
 class Bth:
     """Base Transport Header, 12 octets (§4.2)."""
 
@@ -116,8 +118,9 @@ class Bth:
         if len(data) < BTH_LEN:
             raise HeaderError(f"BTH: {len(data)} octets, 12 expected (§4.2)")
         op, b1, p_key, w4, w8 = _BTH.unpack_from(data)
-        return cls(op, w4 & PSN_MASK, w8 & PSN_MASK, bool(w8 & 0x8000_0000), bool(b1 & 0x80), bool(b1 & 0x40),
-                   (b1 >> 4) & 3, b1 & 0xF, p_key, bool(w4 & 0x8000_0000), bool(w4 & 0x4000_0000))
+        # (comparisons, not bool() calls: this runs once per packet received)
+        return cls(op, w4 & PSN_MASK, w8 & PSN_MASK, w8 >= 0x8000_0000, b1 >= 0x80, (b1 & 0x40) != 0,
+                   (b1 >> 4) & 3, b1 & 0xF, p_key, w4 >= 0x8000_0000, (w4 & 0x4000_0000) != 0)
 
 
 # BTH as two octets, a 16-bit P_Key and two 32-bit words (FECN, BECN, 6 reserved bits, DestQP; AckReq, 7 reserved
@@ -230,7 +233,7 @@ class AtomicEth:
         return cls(*struct.unpack_from(">QIQQ", data))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Packet:
     """A decoded RC packet: BTH, the extension headers its opcode carries, and the payload without pad."""
 

@@ -92,6 +92,18 @@ def seal(prefix: int, head: bytes, ext: bytes, payload: bytes, pad: bytes) -> by
     return b"".join((head, ext, payload, pad, _LE32.pack(crc)))
 
 
+def unseal(prefix: int, payload: bytes) -> bytes | None:
+    """`check_icrc` with the CRC state before the BTH given (``prefix``: `prefix_crc` for a UDP length of
+    ``8 + len(payload)``, which a receiver caches per sender and size)."""
+    if len(payload) < ICRC_LEN:
+        return None
+    body = payload[:-ICRC_LEN]
+    crc = zlib.crc32(_FF, zlib.crc32(body[:4], prefix))
+    if len(body) > 5:
+        crc = zlib.crc32(memoryview(body)[5:], crc)
+    return body if _LE32.pack(crc) == payload[-ICRC_LEN:] else None
+
+
 def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int = 0) -> bytes:
     """``packet`` with its ICRC: the UDP payload to send."""
     return packet + icrc(src, sport, dst, dport, packet, ident)
