@@ -445,7 +445,7 @@ class WireFabric(RuntimeFabric):
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
         self._rx_batch: list[WireConnection] | None = None  # inside _udp_read: connections to flush after it
-        self._udp_sent = 0  # datagrams sent since _udp_read last counted
+        self._udp_sent = 0  # datagrams sent to this fabric's own socket since _udp_read last counted
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
         self.impairer: Impairer | None = Impairer(impair, self.binding) if impair is not None and impair.active \
             else None
@@ -668,8 +668,9 @@ class WireFabric(RuntimeFabric):
                 self._gso = False  # no UDP GSO here: one datagram at a time from now on
                 continue
             sent += payloads[k:j]
-            self._udp_sent += j - k
             k = j
+        if dst[1] == self._udp_port and self.link is None and dst[0] == self.host:
+            self._udp_sent += len(sent)  # to this very socket (both ends here): _udp_read reads them at once
         return sent
 
     def _register_qpn(self, conn: WireConnection) -> int:
@@ -1005,8 +1006,8 @@ class WireFabric(RuntimeFabric):
                 self._rx_batch = None
                 for conn in batch:
                     self._flush(conn)
-            if not read or not (batch and self._udp_sent):
-                return  # nothing arrived, or nothing was sent that this socket could get back at once
+            if not read or not self._udp_sent:
+                return  # nothing arrived, or nothing was sent to this socket since
             left -= read
 
     def _udp_batch(self, udp: socket.socket | QemuSocketLink, limit: int) -> int:
