@@ -111,7 +111,7 @@ def finding_window_bounds(fab: VerbsFabric, dev: str) -> None:
     big = a.register(buf, Access.LOCAL_WRITE | Access.MW_BIND)
     mw = MW(a.pd, e.IBV_MW_TYPE_2)
     assert ca.engine is not None
-    stag = ca.engine.bind_window(mw, a._mrs[big.stag], buf.addr, 4096, int(Access.REMOTE_WRITE))  # type: ignore[attr-defined]
+    stag = ca.engine.bind_window(mw, a.memory_region(big.stag), buf.addr, 4096, int(Access.REMOTE_WRITE))  # type: ignore[attr-defined]
     src = b.register(b.alloc(64), Access.LOCAL_WRITE)
 
     def past() -> Any:

@@ -1,7 +1,8 @@
 """`RuntimeFabric`: what every in-process fabric (emulated, wire, verbs) offers through the `Runtime` it holds.
 
 A fabric holds one `Runtime` (nodes, CQs, actors, steps, trace) and decides how its steps run (`_loop`): the
-emulated fabric through its scheduler, the wire fabrics in real time between their I/O.
+emulated fabric through its scheduler, the wire and verbs fabrics in real time between their I/O
+(`kvconform.rdma.runtime.realtime`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ class RuntimeFabric(ABC):
 
     TRACE_NAME = "kvconform.rdma.emulated"  # the trace header's format name (one format for every fabric)
 
-    def __init__(self, profile: Profile, scheduler: Scheduler, *, trace: bool, max_steps: int) -> None:
+    def __init__(self, profile: Profile, scheduler: Scheduler, *, trace: bool, max_steps: int,
+                 runtime: Runtime | None = None) -> None:
+        """``runtime``: one to share with the fabric that holds this one (a verbs fabric's connection layer)."""
         self.profile = profile
         self.scheduler = scheduler
         self.seed = scheduler.seed
         self.max_steps = max_steps
-        self.runtime = Runtime(profile, seed=self.seed, tracing=trace)
+        self.runtime = runtime if runtime is not None else Runtime(profile, seed=self.seed, tracing=trace)
 
     # ---- what the runtime keeps ---------------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ class EmuNode:
         del self._stags[region.stag]
         self.runtime.note(self.name, "deregister", stag=region.stag)
 
-    def _check_window(self, region: Region, offset: int, length: int, access: Access) -> None:
+    def check_window(self, region: Region, offset: int, length: int, access: Access) -> None:
         """What binding a window over ``region`` asks of its arguments, whatever binds it."""
         if self._stags.get(region.stag) is not region:
             raise FabricUsageError(f"bind_window: stag {region.stag:#x} is not a registered region of {self.name}")
@@ -146,7 +146,7 @@ class EmuNode:
     ) -> Window:
         if not self.profile.mw_type2:
             raise FabricUsageError(f"bind_window: profile {self.profile.name} has no type-2 memory windows")
-        self._check_window(region, offset, length, access)
+        self.check_window(region, offset, length, access)
         if self._connections.get(conn.name) is not conn:
             raise FabricUsageError(f"bind_window: {conn!r} is not a connection of {self.name}")
         window = Window(self._stag(), region, offset, length, Access(access), zero_based, conn.name)

@@ -1,7 +1,9 @@
 """`VerbsFabric`: the fabric interface on a kernel RDMA device through pyverbs (rdma-bindings §8 item 9).
 
-The wire fabric's real-time actor loop, listeners and dialing, with a verbs QP per connection instead of a
-userspace engine (`kvconform.rdma.verbs.engine.VerbsEngine`). A node is a protection domain on the device:
+The runtime's real-time loop (`kvconform.rdma.runtime.realtime`) polls the device's completion queues and the
+sockets of a wire fabric the verbs fabric holds as its connection layer (listeners, dialing, the RoCE out-of-band
+exchange, each connection's lifecycle), with a verbs QP per connection instead of a userspace engine
+(`kvconform.rdma.verbs.engine.VerbsEngine`). A node is a protection domain on the device:
 memory is anonymous ``mmap`` pages at their real addresses, a region is a memory region (its STag is the
 device's rkey), a window is a type-2 memory window bound on the connection's QP. Connections:
 
@@ -30,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +44,14 @@ from kvconform.rdma.fabric import (
     FabricUsageError,
     Node,
     Region,
+    RunResult,
     Sge,
     Window,
 )
 from kvconform.rdma.profiles import Profile
-from kvconform.rdma.roce.qp import ROCE_UDP_PORT
-from kvconform.rdma.runtime import EmuCQ, EmuNode
+from kvconform.rdma.roce.qp import ROCE_UDP_PORT, QpInfo
+from kvconform.rdma.runtime import EmuCQ, EmuNode, RealTimeLoop, RuntimeFabric
+from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.verbs import cm as rdma_cm
 from kvconform.rdma.verbs.device import DeviceInfo, PyverbsError, VerbsUnavailable, profile_for, query
 from kvconform.rdma.verbs.engine import VerbsEngine
@@ -108,6 +113,10 @@ class VerbsNode(EmuNode):
             access &= ~Access.MW_BIND  # siw refuses the flag; its windows are memory regions (module docstring)
         return int(access)
 
+    def memory_region(self, stag: int) -> Any:
+        """The device's memory region (pyverbs ``MR``) behind the region or one-off window ``stag``."""
+        return self._mrs[stag]
+
     def lkey_of(self, sge: Sge) -> tuple[int, int]:
         """(address, lkey) of a local SGE."""
         mr = self._mrs.get(sge.region.stag)
@@ -123,7 +132,7 @@ class VerbsNode(EmuNode):
 
     def bind_window(self, region: Region, offset: int, length: int, access: Access, conn: Connection, *,
                     zero_based: bool = False) -> Window:
-        self._check_window(region, offset, length, access)
+        self.check_window(region, offset, length, access)
         if zero_based:
             raise FabricUsageError("bind_window: zero-based windows are not offered by the verbs binding")
         if not isinstance(conn, WireConnection) or conn.node is not self or not isinstance(conn.engine, VerbsEngine):
@@ -215,19 +224,19 @@ class _SideChannelSetup:
     """RoCE / InfiniBand on a device: the wire fabric's listeners and dialing, its out-of-band QP exchange."""
 
     def __init__(self, fabric: VerbsFabric) -> None:
-        self.fabric = fabric
+        self.transport = fabric.transport
 
     def listen(self, node: Node, host: str, port: int, on_accept: Callable[[WireConnection], None], *,
                name_of: Callable[[int], str] | None = None, cq: EmuCQ | None = None) -> Any:
-        return WireFabric.listen(self.fabric, node, host, port, on_accept, name_of=name_of, cq=cq)
+        return self.transport.listen(node, host, port, on_accept, name_of=name_of, cq=cq)
 
     def connect(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
                 cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
-        return WireFabric.connect(self.fabric, a, b, name=name, cq_a=cq_a, cq_b=cq_b)
+        return self.transport.connect(a, b, name=name, cq_a=cq_a, cq_b=cq_b)
 
     def dial(self, remote: RemoteNode, local: Node, *, name: str | None = None,
              cq: EmuCQ | None = None) -> WireConnection:
-        return WireFabric.dial(self.fabric, remote, local, name=name, cq=cq)
+        return self.transport.dial(remote, local, name=name, cq=cq)
 
 
 class _CmSetup:
@@ -249,8 +258,10 @@ class _CmSetup:
         return self.fabric._cm_dial_to(remote, local, name=name, cq=cq)
 
 
-class VerbsFabric(WireFabric):
+class VerbsFabric(RuntimeFabric):
     """The fabric interface on verbs device ``device`` (see the module docstring)."""
+
+    owns_races = False  # the device and the peer make the races, as on the wire
 
     # userspace verbs register no fast-registration MRs: a remotely invalidatable STag is a window
     invalidates_regions = False
@@ -275,8 +286,18 @@ class VerbsFabric(WireFabric):
         address = host or (ANY if iwarp else self.info.gid_address)
         if address is None:
             raise VerbsUnavailable(f"{self.info.describe()}: the port has no RoCEv2 GID of an IPv4 address")
-        super().__init__(profile, binding="iwarp" if iwarp else "roce", trace=trace, capture_dir=capture_dir,
-                         host=address, run_timeout=RUN_TIMEOUT_S if run_timeout is None else run_timeout)
+        super().__init__(profile, FifoScheduler(), trace=trace, max_steps=1_000_000)
+        # one loop for the device and the sockets: it polls the CQs and the connection layer (`poll_io`)
+        self.loop = RealTimeLoop(self.runtime, self)
+        self.run_timeout = RUN_TIMEOUT_S if run_timeout is None else run_timeout
+        # the connection layer (has-a, not is-a): listeners, dialing, the RoCE side channel and each connection's
+        # lifecycle over the wire fabric's sockets, with this fabric making the QPs (``device=self``)
+        self.transport = WireFabric(profile, binding="iwarp" if iwarp else "roce", trace=trace,
+                                    capture_dir=capture_dir, host=address, run_timeout=self.run_timeout,
+                                    loop=self.loop, device=self)
+        self.binding = self.transport.binding
+        self.host = address
+        self.writes_acknowledged = self.transport.writes_acknowledged
         # how connections are set up on this device, chosen once: rdma_cm (iWARP), the side channel (RoCE / IB)
         self._setup: _CmSetup | _SideChannelSetup = _CmSetup(self) if iwarp else _SideChannelSetup(self)
         from pyverbs.device import Context  # optional: pyverbs ships with rdma-core, on RDMA hosts only
@@ -297,6 +318,14 @@ class VerbsFabric(WireFabric):
 
     def __repr__(self) -> str:
         return f"verbs:{self.device} ({self.info.transport})"
+
+    @property
+    def now(self) -> float:
+        return self.loop.clock()
+
+    def _note(self, who: str, what: str, **args: Any) -> None:
+        """Record an effect in the trace (`Runtime.note`)."""
+        self.runtime.note(who, what, **args)
 
     # ---- nodes and device objects ----------------------------------------------------------------------
 
@@ -342,14 +371,11 @@ class VerbsFabric(WireFabric):
         engine = VerbsEngine(conn.name, qp=qp, cq=cq, pd=node.pd, lkey_of=node.lkey_of,
                              on_remote_invalidate=node.remote_invalidated,
                              on_disconnect=lambda: self.disconnect_conn(conn),
-                             note=lambda what, **args: self._note(conn.name, what, **args), depth=QP_DEPTH)
+                             note=partial(self.runtime.note, conn.name), depth=QP_DEPTH)
         self._engines[engine] = conn
         return engine
 
-    # ---- RoCE / IB: the wire fabric's out-of-band exchange, then the QP to RTS -------------------------
-
-    def _ensure_udp(self) -> Any:
-        return None  # the device owns UDP 4791
+    # ---- RoCE / IB: the wire fabric's out-of-band exchange, then the QP to RTS (the `QpDevice` it asks) -----
 
     @property
     def roce_address(self) -> str:
@@ -358,16 +384,16 @@ class VerbsFabric(WireFabric):
 
     @property
     def udp_port(self) -> int:
-        return ROCE_UDP_PORT
+        return ROCE_UDP_PORT  # the device owns UDP 4791
 
-    def _register_qpn(self, conn: WireConnection) -> int:
+    def register_qpn(self, conn: WireConnection) -> int:
         node = conn.node
         assert isinstance(node, VerbsNode)
         qp, cq = self._new_qp(node)
         self._qps[int(qp.qp_num)] = (qp, cq)
         return int(qp.qp_num)
 
-    def make_roce_engine(self, conn: WireConnection, local: Any, remote: Any) -> Any:
+    def make_roce_engine(self, conn: WireConnection, local: QpInfo, remote: QpInfo) -> VerbsEngine:
 
         from pyverbs.addr import GID, AHAttr, GlobalRoute  # optional: pyverbs ships with rdma-core, on RDMA hosts only
         from pyverbs.qp import QPAttr
@@ -396,6 +422,17 @@ class VerbsFabric(WireFabric):
         return engine
 
     # ---- iWARP: rdma_cm -------------------------------------------------------------------------------
+
+    def remote(self, name: str, host: str, port: int) -> RemoteNode:
+        """The target (or peer) in another process at ``host:port``."""
+        return self.transport.remote(name, host, port)
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever ``fd`` is readable (rdma_cm's event channel; a process's pipe)."""
+        self.transport.add_reader(fd, callback)
+
+    def remove_reader(self, fd: int) -> None:
+        self.transport.remove_reader(fd)
 
     def _channel(self) -> rdma_cm.EventChannel:
         if self._cm is None:
@@ -440,9 +477,7 @@ class VerbsFabric(WireFabric):
             if self._cm is not None:
                 self._cm.destroy_id(listener.cm_id)
         else:
-            self._sel.unregister(listener.sock)
-            listener.sock.close()
-            self._listeners.remove(listener)
+            self.transport.stop_listening(listener)
 
     def _cm_pair(self, a: Node, b: Node, *, name: str | None = None, cq_a: EmuCQ | None = None,
                  cq_b: EmuCQ | None = None) -> tuple[WireConnection, WireConnection]:
@@ -452,7 +487,7 @@ class VerbsFabric(WireFabric):
         try:
             assert isinstance(b, VerbsNode)
             conn = self._cm_dial(b, f"{base}.{b.name}", self.host, listener.port, cq_b)
-            self._await_ready([conn], lambda: bool(accepted) and accepted[0].ready)
+            self.transport.await_ready([conn], lambda: bool(accepted) and accepted[0].ready)
         finally:
             self.stop_listening(listener)
         conn.peer_name, accepted[0].peer_name = accepted[0].name, conn.name
@@ -464,11 +499,11 @@ class VerbsFabric(WireFabric):
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._cm_dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", remote.host,
                              remote.port, cq)
-        self._await_ready([conn])
+        self.transport.await_ready([conn])
         return conn
 
     def _cm_dial(self, node: VerbsNode, ep_name: str, host: str, port: int, cq: EmuCQ | None) -> WireConnection:
-        conn = self._new_conn(node, ep_name, cq)
+        conn = self.transport.new_connection(node, ep_name, cq)
         conn.peer_name = f"{host}:{port}"
         conn.dial_to = (host, port)  # type: ignore[attr-defined]
         conn.redials = 0  # type: ignore[attr-defined]
@@ -520,13 +555,13 @@ class VerbsFabric(WireFabric):
             listener.count += 1
             n = listener.count
             ep = listener.name_of(n) if listener.name_of else f"c{n}-cm.{listener.node.name}"
-            conn = self._new_conn(listener.node, ep, listener.cq)
+            conn = self.transport.new_connection(listener.node, ep, listener.cq)
             conn.peer_name = f"rdma_cm-{n}"
             conn.cm_id = ev.id  # type: ignore[attr-defined]
             self._cm_conns[ev.id] = conn
             try:
                 qp, cq = self._new_qp(listener.node)
-                self._set_engine(conn, self._engine_for(conn, qp, cq))
+                self.transport.set_engine(conn, self._engine_for(conn, qp, cq))
                 # the endpoint attaches (posts its receives) before the accept: the initiator may send right behind
                 # its RTR, and a Send that finds no receive is a Terminate on iWARP (no RNR retry)
                 listener.on_accept(conn)
@@ -549,13 +584,13 @@ class VerbsFabric(WireFabric):
                 assert isinstance(node, VerbsNode)
                 if conn.engine is None:  # not on a redial, which keeps its QP
                     qp, cq = self._new_qp(node)
-                    self._set_engine(conn, self._engine_for(conn, qp, cq))
+                    self.transport.set_engine(conn, self._engine_for(conn, qp, cq))
                 self._cm_connect(conn, ev.id)
             elif ev.kind == rdma_cm.CmEvent.ESTABLISHED:
                 engine = conn.engine
                 assert isinstance(engine, VerbsEngine)
                 engine.ready()
-                self._flush(conn)
+                self.transport.flush(conn)
             elif ev.kind in (rdma_cm.CmEvent.DISCONNECTED, rdma_cm.CmEvent.DEVICE_REMOVAL):
                 self._lost(conn, f"rdma_cm {ev.name}")
                 self._cm_conns.pop(ev.id, None)
@@ -568,35 +603,67 @@ class VerbsFabric(WireFabric):
         conn.failed = conn.failed or why
         self._lost(conn, why)
 
-    # ---- the loop's I/O: sockets, rdma_cm events and the CQs ------------------------------------------
+    # ---- the loop (kvconform.rdma.runtime.realtime), and its I/O: the CQs, then sockets and rdma_cm events ----
 
-    def _poll_io(self, timeout: float) -> int:
+    def run(self, *, max_steps: int | None = None) -> RunResult:
+        """Run until every non-daemon actor is done, ``max_steps`` or the wall-clock bound (``deadline``)."""
+        return self.loop.run_for(self.run_timeout, self.max_steps if max_steps is None else max_steps)
+
+    def serve_forever(self, stop: Callable[[], bool] | None = None) -> None:
+        """Serve listeners and their connections (the `kvconform serve` loop) until ``stop()``."""
+        self.loop.serve_forever(stop)
+
+    def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
+        return self.loop.run(stop, deadline, max_steps)
+
+    def await_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Pump I/O only (no actor steps) until ``predicate()`` or ``timeout`` seconds; whether it held."""
+        return self.loop.await_event(predicate, timeout)
+
+    def busy(self) -> list[str]:
+        """Why the fabric is not quiet, for a run that hit its deadline (`WireFabric.busy`)."""
+        return self.transport.busy()
+
+    def poll_io(self, timeout: float) -> int:
         n = 0
+        rt = self.runtime
         for engine, conn in list(self._engines.items()):
-            rt = self.runtime
             outer, rt.pending_notes = rt.pending_notes, []  # this may run inside an actor's step
             polled = engine.poll()
             if polled and rt.tracing:  # the completions are a step of the trace, as an arrival is on the wire
                 rt.steps += 1
-                self._record(f"{conn.name}:cq", conn.name)
+                self.loop.record(f"{conn.name}:cq", conn.name)
             rt.pending_notes = outer
             if polled:
                 n += 1
-                self._flush(conn)
+                self.transport.flush(conn)
             elif engine.drained:
                 self._retire(conn, engine)
         if n:
             timeout = 0.0
         elif any(not engine.drained for engine in self._engines):
             timeout = min(timeout, IDLE_POLL_S)
-        return n + super()._poll_io(timeout)
+        return n + self.transport.poll_io(timeout)
+
+    def engine_timers(self) -> None:
+        self.transport.engine_timers()
+
+    def engine_deadline(self) -> float | None:
+        return self.transport.engine_deadline()
+
+    def settled(self) -> bool:
+        return self.transport.settled()
+
+    def live(self) -> bool:
+        if self._cm_listeners or self.transport.live():
+            return True
+        return any(not engine.drained for engine in self._engines)  # a completion can still come
 
     def _retire(self, conn: WireConnection, engine: VerbsEngine) -> None:
         """A connection that ended and whose every work request came back: its QP goes (a served target runs
         for many connections)."""
         started = time.monotonic()
-        with contextlib.suppress(ValueError):
-            self._conns.remove(conn)
+        self.transport.forget(conn)
         node = conn.node
         if isinstance(node, VerbsNode):
             node.release_windows_of(conn.name)
@@ -611,13 +678,8 @@ class VerbsFabric(WireFabric):
             print(f"verbs: {self.device}: releasing connection {conn.name} took {spent:.1f} s", file=sys.stderr,
                   flush=True)
 
-    def _live(self) -> bool:
-        if self._cm_listeners or super()._live():
-            return True
-        return any(not engine.drained for engine in self._engines)  # a completion can still come
-
     def _lost(self, conn: WireConnection, why: str) -> None:
-        super()._lost(conn, why)
+        self.transport.lost(conn, why)
         cm_id = getattr(conn, "cm_id", None)
         if cm_id is not None and self._cm is not None:
             self._cm.disconnect(cm_id)
@@ -633,12 +695,12 @@ class VerbsFabric(WireFabric):
             return
         self._closed = True
         engines = list(self._engines)
-        for conn in list(self._conns):
+        for conn in self.transport.connections:
             self.disconnect_conn(conn)
         if self._cm is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.remove_reader(self._cm.fd)
-        super().close()
+        self.transport.close()
         if self._cm is not None:
             self._cm.close()
             self._cm = None

@@ -1,9 +1,10 @@
 """`WireFabric`: the fabric interface over real sockets, with a binding's sans-I/O engine per connection.
 
 The same actors (the reference target and initiator, the harness's clients, the suites) that run on the
-emulated fabric run here unchanged, in real time: an actor's step runs when the completion, predicate
-or timer it waits for is there, and between steps the fabric polls its sockets (bounded by the next
-timer, an engine's retransmission deadline, or the run's wall-clock bound). There is no scheduler to
+emulated fabric run here unchanged, in real time (`kvconform.rdma.runtime.realtime.RealTimeLoop`, which the
+fabric holds): an actor's step runs when the completion, predicate or timer it waits for is there, and
+between steps the loop polls the fabric's sockets (bounded by the next timer, an engine's retransmission
+deadline, or the run's wall-clock bound). There is no scheduler to
 own: races happen as the kernel and the peer make them, which is why checks that replay a named
 interleaving stay with the emulated fabric (``owns_races`` is False here).
 
@@ -19,6 +20,10 @@ another process is a `RemoteNode`, only an address, which ``dial(remote, local)`
 ``listen(node, host, port, on_accept)`` serves connections. Both ends in one process (``connect(a, b)``
 of two local nodes) go through a real loopback socket pair too, which is how the harness's own tests run
 the reference and its mutants over the wire.
+
+A verbs fabric (`kvconform.rdma.verbs.fabric.VerbsFabric`) holds a wire fabric as its connection layer: its
+listeners, dialing and the RoCE out-of-band exchange, with the QPs made by the device (``device=``, a `QpDevice`)
+instead of an engine here, and one loop for both.
 
 Every connection can write a pcap of its wire (``capture_dir``), built from the bytes the engine sent
 and received with synthesized Ethernet/IPv4/TCP or UDP headers, so captures need no privileges and
@@ -36,12 +41,11 @@ import selectors
 import socket
 import struct
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kvconform.rdma.completion import flushed
 from kvconform.rdma.engine import Source, WireEngine, WorkRequest
@@ -64,7 +68,7 @@ from kvconform.rdma.roce import oob
 from kvconform.rdma.roce.engine import RoceEngine
 from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
 from kvconform.rdma.roce.qp import QpInfo
-from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RuntimeFabric, gather
+from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RealTimeLoop, RuntimeFabric, gather
 from kvconform.rdma.scheduler import FifoScheduler
 from kvconform.rdma.wire.capture import WireTap
 from kvconform.rdma.wire.impair import Impairer, Impairment
@@ -76,7 +80,6 @@ RUN_TIMEOUT_S = 120.0  # wall-clock bound of one run(): a peer that never answer
 # RoceEngine ack_delay_s: a positive ACK waits this long for the next operation's requests to replace it (one ACK
 # fewer per exchange while operations follow each other); far inside any ACK timeout the engines use
 ROCE_ACK_DELAY_S = 0.002
-SETTLE_S = 0.01  # run(): once every actor is done, the wire counts as quiet after this long without traffic
 _RECV = 1 << 16
 # UDP GSO (Linux >= 4.18): one sendmsg, several datagrams of one size (the last may be shorter)
 _UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
@@ -101,6 +104,20 @@ class RemoteNode:
     host: str
     port: int
     profile: Profile
+
+
+class QpDevice(Protocol):
+    """A device that makes a RoCE connection's QP and does its wire (a verbs device): the wire fabric then carries
+    only the out-of-band exchange (rdma-bindings §5.1), announcing the device's address and QP."""
+
+    @property
+    def roce_address(self) -> str: ...
+
+    def register_qpn(self, conn: WireConnection) -> int:
+        """A new QP for ``conn``: its number (what the exchange announces)."""
+
+    def make_roce_engine(self, conn: WireConnection, local: QpInfo, remote: QpInfo) -> WireEngine:
+        """The QP of ``local.qpn``, connected to ``remote`` (what the exchange gave), as ``conn``'s engine."""
 
 
 class _Memory:
@@ -170,11 +187,11 @@ class WireConnection(PostingEndpoint):
         else:
             fn(self.engine)
             if not self.batching:
-                self._wire._flush(self)
+                self._wire.flush(self)
 
     def post_list(self, wrs: Sequence[SendWr]) -> list[int]:
         """Post ``wrs`` in one call: the engine takes them all before anything is sent, then what they produced
-        leaves together (one `WireFabric._flush`: a batch of datagrams, runs of equal size in one GSO send)."""
+        leaves together (one `WireFabric.flush`: a batch of datagrams, runs of equal size in one GSO send)."""
         if self.batching:
             return super().post_list(wrs)
         self.batching = True
@@ -182,7 +199,7 @@ class WireConnection(PostingEndpoint):
             return super().post_list(wrs)
         finally:
             self.batching = False
-            self._wire._flush(self)
+            self._wire.flush(self)
 
     def _recv_posted(self, wr_id: int, sge: Sge | None) -> None:
         self._with_engine(lambda e: e.post_recv(wr_id, sge))
@@ -202,7 +219,7 @@ class WireConnection(PostingEndpoint):
     def disconnect(self) -> None:
         if self.engine is not None and self.engine.state is ConnState.CONNECTED:
             self.engine.disconnect()
-            self._wire._flush(self)
+            self._wire.flush(self)
         self.closing = True
         self._wire._maybe_close(self)
 
@@ -233,7 +250,6 @@ class RoceSetup:
 
     def begin(self) -> None:
         qpn = self.fabric._register_qpn(self.conn)
-        self.fabric._ensure_udp()
         # a starting PSN that differs per connection but replays for the same names (readable captures)
         psn = int.from_bytes(hashlib.sha256(self.conn.name.encode()).digest()[:3], "big")
         self.local = QpInfo(qpn=qpn, psn=psn, ip=self.fabric.roce_address, port=self.fabric.udp_port)
@@ -256,16 +272,16 @@ class RoceSetup:
         try:
             got = oob.decode(bytes(self.inbox))
         except oob.OobError as exc:
-            self.fabric._lost(self.conn, f"out-of-band QP exchange: {exc}")
+            self.fabric.lost(self.conn, f"out-of-band QP exchange: {exc}")
             return
         if got is None:
             return  # incomplete
         self.remote, _used = got
         assert self.local is not None
         engine = self.fabric.make_roce_engine(self.conn, self.local, self.remote)
-        self.fabric._set_engine(self.conn, engine)
+        self.fabric.set_engine(self.conn, engine)
         engine.start(self.fabric.now)
-        self.fabric._flush(self.conn)  # the endpoint attaches (posts its receives) here ...
+        self.fabric.flush(self.conn)  # the endpoint attaches (posts its receives) here ...
         if not self.initiator:  # ... before the initiator learns it may send: no RNR NAK for its first Send
             self._send_side(oob.encode(self.local))
 
@@ -319,9 +335,9 @@ class IwarpWire:
         """The connection's socket is up: the engine starts (the MPA initiator sends its Request)."""
         fab = self.fabric
         engine = fab.make_iwarp_engine(conn, initiator)
-        fab._set_engine(conn, engine)
+        fab.set_engine(conn, engine)
         engine.start(fab.now)
-        fab._flush(conn)
+        fab.flush(conn)
 
     def send(self, conn: WireConnection, out: list[bytes]) -> None:
         """What the engine produced goes on the stream (through the impairment stage, when there is one)."""
@@ -370,7 +386,8 @@ class RoceWire:
         self.fabric = fabric
 
     def listening(self) -> None:
-        self.fabric._ensure_udp()
+        if self.fabric.device is None:  # a device owns UDP 4791 itself
+            self.fabric._ensure_udp()
 
     def attach(self, conn: WireConnection, initiator: bool) -> None:
         conn.setup = RoceSetup(self.fabric, conn, initiator=initiator)
@@ -412,8 +429,16 @@ class WireFabric(RuntimeFabric):
         link: LinkSpec | None = None,
         gso: bool = False,
         impair: Impairment | None = None,
+        loop: RealTimeLoop | None = None,
+        device: QpDevice | None = None,
     ) -> None:
-        super().__init__(profile, FifoScheduler(), trace=trace, max_steps=1_000_000)
+        """``loop``: the loop (and its runtime) of a fabric that holds this one as its connection layer (a verbs
+        fabric: one loop polls its device and these sockets); ``device``: where RoCE QPs come from then."""
+        super().__init__(profile, FifoScheduler(), trace=trace, max_steps=1_000_000,
+                         runtime=None if loop is None else loop.runtime)
+        self.loop = RealTimeLoop(self.runtime, self) if loop is None else loop
+        self._clock = self.loop.clock  # bound once: every arrival reads it
+        self.device = device
         wire = _WIRES[binding] if binding else IwarpWire if profile.binding is Binding.RDMAP else RoceWire
         if wire.family is not profile.binding:
             raise FabricUsageError(f"binding {wire.name} cannot carry profile {profile.name} ({profile.binding})")
@@ -424,11 +449,9 @@ class WireFabric(RuntimeFabric):
         self.run_timeout = run_timeout
         self.engine_options = dict(engine_options or {})
         self.capture_dir = Path(capture_dir) if capture_dir else None
-        self._t0 = time.monotonic()
         self._sel = selectors.DefaultSelector()
         self._conns: list[WireConnection] = []
         self._listeners: list[_Listener] = []
-        self._serving = False
         self._readers = 0
         self._udp: socket.socket | QemuSocketLink | None = None
         self._udp_port_wanted = udp_port
@@ -460,11 +483,6 @@ class WireFabric(RuntimeFabric):
             return None
         return self.impairer
 
-    # ---- clock ---------------------------------------------------------------------------------------
-
-    def _clock(self) -> float:
-        return time.monotonic() - self._t0
-
     @property
     def now(self) -> float:
         return self._clock()
@@ -483,7 +501,7 @@ class WireFabric(RuntimeFabric):
             raise FabricUsageError("dial: the local node must belong to this fabric")
         conn = self._dial(local, f"{name or f'{remote.name}-{local.name}'}.{local.name}", (remote.host, remote.port),
                           cq)
-        self._await_ready([conn])
+        self.await_ready([conn])
         return conn
 
     def connect(
@@ -499,11 +517,9 @@ class WireFabric(RuntimeFabric):
         listener = self.listen(a, self.host, 0, accepted.append, name_of=lambda n: f"{base}.{a.name}", cq=cq_a)
         try:
             conn = self._dial(b, f"{base}.{b.name}", listener.sock.getsockname()[:2], cq_b)
-            self._await_ready([conn], lambda: bool(accepted) and accepted[0].ready)
+            self.await_ready([conn], lambda: bool(accepted) and accepted[0].ready)
         finally:
-            self._sel.unregister(listener.sock)
-            listener.sock.close()
-            self._listeners.remove(listener)
+            self.stop_listening(listener)
         conn.peer_name, accepted[0].peer_name = accepted[0].name, conn.name
         conn.peer_conn, accepted[0].peer_conn = accepted[0], conn
         return accepted[0], conn
@@ -524,6 +540,12 @@ class WireFabric(RuntimeFabric):
         self.wire.listening()
         return listener
 
+    def stop_listening(self, listener: _Listener) -> None:
+        """Close ``listener`` (its connections stay)."""
+        self._sel.unregister(listener.sock)
+        listener.sock.close()
+        self._listeners.remove(listener)
+
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` whenever ``fd`` is readable (a process's pipe: the cmd: contract's channel)."""
         self._sel.register(fd, selectors.EVENT_READ, ("reader", callback))
@@ -539,14 +561,29 @@ class WireFabric(RuntimeFabric):
 
     @property
     def udp_port(self) -> int:
-        return self._udp_port
+        return ROCE_PORT if self.device is not None else self._udp_port
 
     @property
     def roce_address(self) -> str:
-        """The IP address (GID) this fabric's RoCEv2 QPs announce: the link's on an Ethernet link, else ``host``."""
+        """The IP address (GID) this fabric's RoCEv2 QPs announce: the device's, the link's on an Ethernet link, else
+        ``host``."""
+        if self.device is not None:
+            return self.device.roce_address
         return self.link.address if self.link is not None else self.host
 
-    def _new_conn(self, node: EmuNode, ep_name: str, cq: EmuCQ | None) -> WireConnection:
+    @property
+    def connections(self) -> tuple[WireConnection, ...]:
+        """The connections whose sockets and engines this fabric serves."""
+        return tuple(self._conns)
+
+    def forget(self, conn: WireConnection) -> None:
+        """Serve ``conn`` no more: its engine was retired by the fabric that holds this one (a verbs QP)."""
+        with contextlib.suppress(ValueError):
+            self._conns.remove(conn)
+
+    def new_connection(self, node: EmuNode, ep_name: str, cq: EmuCQ | None) -> WireConnection:
+        """An endpoint of ``node`` named ``ep_name``, without a transport yet (a listener, dialing or a device's
+        connection manager gives it one)."""
         if node.has_connection(ep_name):
             raise FabricUsageError(f"connect: endpoint {ep_name!r} exists; pass name=")
         conn = WireConnection(self, node, ep_name, cq or self.runtime.new_cq(f"{ep_name}.cq"))
@@ -559,7 +596,7 @@ class WireFabric(RuntimeFabric):
             sock = socket.create_connection(addr, timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
             raise WireSetupError(f"{self.binding} connection to {addr[0]}:{addr[1]} failed: {exc}") from exc
-        conn = self._new_conn(node, ep_name, cq)
+        conn = self.new_connection(node, ep_name, cq)
         conn.peer_name = f"{addr[0]}:{addr[1]}"
         self._attach_socket(conn, sock, initiator=True)
         return conn
@@ -585,7 +622,8 @@ class WireFabric(RuntimeFabric):
 
     def make_roce_engine(self, conn: WireConnection, local: Any, remote: Any) -> Any:
         """The engine of one RoCEv2 connection, once the QP exchange gave both ends' QP information."""
-
+        if self.device is not None:
+            return self.device.make_roce_engine(conn, local, remote)
         options = {"ack_delay_s": ROCE_ACK_DELAY_S, **self.engine_options}
         return RoceEngine(conn.name, self._memory(conn), local=local, remote=remote, pmtu=self.profile.pmtu,
                           masked_atomics=self.profile.masked_atomics, **options)
@@ -609,7 +647,8 @@ class WireFabric(RuntimeFabric):
     def _memory(self, conn: WireConnection) -> _Memory:
         return _Memory(self, conn.node, conn.name)
 
-    def _set_engine(self, conn: WireConnection, engine: WireEngine) -> None:
+    def set_engine(self, conn: WireConnection, engine: WireEngine) -> None:
+        """``engine`` carries ``conn`` from now on; what was posted before it existed reaches it now."""
         conn.engine = engine
         for fn in conn.pending:
             fn(engine)
@@ -674,23 +713,18 @@ class WireFabric(RuntimeFabric):
         return sent
 
     def _register_qpn(self, conn: WireConnection) -> int:
+        if self.device is not None:
+            return self.device.register_qpn(conn)  # the device demultiplexes its packets itself
         qpn = next(_QPNS)
         self._qpns[qpn] = conn
+        self._ensure_udp()
         return qpn
 
     def await_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Pump I/O only (no actor steps) until ``predicate()`` or ``timeout`` seconds; whether it held."""
-        end = time.monotonic() + timeout
-        while not predicate():
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            due = self._engine_deadline()
-            self._poll_io(min(left, 0.05) if due is None else max(0.0, min(left, 0.05, due - self._clock())))
-            self._engine_timers()
-        return True
+        return self.loop.await_event(predicate, timeout)
 
-    def _await_ready(self, conns: list[WireConnection], also: Callable[[], bool] | None = None) -> None:
+    def await_ready(self, conns: list[WireConnection], also: Callable[[], bool] | None = None) -> None:
         """Pump I/O only (no actor steps: this may run inside an actor) until ``conns`` are set up (or failed)."""
         def settled() -> bool:
             return all(c.ready or c.state is not ConnState.CONNECTED for c in conns) and (also is None or also())
@@ -703,82 +737,18 @@ class WireFabric(RuntimeFabric):
                 why = c.failed or getattr(c.engine, "failed", "") or "the connection ended"
                 raise WireSetupError(f"{self.binding} connection {c.name} was not set up: {why}")
 
-    # ---- the loop ------------------------------------------------------------------------------------
+    # ---- the loop (kvconform.rdma.runtime.realtime), and the I/O it polls -------------------------------
 
     def run(self, *, max_steps: int | None = None) -> RunResult:
         """Run until every non-daemon actor is done, ``max_steps`` or the wall-clock bound (``deadline``)."""
-        limit = self.max_steps if max_steps is None else max_steps
-        reason = self._loop(None, self.now + self.run_timeout, limit)
-        blocked = self.runtime.blocked()
-        if reason == "timeout":
-            return RunResult(self.steps, "deadline", blocked)
-        return RunResult(self.steps, "max_steps" if reason == "max_steps" else "quiescent", blocked)
+        return self.loop.run_for(self.run_timeout, self.max_steps if max_steps is None else max_steps)
 
     def serve_forever(self, stop: Callable[[], bool] | None = None) -> None:
         """Serve listeners and their connections (the `kvconform serve` loop) until ``stop()``."""
-        self._serving = True
-        self._loop(stop, None, 1 << 62)
+        self.loop.serve_forever(stop)
 
     def _loop(self, stop: Callable[[], bool] | None, deadline: float | None, max_steps: int) -> str:
-        rt = self.runtime
-        limit = rt.steps + max_steps
-        enabled = rt.enabled
-        timers = rt.timers  # the runtime's lists are only ever mutated in place
-        while True:
-            rt.now = now = self._clock()
-            if stop is not None and stop():
-                return "predicate"
-            if deadline is not None and now >= deadline:
-                return "timeout"
-            self._poll_io(0.0)
-            self._engine_timers()
-            if rt.until:
-                rt.check_until()
-            if timers and timers[0][0] <= rt.now:
-                rt.fire_timers()
-            if rt.failure is not None:
-                raise rt.failure
-            if not enabled:
-                # Like the emulated fabric, a run ends when nothing can happen any more: the wire is quiet and no
-                # non-daemon actor waits on a timer (an actor blocked without one, a target's session actor
-                # waiting for the next request, does not keep it going; a bounded wait does)
-                settling = not self._serving and not self._timed_waiters()
-                if not self._serving and rt.blocked() and not timers and not self._live():
-                    return "quiescent"  # blocked actors with nothing that could wake them
-                wait = 0.25 if rt.until else 1.0  # predicates are re-checked at least this often
-                if settling:
-                    wait = SETTLE_S
-                for t in (timers[0][0] if timers else None, self._engine_deadline(), deadline):
-                    if t is not None:
-                        wait = min(wait, max(0.0, t - self._clock()))
-                events = self._poll_io(wait)
-                if settling and not events and not enabled and self._settled():
-                    return "quiescent"  # every actor done and the wire quiet: nothing more will happen
-                continue
-            if rt.steps >= limit:
-                return "max_steps"
-            step = enabled.pop(0)
-            rt.steps += 1
-            rt.schedule.append(step.label)
-            if rt.tracing:
-                rt.pending_notes = []
-                step.fn()
-                self._record(step.label, step.who)
-            else:
-                step.fn()
-            if rt.failure is not None:
-                raise rt.failure
-
-    def _note(self, who: str, what: str, **args: Any) -> None:
-        """Record an effect in the trace (`Runtime.note`)."""
-        self.runtime.note(who, what, **args)
-
-    def _record(self, label: str, who: str) -> None:
-        rt = self.runtime
-        if rt.pending_notes:
-            rt.trace.append({"step": rt.steps, "t": round(rt.now, 6), "label": label, "who": who,
-                             "effects": rt.pending_notes})
-        rt.pending_notes = []
+        return self.loop.run(stop, deadline, max_steps)
 
     def busy(self) -> list[str]:
         """Why the wire is not quiet, for a run that hit its deadline: connections with bytes to send or an engine
@@ -792,31 +762,27 @@ class WireFabric(RuntimeFabric):
             detail = getattr(eng, "outstanding", lambda: "")()
             out.append(f"{c.name}: {len(c.out)} sends queued, engine timer {'set' if due is not None else 'none'}"
                        + (f", {detail}" if detail else ""))
-        return out + [f"{name} waits on a timer" for name in self._timed_waiter_names()]
+        return out + [f"{name} waits on a timer" for name in self.runtime.timed_waiter_names()]
 
-    def _timed_waiter_names(self) -> list[str]:
-        """Non-daemon actors waiting on a timer: they keep a run going."""
-        return self.runtime.timed_waiter_names()
-
-    def _timed_waiters(self) -> bool:
-        return bool(self._timed_waiter_names())
-
-    def _settled(self) -> bool:
+    def settled(self) -> bool:
         """Nothing left to send and no engine waiting on a timer (unacknowledged packets, a retry)."""
-        return all(not c.out for c in self._conns) and self._engine_deadline() is None
+        return all(not c.out for c in self._conns) and self.engine_deadline() is None
 
-    def _live(self) -> bool:
+    def live(self) -> bool:
+        """A listener, a reader or a connection open: something could still arrive."""
         if self._listeners or self._readers:
             return True
         return any(c.state is ConnState.CONNECTED and c.sock is not None for c in self._conns)
 
-    def _engine_deadline(self) -> float | None:
+    def engine_deadline(self) -> float | None:
+        """The earliest engine timer (or packet held by the impairment stage); None when none is set."""
         times = [t for c in self._conns if c.engine is not None for t in (c.engine.next_deadline(),) if t is not None]
         if self.impairer is not None and (held := self.impairer.next_deadline()) is not None:
             times.append(held)  # a packet held by the impairment stage: the wire is not quiet
         return min(times) if times else None
 
-    def _engine_timers(self) -> None:
+    def engine_timers(self) -> None:
+        """Run the engine timers (and the impairment stage's held packets) that are due."""
         now = self._clock()
         if self.impairer is not None:
             self.impairer.poll(now)
@@ -836,11 +802,11 @@ class WireFabric(RuntimeFabric):
         fn()
         if rt.tracing:
             rt.steps += 1
-            self._record(f"{conn.name}:{what}", conn.name)
+            self.loop.record(f"{conn.name}:{what}", conn.name)
         if flush:
-            self._flush(conn)
+            self.flush(conn)
 
-    def _flush(self, conn: WireConnection) -> None:
+    def flush(self, conn: WireConnection) -> None:
         """Send what the engine produced and hand its completions to the CQ (waking actors)."""
         engine = conn.engine
         if engine is None:
@@ -894,7 +860,7 @@ class WireFabric(RuntimeFabric):
             pass
         except OSError as exc:
             conn.out.clear()
-            self._lost(conn, f"send failed: {exc}")
+            self.lost(conn, f"send failed: {exc}")
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
         with contextlib.suppress(KeyError):  # (unregistered: the peer's end was read, the stage holds its FIN)
@@ -923,18 +889,18 @@ class WireFabric(RuntimeFabric):
             if self.impairer is not None:
                 self.impairer.forget(conn.name)
 
-    def _lost(self, conn: WireConnection, why: str) -> None:
+    def lost(self, conn: WireConnection, why: str) -> None:
         """The transport ended (FIN, reset): the engine flushes; before setup, the setup failed."""
         if conn.engine is None or not conn.ready:
             conn.failed = conn.failed or why
         if conn.engine is not None:
             conn.engine.transport_closed()
-            self._flush(conn)
+            self.flush(conn)
         conn.closing = True
         conn.out.clear()
         self._maybe_close(conn)
 
-    def _poll_io(self, timeout: float) -> int:
+    def poll_io(self, timeout: float) -> int:
         """Handle what is ready within ``timeout`` seconds; the number of ready channels."""
         ready = self._sel.select(timeout)
         for key, events in ready:
@@ -960,7 +926,7 @@ class WireFabric(RuntimeFabric):
             return
         n = next(listener.names)
         ep_name = name_of(n) if name_of else f"c{n}-{addr[0]}:{addr[1]}.{listener.node.name}"
-        conn = self._new_conn(listener.node, ep_name, cq)
+        conn = self.new_connection(listener.node, ep_name, cq)
         conn.peer_name = f"{addr[0]}:{addr[1]}"
         conn._on_accept = listener.on_accept  # type: ignore[attr-defined]
         self._attach_socket(conn, sock, initiator=False)
@@ -973,10 +939,10 @@ class WireFabric(RuntimeFabric):
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._lost(conn, f"receive failed: {exc}")
+            self.lost(conn, f"receive failed: {exc}")
             return
         if not data:
-            lost = partial(self._lost, conn, "the peer closed the connection")
+            lost = partial(self.lost, conn, "the peer closed the connection")
             if self.impairer is not None:  # the end comes after what the stage still holds for the connection
                 with contextlib.suppress(KeyError, ValueError):
                     self._sel.unregister(sock)  # (an ended stream stays readable: read it once)
@@ -993,7 +959,7 @@ class WireFabric(RuntimeFabric):
         udp = self._udp
         assert udp is not None
         # The socket is drained (a bounded batch) before the engines' output and completions are flushed, once per
-        # connection: the datagrams that arrived together cost one pass through _flush, and an engine answers a
+        # connection: the datagrams that arrived together cost one pass through flush, and an engine answers a
         # run of requests with one coalesced ACK (RoceEngine._ack)
         # arrivals (in one process, the answers to what was just flushed) are read again at once, within one bound
         left = 64  # so actors and timers get their turn
@@ -1005,7 +971,7 @@ class WireFabric(RuntimeFabric):
             finally:
                 self._rx_batch = None
                 for conn in batch:
-                    self._flush(conn)
+                    self.flush(conn)
             if not read or not self._udp_sent:
                 return  # nothing arrived, or nothing was sent to this socket since
             left -= read
@@ -1048,7 +1014,7 @@ class WireFabric(RuntimeFabric):
         else:  # (what _io does when nothing records, without a partial per datagram)
             conn.engine.receive(data, self._clock(), source)
             if batch is None:
-                self._flush(conn)
+                self.flush(conn)
         if batch is not None and conn not in batch:
             batch.append(conn)
 
