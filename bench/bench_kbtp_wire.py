@@ -17,7 +17,12 @@ one reference initiator against the reference target (`bench_kbtp.kbtp_rates`, t
   only the ratios mean anything: ``.ci/rdma`` runs it there with ``--verbs rxe0,siw0``.
 
 Target and initiator run in this one process, so each figure is the whole cost of both ends plus the
-kernel's loopback; ``x emulated`` is the ops/s ratio to the emulated fabric at the same block size. A batch
+kernel's loopback; ``x emulated`` is the ops/s ratio to the emulated fabric at the same block size.
+``--served`` adds ``roce-served`` and ``iwarp-served``: the target as ``kvconform serve kbtp-target`` in a
+process of its own (the other core, when the machine has one free), the initiator here dialing it, as a
+black-box run has it. ``cpu us/op`` is the CPU time of the binding's whole measurement (setup and every
+batch, both processes when served: ``initiator+target``) over its operations; on a shared machine it is
+less noisy than ops/s. A batch
 is timed to its last completion (a wire run then waits for the wire to stay quiet, which is not counted). The
 issue's goal for a software target: >= 10^4 ops/s of 4 KiB blocks over RoCEv2 on loopback.
 
@@ -37,7 +42,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import selectors
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -49,10 +58,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.bench_kbt
 
 import pytest
 
-from bench.bench_kbtp import BenchError, Measure, kbtp_rates
+from bench.bench_kbtp import BenchError, Measure, _check, best, kbtp_rates, payload, timed_run
 from kvconform import evidence
 from kvconform.conformance.kbtp.target.test_races import _deferred_free_black_box, _slot_order_black_box
 from kvconform.fixtures.kbtp import TargetUnderTest
+from kvconform.kbtp.constants import Features
+from kvconform.kbtp.harness import initiator_ids
+from kvconform.kbtp.initiator import OpResult, ReferenceInitiator
+from kvconform.rdma.fabric import ActorGen
 from kvconform.rdma.profiles import IB_RC, RDMAP_7306, RDMAP_NO_ATOMICS
 from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
 from kvconform.targets.spec import Pics
@@ -61,6 +74,9 @@ from kvconform.verdicts import Inconclusive, NotApplicable
 WINDOW_FEATURES = ("DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE")  # what the black-box ring checks need declared
 
 BINDINGS = ("emulated", "iwarp", "roce", "roce-pmtu4096")
+SERVED = ("roce-served", "iwarp-served")  # --served: the target in a process of its own
+SERVE_TIMEOUT_S = 30.0  # the served target's start (imports, listening)
+ROOT = Path(__file__).resolve().parents[1]
 WINDOW_BINDINGS = {"emulated": "ib-rc", "iwarp": "rdmap-7306", "roce": "ib-rc"}  # fabric: the PICS binding
 WINDOWS = {"deferred-free": _deferred_free_black_box, "slot-order": _slot_order_black_box}
 DEFAULTS = {"ops": 64, "repeat": 3, "windows": 20}
@@ -101,6 +117,105 @@ def window_rate(window: str, fabric: str, needed: int, budget_s: float) -> Windo
     return WindowRate(len(notes), opened, seconds, opened / seconds if seconds > 0 else 0.0, outcome)
 
 
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ServedTarget:
+    """``kvconform serve kbtp-target`` in a child process, sized like `kbtp_rates`'s in-process target."""
+
+    def __init__(self, binding: str, block: int, ops: int) -> None:
+        cmd = [sys.executable, "-m", "kvconform", "serve", "kbtp-target", "--binding", binding, "--port", "0",
+               "--udp-port", "0", "--features", "", "--pool", f"{block},{ops}", "--quota", str(ops),
+               "--handle-count", str(max(64, ops)), "--max-initiators", "1"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.port = 0
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            end = time.monotonic() + SERVE_TIMEOUT_S
+            while not self.port and time.monotonic() < end and sel.select(end - time.monotonic()):
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("listening on "):
+                    self.port = int(line.rsplit(":", 1)[1])
+        if not self.port:
+            self.close()
+            raise BenchError(f"served {binding} target did not start: {self.proc.stderr.read()[-500:]}"
+                             if self.proc.stderr else "served target did not start")
+
+    def cpu(self) -> float:
+        return _proc_cpu(self.proc.pid)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def served_rates(binding: str, block: int, ops: int, repeat: int) -> tuple[dict[str, Measure], float]:
+    """`kbtp_rates`' workload by an initiator here against a `ServedTarget`; the measures and the target
+    process's CPU seconds over them."""
+    # lazy: as in rates(), the wire fabric is imported where a wire row is measured
+    from kvconform.rdma.wire.fabric import WireFabric
+
+    wire = binding.removesuffix("-served")
+    profile = RDMAP_7306 if wire == "iwarp" else IB_RC
+    served = ServedTarget(wire, block, ops)
+    fab: Any = WireFabric(profile, binding="iwarp" if wire == "iwarp" else "roce")  # (timed_run takes any fabric)
+    try:
+        node = fab.node("I")
+        conn = fab.dial(fab.remote("target", "127.0.0.1", served.port), node, name="I-conn")
+        x = ReferenceInitiator(fab, node, conn, initiator_id=initiator_ids(1, None)[0], requested=Features(0))
+        data = payload(block)
+        fab.spawn("hello", x.hello())
+        fab.run()
+        cpu0 = served.cpu()
+        results: dict[str, list[OpResult]] = {}
+        ended: dict[str, float] = {}
+
+        def phase(kind: str) -> ActorGen:
+            out = results[kind] = []
+            for k in range(ops):
+                if kind == "alloc_store":
+                    res = yield from x.alloc_store(x.handle(k), data, seal=True, inline=False)
+                elif kind == "load":
+                    res = yield from x.load(x.handle(k))
+                else:
+                    res = yield from x.free(x.handle(k))
+                out.append(res)
+            ended[kind] = time.perf_counter()
+
+        samples: dict[str, list[tuple[float, int]]] = {"alloc_store": [], "load": [], "free": []}
+        for r in range(repeat):
+            for kind, batch in samples.items():
+                start = time.perf_counter()
+                fab.spawn(f"{kind}{r}", phase(kind))
+                seconds, steps = timed_run(fab, fab.run)
+                if len(results[kind]) != ops:
+                    raise BenchError(f"served KBTP {kind.upper()}: {len(results[kind])} of {ops} operations ended")
+                batch.append((min(seconds, ended.get(kind, start + seconds) - start), steps))
+                _check(f"served KBTP {kind.upper()}", results[kind], data if kind == "load" else None)
+        return {kind: best(batch, ops) for kind, batch in samples.items()}, served.cpu() - cpu0
+    finally:
+        fab.close()
+        served.close()
+
+
 def rates(binding: str, block: int, ops: int, repeat: int, verbs_address: str | None = None,
           gso: bool = False) -> dict[str, Measure]:
     if binding == "emulated":
@@ -137,6 +252,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--windows", type=int, default=None,
                    help=f"race-window openings asked of each black-box check (default {DEFAULTS['windows']}; 0: none)")
     p.add_argument("--window-budget", type=float, default=20.0, help="seconds per black-box check and fabric")
+    p.add_argument("--served", action="store_true", help="add the target in a process of its own: "
+                   + ", ".join(SERVED))
     p.add_argument("--verbs", default="", help="verbs devices to add (e.g. rxe0,siw0): a kernel RDMA stack needed")
     p.add_argument("--verbs-address", default=None, help="an address of the iWARP devices' netdev (rdma_cm)")
     args = p.parse_args(argv)
@@ -151,27 +268,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     failures: list[str] = []
     table: dict[str, dict[str, dict[str, Measure]]] = {}
+    cpu: dict[str, dict[str, tuple[float, float]]] = {}  # CPU us/op: (this process, the served target)
+    served = SERVED if args.served else ()
     for block in (int(b) for b in args.blocks.split(",")):
-        for binding in (*BINDINGS, *(f"verbs:{d}" for d in filter(None, args.verbs.split(",")))):
+        for binding in (*BINDINGS, *served, *(f"verbs:{d}" for d in filter(None, args.verbs.split(",")))):
+            total = 3 * args.ops * args.repeat
+            c0 = time.process_time()
             try:
-                table.setdefault(str(block), {})[binding] = rates(binding, block, args.ops, args.repeat,
-                                                                  args.verbs_address, args.gso)
-            except (BenchError, RuntimeError) as exc:  # RuntimeError: a verbs device that cannot be used
+                target_s = 0.0
+                if binding in SERVED:
+                    table.setdefault(str(block), {})[binding], target_s = served_rates(binding, block, args.ops,
+                                                                                       args.repeat)
+                else:
+                    table.setdefault(str(block), {})[binding] = rates(binding, block, args.ops, args.repeat,
+                                                                      args.verbs_address, args.gso)
+                cpu.setdefault(str(block), {})[binding] = ((time.process_time() - c0) / total * 1e6,
+                                                           target_s / total * 1e6)
+            except (BenchError, RuntimeError, OSError) as exc:  # RuntimeError: a verbs device that cannot be used
                 failures.append(f"{binding}, {block} octets: {exc}")
-    print(f"KBTP reference target and initiator in one process, best of {args.repeat} batches of {args.ops}; "
-          f"{platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    print(f"{'block':>7} {'binding':<15}{'op':<13}{'ops/s':>10}{'MB/s':>9}{'x emulated':>12}")
+    print(f"KBTP reference target and initiator in one process (*-served: the target in its own), best of "
+          f"{args.repeat} batches of {args.ops}; {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}")
+    print(f"{'block':>7} {'binding':<15}{'op':<13}{'ops/s':>10}{'MB/s':>9}{'x emulated':>12}  cpu us/op")
     doc: dict[str, Any] = {"ops": args.ops, "repeat": args.repeat, "blocks": {}}
     for size, row in table.items():
         base = row.get("emulated", {})
         for binding, measures in row.items():
+            here, there = cpu.get(size, {}).get(binding, (float("nan"), 0.0))
             for op, m in measures.items():
                 ref = base.get(op)
                 ratio = m.ops_per_second / ref.ops_per_second if ref else float("nan")
                 mbs = m.ops_per_second * int(size) / 1e6 if op != "free" else 0.0
-                print(f"{size:>7} {binding:<15}{op:<13}{m.ops_per_second:>10.0f}{mbs:>9.1f}{ratio:>12.3f}")
+                per_op = f"{here:.0f}" + (f"+{there:.0f}" if binding in SERVED else "")
+                print(f"{size:>7} {binding:<15}{op:<13}{m.ops_per_second:>10.0f}{mbs:>9.1f}{ratio:>12.3f}  "
+                      + (per_op if op == "alloc_store" else ""))
                 doc["blocks"].setdefault(size, {}).setdefault(binding, {})[op] = {
-                    **asdict(m), "mb_per_second": mbs, "ratio_to_emulated": ratio}
+                    **asdict(m), "mb_per_second": mbs, "ratio_to_emulated": ratio,
+                    "cpu_us_per_op": here, "served_target_cpu_us_per_op": there}
     windows: dict[str, dict[str, WindowRate]] = {}
     if args.windows > 0:
         print(f"\nrace windows: each black-box check until its window opened {args.windows} times "

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from bench.bench_kbtp import main
-from bench.bench_kbtp_wire import BINDINGS, WINDOW_BINDINGS, WINDOWS
+from bench.bench_kbtp_wire import BINDINGS, SERVED, WINDOW_BINDINGS, WINDOWS
 from bench.bench_kbtp_wire import main as wire_main
 
 RDMA_MEASURES = {"fabric_write", "fabric_read", "alloc_store", "load", "free"}
@@ -56,3 +56,20 @@ def test_wire_bench_smallest_run_writes_rates_and_window_openings(tmp_path: Path
         for fabric, w in row.items():
             assert w["outcome"] == "pass" and w["opened"] >= 1 and w["openings_per_second"] > 0, (window, fabric, w)
             assert w["attempts"] >= w["opened"], (window, fabric, w)
+
+
+def test_wire_bench_served_target_rows(tmp_path: Path) -> None:
+    """bench/bench_kbtp_wire.py --served: the target in a process of its own (`kvconform serve kbtp-target`)
+    gives the same rows, with both processes' CPU per operation (no timing asserted)."""
+    out = tmp_path / "served.json"
+    argv = ["--ops", "2", "--repeat", "1", "--blocks", "4096", "--windows", "0", "--served", "--json", str(out)]
+    assert wire_main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["failures"] == []
+    assert set(doc["blocks"]["4096"]) == set(BINDINGS) | set(SERVED)
+    for binding in SERVED:
+        row = doc["blocks"]["4096"][binding]
+        assert set(row) == {"alloc_store", "load", "free"}, binding
+        assert all(m["ops_per_second"] > 0 and m["cpu_us_per_op"] > 0 for m in row.values()), (binding, row)
+        # (/proc counts in clock ticks: six operations may not reach one)
+        assert all(m["served_target_cpu_us_per_op"] >= 0 for m in row.values()), (binding, row)

@@ -369,6 +369,48 @@ def test_duplicate_send_is_reacked_not_redelivered() -> None:
     assert w.ops("ba") == [Opcode.ACKNOWLEDGE, Opcode.ACKNOWLEDGE]
 
 
+def test_acks_coalesce_and_a_delayed_ack_goes_out_by_its_deadline() -> None:
+    """Requests that arrive together get one ACK of the newest PSN (rdma-bindings §4.6, coalesced ACKs); with
+    ack_delay_s it waits that long for more, and a lost coalesced ACK is recovered by go-back-N as any ACK."""
+    for delay in (0.0, 0.002):
+        w = Wire(ack_delay_s=delay)
+        rx = w.mb.region(64)
+        for i in range(3):
+            w.b.post_recv(i, rx.sge(i * 16, 16))
+            w.a.post(wr(Op.SEND, i, data=b"s%d" % i))
+        w.run()
+        assert [(c.wr_id, c.ok) for c in w.wcs["a"]] == [(0, True), (1, True), (2, True)]
+        assert w.ops("ba") == [Opcode.ACKNOWLEDGE] and w.sent["ba"][0].bth.psn == w.sent["ab"][-1].bth.psn
+        assert w.sent["ba"][0].aeth is not None and w.sent["ba"][0].aeth.msn == 3
+        assert w.now == delay  # (fake time moves only to a deadline: the delayed ACK's)
+    w = Wire(drop=lambda d, i, p: d == "ba" and i == 0, ack_delay_s=0.002)  # the coalesced ACK lost
+    rx = w.mb.region(64)
+    for i in range(2):
+        w.b.post_recv(i, rx.sge(i * 16, 16))
+        w.a.post(wr(Op.SEND, i, data=b"once"))
+    w.run()
+    assert [c.ok for c in w.wcs["a"]] == [True, True] and [c.wr_id for c in w.wcs["b"]] == [0, 1]
+    assert w.ops("ab") == [Opcode.SEND_ONLY] * 4 and w.ops("ba") == [Opcode.ACKNOWLEDGE] * 2
+
+
+def test_a_read_response_or_atomic_ack_stands_for_a_delayed_ack() -> None:
+    """READ responses and Atomic ACKs are implicit ACKs (rdma-bindings §4.6): a delayed ACK they cover is not
+    sent, and the requests before them complete."""
+    w = Wire(ack_delay_s=0.002)
+    mem = w.mb.region(64)
+    dst = w.ma.region(64)
+    w.b.post_recv(1, w.mb.region(16).sge(0, 16))
+    w.a.post(wr(Op.SEND, 1, data=b"req"))
+    w.a.post(wr(Op.RDMA_WRITE, 2, data=b"w" * 8, stag=mem.stag, to=mem.to(0)))
+    w.a.post(wr(Op.RDMA_READ, 3, dst=dst.sge(0, 8), stag=mem.stag, to=mem.to(0)))
+    w.a.post(wr(Op.RDMA_WRITE, 4, data=b"x" * 8, stag=mem.stag, to=mem.to(16)))
+    w.a.post(wr(Op.FETCH_ADD, 5, dst=dst.sge(32, 8), stag=mem.stag, to=mem.to(40), add=1))
+    w.run()
+    assert [(c.wr_id, c.ok) for c in w.wcs["a"]] == [(1, True), (2, True), (3, True), (4, True), (5, True)]
+    assert w.ops("ba") == [Opcode.READ_RESPONSE_ONLY, Opcode.ATOMIC_ACKNOWLEDGE]
+    assert dst.read(0, 8) == b"w" * 8 and w.now == 0.0
+
+
 def test_psn_gap_naks_once() -> None:
     w = Wire(drop=lambda d, i, p: d == "ab" and i == 0, pmtu=256)
     mem = w.mb.region(2048)

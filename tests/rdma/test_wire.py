@@ -160,6 +160,10 @@ def test_captures_decode_in_tshark(wire: str, tmp_path: Path) -> None:
     ic.post_write(b"W" * 3000, mem.stag, mem.to(0), wr_id=3)
     ic.post_read(local.sge(0, 2000), mem.stag, mem.to(0), wr_id=4)
     ic.post_fetch_add(local.sge(2048, 8), mem.stag, mem.to(4088), 1, wr_id=5)
+    # a last Send: the Read Response and Atomic ACK acknowledge what came before them (an RC responder's ACKs
+    # coalesce), so the plain ACK on the wire is this one's
+    tc.post_recv(rx.sge(0, 256), wr_id=6)
+    ic.post_send(b"BYE", wr_id=7)
     fab.run()
     assert all(w.ok for w in ic.cq.poll(10))
     port = fab.udp_port

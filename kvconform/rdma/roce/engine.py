@@ -41,6 +41,8 @@ from kvconform.rdma.fabric import (
     masked_cmp_swap,
 )
 from kvconform.rdma.roce.headers import (
+    BTH_LEN,
+    CREDIT_INVALID,
     OPCODES,
     PSN_MASK,
     READ_RESPONSES,
@@ -49,19 +51,24 @@ from kvconform.rdma.roce.headers import (
     SEND_OPS,
     Aeth,
     AethType,
-    AtomicEth,
     Bth,
     HeaderError,
     NakCode,
     Opcode,
     Packet,
-    Reth,
+    aeth_bytes,
+    atomic_eth_bytes,
+    packet_head,
+    reth_bytes,
+    u32_bytes,
+    u64_bytes,
 )
-from kvconform.rdma.roce.icrc import append_icrc, check_icrc
+from kvconform.rdma.roce.icrc import ICRC_LEN, UDP_LEN, prefix_crc, seal, unseal
 from kvconform.rdma.roce.qp import QpInfo
 
 _HALF = 1 << 23
 _ATOMICS = (Op.FETCH_ADD, Op.COMP_SWAP)
+_PADS = (b"", bytes(1), bytes(2), bytes(3))
 
 # requester side: the status and the RDMAP-style Terminate a NAK code turns into (§4.5, rdma/engine.py)
 _NAK_STATUS: dict[int, tuple[Status, RdmapEType, str]] = {
@@ -130,6 +137,7 @@ class RoceEngine:
         p_key: int = 0xFFFF,
         masked_atomics: bool = False,
         ack_every: int = 16,
+        ack_delay_s: float = 0.0,
         atomic_cache: int = 16,
         max_rd_atomic: int = 16,
     ) -> None:
@@ -145,11 +153,18 @@ class RoceEngine:
         self.p_key = p_key
         self.masked_atomics = masked_atomics
         self.ack_every = ack_every
+        # how long a positive ACK may wait for a later one to replace it (see _ack); bounded well inside the ACK
+        # timeout, which both ends configure alike here (a requester retransmits after it)
+        self.ack_delay_s = min(ack_delay_s, ack_timeout_s / 8)
+        self._ack_due: float | None = None  # when the held ACK must go out (ack_delay_s)
         self.max_rd_atomic = max_rd_atomic
         self._state = ConnState.CONNECTED
         self._term: Terminate | None = None
         self._now = 0.0
         self._out: list[bytes] = []
+        self._held_ack: tuple[int, int] | None = None  # a coalesced ACK not yet emitted: (PSN, MSN), see _ack
+        self._prefix: dict[int, int] = {}  # ICRC state before the BTH, per UDP length (the addresses are fixed)
+        self._rx_prefix: dict[tuple[str, int, int, int], int] = {}  # the same for arrivals: per source and length
         self._wcs: list[Completion] = []
         self.dropped_icrc = self.dropped_pkey = self.dropped_qpn = self.dropped_malformed = 0
         # requester
@@ -162,6 +177,7 @@ class RoceEngine:
         self._ack_deadline: float | None = None
         self._rnr_at: float | None = None
         self._rnr_psn = 0
+        self._unsent = 0  # WRs posted while connected and not sent yet (flushed ones stay counted: no _pump then)
         self._rearm = False  # post() has no clock: the ACK timer is re-armed at the next call that has one
         # responder
         self._epsn = remote.psn
@@ -204,6 +220,8 @@ class RoceEngine:
         req = _Req(wr)
         if self._state is not ConnState.CONNECTED:
             req.status = Status.WR_FLUSH_ERR
+        else:
+            self._unsent += 1
         self._wrs.append(req)
         self._pump()
         self._rearm = self._rearm or self._ack_deadline is not None
@@ -230,7 +248,14 @@ class RoceEngine:
         if self._state is not ConnState.CONNECTED:
             return
         src = source or Source(self.remote.ip, self.remote.port)
-        body = check_icrc(src.address, src.port, self.local.ip, self.local.port, data, src.ip_ident)
+        key = (src.address, src.port, src.ip_ident, len(data))
+        prefix = self._rx_prefix.get(key)
+        if prefix is None:
+            if len(self._rx_prefix) >= 256:
+                self._rx_prefix.clear()  # (a kernel device numbers its packets' IPv4 Identification: keys vary)
+            prefix = self._rx_prefix[key] = prefix_crc(src.address, src.port, self.local.ip, self.local.port,
+                                                       UDP_LEN + len(data), src.ip_ident)
+        body = unseal(prefix, data)
         if body is None:
             self.dropped_icrc += 1
             return
@@ -259,6 +284,8 @@ class RoceEngine:
         self._clock(now)
         if self._state is not ConnState.CONNECTED:
             return
+        if self._ack_due is not None and now >= self._ack_due:
+            self._release_ack()
         if self._rnr_at is not None and now >= self._rnr_at:
             self._rnr_at = None
             self._retransmit(self._rnr_psn)
@@ -282,11 +309,13 @@ class RoceEngine:
         if self._rearm:
             return self._now  # due at once: the fabric's poll_timers brings the real time
         ack, rnr = self._ack_deadline, self._rnr_at  # asked on every turn of the fabric's loop: no list
-        if ack is None or rnr is None:
-            return rnr if ack is None else ack
-        return min(ack, rnr)
+        due = rnr if ack is None else ack if rnr is None else min(ack, rnr)
+        held = self._ack_due
+        return due if held is None else held if due is None else min(due, held)
 
     def take_output(self) -> list[bytes]:
+        if self._held_ack is not None and not self.ack_delay_s:
+            self._release_ack()
         out, self._out = self._out, []
         return out
 
@@ -311,11 +340,46 @@ class RoceEngine:
 
     # ---- output ------------------------------------------------------------------------------------------
 
-    def _emit(self, op: Opcode, psn: int, *, ack_req: bool = False, se: bool = False, payload: bytes = b"",
-              **ext: object) -> None:
-        bth = Bth(op, self.remote.qpn, psn & PSN_MASK, ack_req=ack_req, se=se, p_key=self.p_key)
-        raw = Packet(bth, payload=payload, **ext).encode()  # type: ignore[arg-type]
-        self._out.append(append_icrc(self.local.ip, self.local.port, self.remote.ip, self.remote.port, raw))
+    def _emit(self, op: int, psn: int, *, ack_req: bool = False, se: bool = False, payload: bytes = b"",
+              ext: bytes = b"", implicit_ack: bool = False) -> None:
+        """One packet: BTH ‖ ``ext`` (its extension headers, encoded in §4.3 order) ‖ payload ‖ pad ‖ ICRC, built
+        without per-packet header objects. A held ACK (`_ack`) goes out before a response, or is dropped when the
+        response is an implicit ACK of a newer PSN (``implicit_ack``); a request of this QP's own may pass a
+        delayed one."""
+        if self._held_ack is not None and not (self.ack_delay_s and op in REQUESTS):
+            if implicit_ack:
+                self._held_ack = self._ack_due = None
+            else:
+                self._release_ack()
+        pad = -len(payload) & 3
+        size = 8 + BTH_LEN + len(ext) + len(payload) + pad + ICRC_LEN  # the UDP length: the ICRC covers it
+        prefix = self._prefix.get(size)
+        if prefix is None:
+            prefix = self._prefix[size] = prefix_crc(self.local.ip, self.local.port, self.remote.ip,
+                                                     self.remote.port, size)
+        head = packet_head(op, self.remote.qpn, psn, pad, ack_req=ack_req, se=se, p_key=self.p_key)
+        self._out.append(seal(prefix, head, ext, payload, _PADS[pad]))
+
+    def _ack(self, psn: int) -> None:
+        """A positive ACK of everything up to ``psn``, held so that a later ACK can replace it: one ACK for a run of
+        requests. IB RC allows it (rdma-bindings §4.6: "An ACK carries the PSN of the newest packet it acknowledges
+        and covers everything up to that PSN (coalesced)"; §5.4 step 5: "coalescing allowed").
+
+        With ``ack_delay_s`` 0 it goes out when the engine's output is taken (the fabric takes it after each batch
+        of arrivals: requests that arrived together get one ACK). Otherwise it waits up to ``ack_delay_s``: the
+        requests of the next operation replace it, and a READ response or Atomic ACK, itself an implicit ACK of
+        everything before it (§4.6: "READ responses and Atomic ACKs are themselves implicit ACKs"), makes it
+        unneeded. Either way it precedes any other response (responses stay in PSN order); only this QP's own
+        requests, a separate stream, may pass it."""
+        if self._held_ack is None and self.ack_delay_s > 0:
+            self._ack_due = self._now + self.ack_delay_s
+        self._held_ack = (psn, self._msn)
+
+    def _release_ack(self) -> None:
+        held = self._held_ack
+        assert held is not None
+        self._held_ack = self._ack_due = None
+        self._emit(Opcode.ACKNOWLEDGE, held[0], ext=aeth_bytes(CREDIT_INVALID, held[1]))
 
     # ---- requester ---------------------------------------------------------------------------------------
 
@@ -329,8 +393,8 @@ class RoceEngine:
 
     def _pump(self) -> None:
         """Send the WRs not yet sent, in order, as fences, the RNR wait and the state allow."""
-        if self._state is not ConnState.CONNECTED or self._rnr_at is not None:
-            return
+        if not self._unsent or self._state is not ConnState.CONNECTED or self._rnr_at is not None:
+            return  # (called after every arrival: most of the time everything posted is sent)
         for req in self._wrs:
             if req.sent or req.status is not None:
                 continue
@@ -343,6 +407,7 @@ class RoceEngine:
                     for r in self._wrs) >= self.max_rd_atomic:
                 return  # max_rd_atomic outstanding already (§4.6)
             req.psn, req.npsn = self._next_psn, self._npsn(wr)
+            self._unsent -= 1
             self._next_psn = (self._next_psn + req.npsn) & PSN_MASK
             self._send_req(req, req.psn)
             if self._ack_deadline is None:
@@ -355,34 +420,33 @@ class RoceEngine:
         if wr.op is Op.RDMA_READ:
             assert wr.dst is not None
             off = min(skip * self.pmtu, wr.dst.length)
-            self._emit(Opcode.READ_REQUEST, start, ack_req=True,
-                       reth=Reth(wr.to + off, wr.stag, wr.dst.length - off))
+            self._emit(Opcode.READ_REQUEST, start, ack_req=True, ext=reth_bytes(wr.to + off, wr.stag,
+                                                                                 wr.dst.length - off))
             return
         if wr.op is Op.FETCH_ADD:
             mask = wr.mask if self.masked_atomics else 0
-            self._emit(Opcode.FETCH_ADD, start, ack_req=True, atomic=AtomicEth(wr.to, wr.stag, wr.add & U64, mask))
+            self._emit(Opcode.FETCH_ADD, start, ack_req=True, ext=atomic_eth_bytes(wr.to, wr.stag, wr.add & U64, mask))
             return
         if wr.op is Op.COMP_SWAP:
             masks = (wr.swap_mask & U64, wr.compare_mask & U64)
             extra = b"" if masks == (U64, U64) else masks[0].to_bytes(8, "big") + masks[1].to_bytes(8, "big")
             self._emit(Opcode.CMP_SWAP, start, ack_req=True, payload=extra,
-                       atomic=AtomicEth(wr.to, wr.stag, wr.swap & U64, wr.compare & U64))
+                       ext=atomic_eth_bytes(wr.to, wr.stag, wr.swap & U64, wr.compare & U64))
             return
-        data, n = wr.data, req.npsn
-        base = Opcode.SEND_FIRST if wr.op is Op.SEND else Opcode.WRITE_FIRST
+        data, n, pmtu = wr.data, req.npsn, self.pmtu
+        write = wr.op is not Op.SEND
+        base = Opcode.WRITE_FIRST if write else Opcode.SEND_FIRST
         for i in range(skip, n):
-            chunk = data[i * self.pmtu:(i + 1) * self.pmtu]
+            chunk = data[i * pmtu:(i + 1) * pmtu] if n > 1 else data
             first, last = i == 0, i == n - 1
             # First, Middle, Last, Only sit at +0, +1, +2, +4 of SEND_FIRST and WRITE_FIRST; "with Immediate" at +1
-            op = Opcode(base + (4 if first and last else 0 if first else 2 if last else 1))
-            ext: dict[str, object] = {}
-            if first and base is Opcode.WRITE_FIRST:
-                ext["reth"] = Reth(wr.to, wr.stag, len(data))
+            op = base + (4 if first and last else 0 if first else 2 if last else 1)
+            ext = reth_bytes(wr.to, wr.stag, len(data)) if first and write else b""  # RETH, then ImmDt (§4.3)
             if last and wr.imm is not None:
-                op, ext["imm"] = Opcode(op + 1), wr.imm
-            elif last and wr.invalidate is not None and base is Opcode.SEND_FIRST:
-                op, ext["ieth"] = (Opcode.SEND_ONLY_INV if first else Opcode.SEND_LAST_INV), wr.invalidate
-            self._emit(op, req.psn + i, ack_req=last, se=last and wr.solicited, payload=chunk, **ext)
+                op, ext = op + 1, ext + wr.imm
+            elif last and wr.invalidate is not None and not write:
+                op, ext = (Opcode.SEND_ONLY_INV if first else Opcode.SEND_LAST_INV), u32_bytes(wr.invalidate)
+            self._emit(op, req.psn + i, ack_req=last, se=last and wr.solicited, payload=chunk, ext=ext)
 
     def _resume(self, req: _Req) -> int:
         return (req.psn + req.rcvd) & PSN_MASK
@@ -535,6 +599,8 @@ class RoceEngine:
 
     def _close(self, state: ConnState, *, culprit: _Req | None = None, status: Status | None = None) -> None:
         """Move to ``state`` and flush every unfinished WR and Recv (kvconform.rdma.completion)."""
+        if self._held_ack is not None:
+            self._release_ack()  # what was received is acknowledged as it would have been without the delay
         self._state = state
         self._ack_deadline = self._rnr_at = None
         recvs = list(self._recvs)
@@ -553,7 +619,8 @@ class RoceEngine:
         if d > 0:
             if not self._nak_sent:
                 self._nak_sent = True
-                self._emit(Opcode.ACKNOWLEDGE, self._epsn, aeth=Aeth.nak(self._msn, NakCode.PSN_SEQUENCE_ERROR))
+                self._emit(Opcode.ACKNOWLEDGE, self._epsn,
+                           ext=aeth_bytes(Aeth.nak(self._msn, NakCode.PSN_SEQUENCE_ERROR).syndrome, self._msn))
             return
         if d < 0:
             self._duplicate(pkt)
@@ -573,9 +640,9 @@ class RoceEngine:
         elif op in (Opcode.FETCH_ADD, Opcode.CMP_SWAP):
             orig = self._atomic_results.get(psn)
             if orig is not None:  # answered from the cache, never executed twice
-                self._emit(Opcode.ATOMIC_ACKNOWLEDGE, psn, aeth=Aeth.ack(self._msn), atomic_ack=orig)
+                self._emit(Opcode.ATOMIC_ACKNOWLEDGE, psn, ext=aeth_bytes(CREDIT_INVALID, self._msn) + u64_bytes(orig))
         elif pkt.bth.ack_req:
-            self._emit(Opcode.ACKNOWLEDGE, (self._epsn - 1) & PSN_MASK, aeth=Aeth.ack(self._msn))
+            self._ack((self._epsn - 1) & PSN_MASK)
 
     def _advance(self, psn: int, n: int = 1, *, message_done: bool, ack: bool) -> None:
         self._epsn = (psn + n) & PSN_MASK
@@ -584,11 +651,11 @@ class RoceEngine:
         self._unacked += 1
         if ack or self._unacked >= self.ack_every:
             self._unacked = 0
-            self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.ack(self._msn))
+            self._ack(psn)
 
     def _error(self, psn: int, code: NakCode, term: Terminate) -> None:
         """A request the responder refuses: NAK it, move to ERROR and flush (rdma/engine.py)."""
-        self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.nak(self._msn, code))
+        self._emit(Opcode.ACKNOWLEDGE, psn, ext=aeth_bytes(Aeth.nak(self._msn, code).syndrome, self._msn))
         self._term = term
         self.memory.note("terminate", reason=term.reason, key=list(term.key()))
         self._close(ConnState.ERROR)
@@ -623,14 +690,17 @@ class RoceEngine:
             self._epsn = (psn + n) & PSN_MASK
             self._msn = (self._msn + 1) & PSN_MASK
             self._unacked = 0
+        aeth = aeth_bytes(CREDIT_INVALID, self._msn)
+        if n == 1:
+            self._emit(Opcode.READ_RESPONSE_ONLY, psn, payload=data, ext=aeth, implicit_ack=not duplicate)
+            return
+        pmtu = self.pmtu
         for i in range(n):
-            chunk = data[i * self.pmtu:(i + 1) * self.pmtu]
-            if n == 1:
-                self._emit(Opcode.READ_RESPONSE_ONLY, psn, payload=chunk, aeth=Aeth.ack(self._msn))
-            elif i == 0:
-                self._emit(Opcode.READ_RESPONSE_FIRST, psn, payload=chunk, aeth=Aeth.ack(self._msn))
+            chunk = data[i * pmtu:(i + 1) * pmtu]
+            if i == 0:
+                self._emit(Opcode.READ_RESPONSE_FIRST, psn, payload=chunk, ext=aeth, implicit_ack=not duplicate)
             elif i == n - 1:
-                self._emit(Opcode.READ_RESPONSE_LAST, psn + i, payload=chunk, aeth=Aeth.ack(self._msn))
+                self._emit(Opcode.READ_RESPONSE_LAST, psn + i, payload=chunk, ext=aeth)
             else:
                 self._emit(Opcode.READ_RESPONSE_MIDDLE, psn + i, payload=chunk)
 
@@ -667,7 +737,8 @@ class RoceEngine:
         self._epsn = (psn + 1) & PSN_MASK
         self._msn = (self._msn + 1) & PSN_MASK
         self._unacked = 0
-        self._emit(Opcode.ATOMIC_ACKNOWLEDGE, psn, aeth=Aeth.ack(self._msn), atomic_ack=orig)
+        self._emit(Opcode.ATOMIC_ACKNOWLEDGE, psn, ext=aeth_bytes(CREDIT_INVALID, self._msn) + u64_bytes(orig),
+                   implicit_ack=True)
 
     def _data(self, pkt: Packet) -> None:
         """SEND and RDMA WRITE packets at the expected PSN."""
@@ -692,7 +763,8 @@ class RoceEngine:
         needs_recv = (send and info.first) or (pkt.imm is not None and not send)
         if needs_recv and not self._recvs:
             self._nak_sent = True  # the packets behind it are not PSN sequence errors: the requester waits
-            self._emit(Opcode.ACKNOWLEDGE, psn, aeth=Aeth.rnr_nak(self._msn, self.min_rnr_timer))
+            self._emit(Opcode.ACKNOWLEDGE, psn, ext=aeth_bytes(Aeth.rnr_nak(self._msn, self.min_rnr_timer).syndrome,
+                                                               self._msn))
             return
         if info.first:
             cur = _Inbound(kind)

@@ -91,7 +91,9 @@ READ_RESPONSES = frozenset(op for op in Opcode if Opcode.READ_RESPONSE_FIRST <= 
 REQUESTS = SEND_OPS | WRITE_OPS | {Opcode.READ_REQUEST, Opcode.CMP_SWAP, Opcode.FETCH_ADD}
 
 
-@dataclass(frozen=True, slots=True)
+# Bth and Packet are not frozen: one of each is decoded per packet, and a frozen dataclass's __init__ costs four
+# times a plain one's (bench_kbtp_wire.py); nothing changes one once decoded (dataclasses.replace makes a new one)
+@dataclass(slots=True)
 class Bth:
     """Base Transport Header, 12 octets (§4.2)."""
 
@@ -116,8 +118,9 @@ class Bth:
         if len(data) < BTH_LEN:
             raise HeaderError(f"BTH: {len(data)} octets, 12 expected (§4.2)")
         op, b1, p_key, w4, w8 = _BTH.unpack_from(data)
-        return cls(op, w4 & PSN_MASK, w8 & PSN_MASK, bool(w8 & 0x8000_0000), bool(b1 & 0x80), bool(b1 & 0x40),
-                   (b1 >> 4) & 3, b1 & 0xF, p_key, bool(w4 & 0x8000_0000), bool(w4 & 0x4000_0000))
+        # (comparisons, not bool() calls: this runs once per packet received)
+        return cls(op, w4 & PSN_MASK, w8 & PSN_MASK, w8 >= 0x8000_0000, b1 >= 0x80, (b1 & 0x40) != 0,
+                   (b1 >> 4) & 3, b1 & 0xF, p_key, w4 >= 0x8000_0000, (w4 & 0x4000_0000) != 0)
 
 
 # BTH as two octets, a 16-bit P_Key and two 32-bit words (FECN, BECN, 6 reserved bits, DestQP; AckReq, 7 reserved
@@ -230,7 +233,7 @@ class AtomicEth:
         return cls(*struct.unpack_from(">QIQQ", data))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Packet:
     """A decoded RC packet: BTH, the extension headers its opcode carries, and the payload without pad."""
 
@@ -251,7 +254,7 @@ class Packet:
     def encode(self) -> bytes:
         """BTH ‖ extension headers ‖ payload ‖ zero pad to 4 octets, PadCnt set to match (§4.7)."""
         b = self.bth
-        info = OPCODES[Opcode(b.opcode)]
+        info = OPCODES[b.opcode]  # type: ignore[index]  # (an IntEnum key is found by its int)
         pad = -len(self.payload) % 4
         head = _bth_bytes(b.opcode, b.dest_qp, b.psn, b.ack_req, b.se, b.mig_req, pad, b.tver, b.p_key, b.fecn, b.becn)
         if not info.ext:
@@ -263,22 +266,63 @@ class Packet:
         """Decode BTH ‖ headers ‖ payload ‖ pad (the ICRC already removed); ``bth``: its BTH, already decoded."""
         if bth is None:
             bth = Bth.decode(data)
-        op = _OPCODE_OF.get(bth.opcode)
-        if op is None:
+        layout = _LAYOUT.get(bth.opcode)
+        if layout is None:
             raise HeaderError(f"BTH.OpCode {bth.opcode:#04x}: not an RC opcode of §4.3")
-        info = OPCODES[op]
+        end = len(data) - bth.pad
+        if not layout:  # no extension header (Send and Write Middle/Last, Read Response Middle): the common case
+            if end < BTH_LEN:
+                raise HeaderError(f"BTH.PadCnt {bth.pad}: more pad than the {len(data) - BTH_LEN} octets after "
+                                  "the headers")
+            return cls(bth, payload=data[BTH_LEN:end])
         off = BTH_LEN
         fields: dict[str, object] = {}
-        for name in info.ext:
-            n = EXT_LEN[name]
+        for name, n in layout:
             if len(data) < off + n:
-                raise HeaderError(f"{op.name}: {len(data)} octets, too short for its {name} header (§4.4)")
+                raise HeaderError(f"{_OPCODE_OF[bth.opcode].name}: {len(data)} octets, too short for its {name} "
+                                  "header (§4.4)")
             fields[name] = _decode_ext(name, data[off:off + n])
             off += n
-        end = len(data) - bth.pad
         if end < off:
             raise HeaderError(f"BTH.PadCnt {bth.pad}: more pad than the {len(data) - off} octets after the headers")
         return cls(bth, payload=data[off:end], **fields)  # type: ignore[arg-type]
+
+
+# per opcode: its extension headers and their lengths, in order (decoding looks up one dict)
+_LAYOUT: dict[int, tuple[tuple[str, int], ...]] = {
+    int(op): tuple((name, EXT_LEN[name]) for name in info.ext) for op, info in OPCODES.items()}
+_RETH = struct.Struct(">QII")
+_AETH = struct.Struct(">I")
+_ATOMIC = struct.Struct(">QIQQ")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+
+
+def packet_head(opcode: int, dest_qp: int, psn: int, pad: int, *, ack_req: bool = False, se: bool = False,
+                p_key: int = 0xFFFF) -> bytes:
+    """The BTH of a packet with ``pad`` octets of pad (MigReq 0, TVer 0, FECN/BECN 0): what an engine sends,
+    without a `Bth` and a `Packet` object per packet (the hot path of bench_kbtp_wire.py)."""
+    return _BTH.pack(opcode, (se << 7) | (pad << 4), p_key, dest_qp & PSN_MASK, (ack_req << 31) | (psn & PSN_MASK))
+
+
+def reth_bytes(va: int, rkey: int, length: int) -> bytes:
+    return _RETH.pack(va, rkey, length)
+
+
+def aeth_bytes(syndrome: int, msn: int) -> bytes:
+    return _AETH.pack(((syndrome & 0xFF) << 24) | (msn & PSN_MASK))
+
+
+def atomic_eth_bytes(va: int, rkey: int, swap_add: int, compare: int) -> bytes:
+    return _ATOMIC.pack(va, rkey, swap_add, compare)
+
+
+def u64_bytes(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def u32_bytes(value: int) -> bytes:
+    return _U32.pack(value)
 
 
 def _encode_ext(p: Packet, name: str) -> bytes:

@@ -74,6 +74,36 @@ def _prefix_crc(src: str, sport: int, dst: str, dport: int, udp_len: int, ident:
     return zlib.crc32(_PSEUDO_LRH + _masked_ip(src, dst, udp_len, ident) + udp)
 
 
+def prefix_crc(src: str, sport: int, dst: str, dport: int, udp_len: int, ident: int = 0) -> int:
+    """The CRC-32 state before the BTH of a packet whose UDP length is ``udp_len`` (a sender caches it per size)."""
+    return _prefix_crc(src, sport, dst, dport, udp_len, ident)
+
+
+def seal(prefix: int, head: bytes, ext: bytes, payload: bytes, pad: bytes) -> bytes:
+    """BTH ‖ extension headers ‖ payload ‖ pad ‖ ICRC in one join, the CRC chained over the parts (``prefix``:
+    `prefix_crc` of the packet's size), BTH octet 4 masked: the same octets as `append_icrc` of the joined packet,
+    with one copy of the payload instead of three."""
+    crc = zlib.crc32(head[5:], zlib.crc32(_FF, zlib.crc32(head[:4], prefix)))
+    if ext:
+        crc = zlib.crc32(ext, crc)
+    crc = zlib.crc32(payload, crc)
+    if pad:
+        crc = zlib.crc32(pad, crc)
+    return b"".join((head, ext, payload, pad, _LE32.pack(crc)))
+
+
+def unseal(prefix: int, payload: bytes) -> bytes | None:
+    """`check_icrc` with the CRC state before the BTH given (``prefix``: `prefix_crc` for a UDP length of
+    ``8 + len(payload)``, which a receiver caches per sender and size)."""
+    if len(payload) < ICRC_LEN:
+        return None
+    body = payload[:-ICRC_LEN]
+    crc = zlib.crc32(_FF, zlib.crc32(body[:4], prefix))
+    if len(body) > 5:
+        crc = zlib.crc32(memoryview(body)[5:], crc)
+    return body if _LE32.pack(crc) == payload[-ICRC_LEN:] else None
+
+
 def append_icrc(src: str, sport: int, dst: str, dport: int, packet: bytes, ident: int = 0) -> bytes:
     """``packet`` with its ICRC: the UDP payload to send."""
     return packet + icrc(src, sport, dst, dport, packet, ident)

@@ -77,6 +77,9 @@ WireBindingName = Literal["iwarp", "roce"]
 ROCE_PORT = 4791  # IANA RoCEv2 UDP port (rdma-bindings §4.1)
 CONNECT_TIMEOUT_S = 10.0  # TCP connect plus MPA / out-of-band exchange
 RUN_TIMEOUT_S = 120.0  # wall-clock bound of one run(): a peer that never answers ends the run, not the suite
+# RoceEngine ack_delay_s: a positive ACK waits this long for the next operation's requests to replace it (one ACK
+# fewer per exchange while operations follow each other); far inside any ACK timeout the engines use
+ROCE_ACK_DELAY_S = 0.002
 _RECV = 1 << 16
 # UDP GSO (Linux >= 4.18): one sendmsg, several datagrams of one size (the last may be shorter)
 _UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
@@ -464,6 +467,8 @@ class WireFabric(RuntimeFabric):
         if link is not None and not wire.carries_link:
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
+        self._rx_batch: list[WireConnection] | None = None  # inside _udp_read: connections to flush after it
+        self._udp_sent = 0  # datagrams sent to this fabric's own socket since _udp_read last counted
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
         self.impairer: Impairer | None = Impairer(impair, self.binding) if impair is not None and impair.active \
             else None
@@ -619,8 +624,9 @@ class WireFabric(RuntimeFabric):
         """The engine of one RoCEv2 connection, once the QP exchange gave both ends' QP information."""
         if self.device is not None:
             return self.device.make_roce_engine(conn, local, remote)
+        options = {"ack_delay_s": ROCE_ACK_DELAY_S, **self.engine_options}
         return RoceEngine(conn.name, self._memory(conn), local=local, remote=remote, pmtu=self.profile.pmtu,
-                          masked_atomics=self.profile.masked_atomics, **self.engine_options)
+                          masked_atomics=self.profile.masked_atomics, **options)
 
     def inject(self, conn: WireConnection, raw: bytes) -> None:
         """Put crafted bytes on ``conn``'s wire, past its engine: stream bytes (iWARP) or one UDP payload (RoCEv2)
@@ -702,6 +708,8 @@ class WireFabric(RuntimeFabric):
                 continue
             sent += payloads[k:j]
             k = j
+        if dst[1] == self._udp_port and self.link is None and dst[0] == self.host:
+            self._udp_sent += len(sent)  # to this very socket (both ends here): _udp_read reads them at once
         return sent
 
     def _register_qpn(self, conn: WireConnection) -> int:
@@ -785,8 +793,9 @@ class WireFabric(RuntimeFabric):
                 if t is not None and t <= now:
                     self._io(c, partial(e.poll_timers, now), "timer")
 
-    def _io(self, conn: WireConnection, fn: Callable[[], None], what: str) -> None:
-        """Run engine work (arrival, timer) as a trace record, then deliver its output and completions."""
+    def _io(self, conn: WireConnection, fn: Callable[[], None], what: str, *, flush: bool = True) -> None:
+        """Run engine work (arrival, timer) as a trace record, then deliver its output and completions (unless
+        ``flush`` is False: the caller flushes later)."""
         rt = self.runtime
         if rt.tracing:
             rt.pending_notes = []
@@ -794,7 +803,8 @@ class WireFabric(RuntimeFabric):
         if rt.tracing:
             rt.steps += 1
             self.loop.record(f"{conn.name}:{what}", conn.name)
-        self.flush(conn)
+        if flush:
+            self.flush(conn)
 
     def flush(self, conn: WireConnection) -> None:
         """Send what the engine produced and hand its completions to the CQ (waking actors)."""
@@ -948,11 +958,31 @@ class WireFabric(RuntimeFabric):
     def _udp_read(self) -> None:
         udp = self._udp
         assert udp is not None
-        for _ in range(64):  # a bounded batch, so actors and timers get their turn
+        # The socket is drained (a bounded batch) before the engines' output and completions are flushed, once per
+        # connection: the datagrams that arrived together cost one pass through flush, and an engine answers a
+        # run of requests with one coalesced ACK (RoceEngine._ack)
+        # arrivals (in one process, the answers to what was just flushed) are read again at once, within one bound
+        left = 64  # so actors and timers get their turn
+        while left > 0:
+            batch = self._rx_batch = []
+            self._udp_sent = 0
+            try:
+                read = self._udp_batch(udp, left)
+            finally:
+                self._rx_batch = None
+                for conn in batch:
+                    self.flush(conn)
+            if not read or not self._udp_sent:
+                return  # nothing arrived, or nothing was sent to this socket since
+            left -= read
+
+    def _udp_batch(self, udp: socket.socket | QemuSocketLink, limit: int) -> int:
+        """Read and process up to ``limit`` datagrams, until the socket is empty; how many were read."""
+        for n in range(limit):
             try:
                 data, addr = udp.recvfrom(_RECV)
             except (BlockingIOError, InterruptedError):
-                return
+                return n
             except OSError as exc:
                 if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
                     continue  # an ICMP error for an earlier datagram: RC recovers by retransmission
@@ -967,6 +997,7 @@ class WireFabric(RuntimeFabric):
                 impairer.datagram(f"{conn.name}<", data, partial(self._datagram_in, conn, addr), self.now)
             else:
                 self._datagram_in(conn, addr, data)
+        return limit
 
     def _datagram_in(self, conn: WireConnection, addr: Any, data: bytes) -> None:
         if conn.engine is None or self._udp is None:
@@ -977,7 +1008,15 @@ class WireFabric(RuntimeFabric):
             conn.watched.append(data)
         # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
         source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
-        self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx")
+        batch = self._rx_batch
+        if self.runtime.tracing:
+            self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx", flush=batch is None)
+        else:  # (what _io does when nothing records, without a partial per datagram)
+            conn.engine.receive(data, self._clock(), source)
+            if batch is None:
+                self.flush(conn)
+        if batch is not None and conn not in batch:
+            batch.append(conn)
 
     def close(self) -> None:
         """Close every socket (connections end as if the host went away)."""
