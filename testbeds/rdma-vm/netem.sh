@@ -3,7 +3,9 @@
 # $KVCONFORM_VM_NETEM holds netem's arguments (testbeds/rdma_vm/netem.py builds them; issue 23 item 5, the VM
 # half). netem_apply DEV... puts a root netem qdisc on each and exports KVCONFORM_NETEM (a run's coverage.json
 # records it in its meta); netem_stats LABEL appends the qdiscs' counters (sent, dropped, duplicated packets) to
-# $KVCONFORM_VM_RUN/results/netem-stats.txt: the evidence of what the link did. Without the variable both do nothing.
+# $KVCONFORM_VM_RUN/results/netem-stats.txt: the evidence of what the link did; netem_watch N rewrites
+# netem-now.txt with them every N seconds in the background (a VM the host stops has no "after").
+# Without the variable they do nothing.
 netem_devs=""
 netem_apply() {
   [ -n "$KVCONFORM_VM_NETEM" ] || return 0
@@ -25,4 +27,13 @@ netem_stats() {
     echo "== $1 $dev $(date +%s)"
     tc -s qdisc show dev "$dev"
   done >> "$KVCONFORM_VM_RUN/results/netem-stats.txt"
+}
+netem_watch() {
+  [ -n "$netem_devs" ] || return 0
+  (while :; do
+    for dev in $netem_devs; do echo "== $dev $(date +%s)"; tc -s qdisc show dev "$dev"; done \
+      > "$KVCONFORM_VM_RUN/results/netem-now.tmp"
+    mv "$KVCONFORM_VM_RUN/results/netem-now.tmp" "$KVCONFORM_VM_RUN/results/netem-now.txt"
+    sleep "$1"  # a sampling period, not a wait for anything
+  done) &
 }

@@ -40,7 +40,8 @@ pytestmark = [pytest.mark.rdma_vm, pytest.mark.timeout(4000)]  # a VM boot and s
 
 ENABLED = os.environ.get("KVCONFORM_IMPAIR_VM") == "1"
 FULL = os.environ.get("KVCONFORM_IMPAIR_VM_FULL") == "1"
-GRID_CHECKS = () if FULL else ("test_session", "test_operations", "test_direct")
+GRID_CHECKS = () if FULL else tuple(os.environ.get("KVCONFORM_IMPAIR_VM_CHECKS", "test_session,test_operations,"
+                                                                      "test_direct").split(","))
 REASONS = (*WIRE, *VERBS, *SLOW_TARGET)
 LOCK = os.environ.get("KVCONFORM_RDMA_VM_LOCK", "/tmp/kvconform-vm.lock")  # empty: the caller holds it
 LOCK_WAIT_S = 3600.0  # another engineer's VM run ahead of this one
@@ -82,7 +83,7 @@ def test_facing_runs_under_netem(vm_image: Artefacts, vm_lock: None, point: str,
     """The host's userspace RoCEv2 and iWARP harness against the reference on rxe1 and siw1, netem on their NICs."""
     netem = Netem.parse(GRID[point])
     runs = facing_runs(vm_image, tmp_path, roles=("target",), netem=netem, checks=GRID_CHECKS)
-    stats = tmp_path / "vm" / "netem-stats.txt"
+    stats = tmp_path / "vm" / "netem-now.txt"
     lines = []
     for name, run in sorted(runs.items()):
         r = run["run"]
