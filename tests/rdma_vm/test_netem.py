@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.rdma.wire.impair import ImpairmentError
+from kvconform.fixtures.kbtp import pytest_kvconform_report_meta as report_meta
+from kvconform.rdma.wire.impair import NETEM_ENV, ImpairmentError
 from kvconform.testbeds.rdma_vm.netem import GRID, VM_ENV, Netem, vm_env
 from kvconform.testbeds.rdma_vm.run import netem_prefix
 from tests.mutants.runner import ROOT
@@ -83,3 +84,21 @@ def test_the_vm_script_applies_and_records(tmp_path: Path) -> None:
     (tmp_path / "calls").unlink()
     out = subprocess.run(["sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=10)
     assert out.returncode == 0 and not (tmp_path / "calls").exists(), out
+
+
+class _Config:
+    def __init__(self, impair: str | None) -> None:
+        self.impair = impair
+
+    def getoption(self, name: str, default: object = None) -> object:
+        return self.impair if name == "kvconform_impair" else default
+
+
+def test_a_report_records_what_the_link_did(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """coverage.json meta: the harness's seeded --impair and the testbed's netem from the run's environment."""
+    monkeypatch.delenv(NETEM_ENV, raising=False)
+    assert report_meta(_Config(None), tmp_path) is None  # type: ignore[arg-type]
+    said = Netem.parse(GRID["loss"]).describe("lo")
+    monkeypatch.setenv(NETEM_ENV, said)
+    assert report_meta(_Config("loss=0.01,seed=3"), tmp_path) == {  # type: ignore[arg-type]
+        "impair": "loss=0.01,seed=3", "netem": said}
