@@ -56,8 +56,13 @@ def vm_lock() -> Iterator[None]:
         return
     with open(LOCK, "a") as fh:
         taken = threading.Event()
+
+        def take() -> None:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            taken.set()
+
         # flock has no timeout: it blocks in a daemon thread, this test waits for it bounded
-        threading.Thread(target=lambda: (fcntl.flock(fh, fcntl.LOCK_EX), taken.set()), daemon=True).start()
+        threading.Thread(target=take, daemon=True).start()
         assert taken.wait(LOCK_WAIT_S), f"{LOCK} was held for more than {LOCK_WAIT_S:g} s"
         try:
             yield
