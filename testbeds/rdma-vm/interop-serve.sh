@@ -8,6 +8,10 @@
 # $KVCONFORM_VM_RUN/results/serve-<device>.log (the agent's and its initiators': serve-bridge.log).
 out=$KVCONFORM_VM_RUN/results
 . testbeds/rdma-vm/links.sh
+# $KVCONFORM_VM_NETEM: netem on both NICs facing the host; it impairs what the VM sends (testbeds/rdma-vm/netem.sh)
+. testbeds/rdma-vm/netem.sh
+netem_apply "$roce_if" "$tcp_if" || exit 1
+netem_watch 5
 python3 -m kvconform serve kbtp-target --binding verbs --device rxe1 --host 10.0.2.15 --port 18515 \
   --features DIRECT_LOAD,DIRECT_ALLOC,RECORD_COMPLETION,ADDR_LE > "$out/serve-rxe1.log" 2>&1 &
 rxe=$!

@@ -38,6 +38,7 @@ CACHE_ENV = "KVCONFORM_RDMA_VM_CACHE"
 APT_WAIT = ("-o", "DPkg::Lock::Timeout=300")  # another lane's apt-get may hold the lock: wait, bounded
 SUITE = "bookworm"
 HOST_PACKAGES = ("qemu-system-x86", "debootstrap", "busybox-static", "cpio", "make", "xz-utils", "kmod")
+# iproute2 also brings tc, which testbeds/rdma-vm/netem.sh needs (sch_netem is in kernel/net, kept whole)
 ROOT_PACKAGES = ("rdma-core", "ibverbs-utils", "rdmacm-utils", "ibverbs-providers", "python3-pyverbs",
                  "iproute2", "kmod", "perftest", "procps")
 # Modules the initramfs loads before it can mount the root share (virtio transport and 9p).

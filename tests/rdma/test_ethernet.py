@@ -83,6 +83,23 @@ def test_a_retransmitting_sender_asks_again() -> None:
     assert asks == 3  # the 1st, 9th and 17th held packet
 
 
+def test_a_lost_arp_reply_costs_a_retransmission_not_the_connection() -> None:
+    """RC retransmits a held packet every 134 ms, 1 + 7 sends: each must ask again, so one lost ARP reply (tc
+    netem's 1 % loss on the VM's NIC) does not exhaust the retry count (docs/interop-rdma.md, under netem)."""
+    host = EthernetHost(HOST_IP)
+    host.send(b"hello", 4791, (PEER_IP, 4791), now=0.0)
+    host.send(b"more", 4791, (PEER_IP, 4791), now=0.001)  # a burst asks once
+    assert sum(1 for f in host.take_frames() if Ether(f).haslayer(ARP)) == 1
+    asked = []
+    for n in range(1, 8):  # the HELLO's 7 retransmissions at the ACK timeout, the first reply lost
+        host.send(b"hello", 4791, (PEER_IP, 4791), now=n * 0.134)
+        asked += [n for f in host.take_frames() if Ether(f).haslayer(ARP)]
+    assert asked == list(range(1, 8))
+    host.frame_in(bytes(Ether(dst=_mac(host.mac), src=PEER_MAC) /
+                        ARP(op=2, hwsrc=PEER_MAC, psrc=PEER_IP, hwdst=_mac(host.mac), pdst=HOST_IP)))
+    assert len(host.take_frames()) == 9  # everything held leaves once the reply comes
+
+
 def test_takes_udp_for_its_address_with_the_sender_and_ip_identification() -> None:
     host = EthernetHost(HOST_IP)
     frame = bytes(Ether(dst=_mac(host.mac), src=PEER_MAC) /

@@ -26,6 +26,7 @@ from typing import Any
 
 from kvconform.targets.kbtp_wire import HARNESS_LINK_ENV
 from kvconform.testbeds.rdma_vm.build import Artefacts
+from kvconform.testbeds.rdma_vm.netem import META_ENV, Netem, vm_env
 from kvconform.testbeds.rdma_vm.vm import VM, Links
 from tests.mutants.runner import ROOT, run_suite
 from tests.spawn import spawn_env
@@ -114,7 +115,7 @@ class Ports:
 
 
 def console(line: str) -> None:
-    if line.startswith(("INTEROP", "LINKS", "SUITE")):
+    if line.startswith(("INTEROP", "LINKS", "SUITE", "NETEM")):
         print(f"vm| {line}", flush=True)
 
 
@@ -123,14 +124,19 @@ def keep_results(results: Path, into: Path) -> None:
         shutil.copytree(results, into, dirs_exist_ok=True)
 
 
-def in_vm_runs(image: Artefacts, keep: Path) -> dict[tuple[str, str], Any]:
+def in_vm_runs(image: Artefacts, keep: Path, *, netem: Netem | None = None, targets: tuple[str, ...] = (),
+               checks: tuple[str, ...] = ()) -> dict[tuple[str, str], Any]:
     """Boot once, run both targets' suites; per (target, suite): the exit status, seconds, log, the suite's part
-    of coverage.json (``coverage``), the whole document (``doc``) and the report folder (``dir``)."""
+    of coverage.json (``coverage``), the whole document (``doc``) and the report folder (``dir``). ``netem``: on
+    the VM's lo first (testbeds/rdma-vm/netem.sh; its counters in ``keep``/netem-stats.txt); ``targets`` (default
+    both) and ``checks`` (-k) narrow the runs."""
+    select = f"KVCONFORM_VM_SUITE_K='{' or '.join(checks)}' " if checks else ""
     with VM(image) as machine:
         try:
-            res = machine.run(f"KVCONFORM_VM_SUITE_ARGS='--pics-set kbtp.target.race_budget_s={IN_VM_RACE_BUDGET_S}' "
-                              "sh testbeds/rdma-vm/suites.sh", timeout=IN_VM_BOUND_S,
-                              on_line=lambda s: print(f"vm| {s}", flush=True) if s.startswith("SUITE-") else None)
+            res = machine.run(f"{vm_env(netem)}{select}"
+                              f"KVCONFORM_VM_SUITE_ARGS='--pics-set kbtp.target.race_budget_s={IN_VM_RACE_BUDGET_S}' "
+                              f"sh testbeds/rdma-vm/suites.sh {' '.join(targets)}", timeout=IN_VM_BOUND_S,
+                              on_line=console)
             shutil.copytree(res.run_dir / "results", keep, dirs_exist_ok=True)
         finally:
             machine.cleanup()
@@ -153,34 +159,39 @@ def in_vm_runs(image: Artefacts, keep: Path) -> dict[tuple[str, str], Any]:
     return out
 
 
-def facing_runs(image: Artefacts, keep: Path, *, roles: tuple[str, ...] = ("target", "initiator")) -> dict[str, Any]:
+def facing_runs(image: Artefacts, keep: Path, *, roles: tuple[str, ...] = ("target", "initiator"),
+                netem: Netem | None = None, checks: tuple[str, ...] = ()) -> dict[str, Any]:
     """The VM serving the reference on rxe1 and siw1; the host's harness runs the kbtp-target suite at each over
     its userspace binding (every packet the target sends and every check of what it receives is the kernel's),
     and the kbtp-initiator suite's direct checks with the reference initiator on each (through the bridge) facing
     its userspace target. Per run (``host-roce-to-rxe1``, ``host-iwarp-to-siw1``, ``rxe1-to-host-roce``,
     ``siw1-to-host-iwarp``; ``roles`` limits them): the tests.mutants.runner Run, its URL (the cmd: template) and
-    its report folder, and ``seconds``. The VM is stopped before this returns."""
+    its report folder, and ``seconds``. The VM is stopped before this returns. ``netem``: on the VM's two NICs
+    facing the host (what the VM sends), recorded in each report's meta; ``checks`` (-k) narrows the target runs."""
     ports = Ports.pick()
+    # the host's runs record what the link did in their coverage.json (the in-VM script exports it for its own)
+    noted = None if netem is None else {**spawn_env(), META_ENV: netem.describe("the VM's NICs facing the host "
+                                                                                 "(what the VM sends)")}
     runs: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], float, dict[str, str] | None]] = {}
     if "target" in roles:
         runs["host-roce-to-rxe1"] = ("kbtp-target", f"kbtp+roce://127.0.0.1:{ports.rxe}?ether={ports.ether}&"
-                                     f"address={HOST_ADDRESS}", ROCE_PICS, (), SUITE_S, None)
+                                     f"address={HOST_ADDRESS}", ROCE_PICS, checks, SUITE_S, noted)
         runs["host-iwarp-to-siw1"] = ("kbtp-target", f"kbtp+iwarp://127.0.0.1:{ports.siw}?rtr_delay_ms="
-                                      f"{SIW_RTR_DELAY_MS}", IWARP_PICS, (), SUITE_S, None)
+                                      f"{SIW_RTR_DELAY_MS}", IWARP_PICS, checks, SUITE_S, noted)
     if "initiator" in roles:
         # rxe1 reaches the harness target's RoCEv2 packets on the segment (its out-of-band exchange and siw1's
         # rdma_cm stream go through qemu's user-mode network to the host's 127.0.0.1)
-        link = {**spawn_env(), HARNESS_LINK_ENV: f"ether={ports.ether}&address={HOST_ADDRESS}"}
+        link = {**(noted or spawn_env()), HARNESS_LINK_ENV: f"ether={ports.ether}&address={HOST_ADDRESS}"}
         runs["rxe1-to-host-roce"] = ("kbtp-initiator", bridge_command(ports.bridge, "ib-rc"),
                                      _initiator_pics("ib-rc", ROCE_FEATURES), ROCE_INITIATOR_CHECKS, INITIATOR_SUITE_S,
                                      link)
         runs["siw1-to-host-iwarp"] = ("kbtp-initiator", bridge_command(ports.bridge, "rdmap-5040"),
                                       _initiator_pics("rdmap-5040", IWARP_FEATURES), IWARP_INITIATOR_CHECKS,
-                                      INITIATOR_SUITE_S, None)
+                                      INITIATOR_SUITE_S, noted)
     out: dict[str, Any] = {}
     with VM(image, links=ports.links) as machine:
         try:
-            machine.start("sh testbeds/rdma-vm/interop-serve.sh 3000", on_line=console)
+            machine.start(f"{vm_env(netem)}sh testbeds/rdma-vm/interop-serve.sh 3000", on_line=console)
             ready = machine.wait_for(r"INTEROP-(SERVING|FAIL)", READY_S)
             assert ready[1] == "SERVING", "\n".join(machine.lines[-40:])
             for name, (suite, url, pics, checks, bound, env) in runs.items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,6 +33,11 @@ ETH_IPV4, ETH_ARP = 0x0800, 0x0806
 BROADCAST = b"\xff" * 6
 ARP_REQUEST, ARP_REPLY = 1, 2
 MAX_HELD = 256  # packets held for an address ARP has not resolved yet (RC retransmits what is dropped)
+# A held packet asks again once this long has passed since the last request: below RC's ACK timeout (134 ms,
+# kvconform.rdma.roce.engine), so each retransmission asks again and one lost ARP reply costs a retransmission,
+# not the connection. Asking only every 8th held packet, a lost reply outlived RC's 1 + 7 sends: under tc netem's
+# 1 % loss on the VM's NIC a check's connection failed "retry count 7 exceeded" (docs/interop-rdma.md, netem).
+ARP_RETRY_S = 0.1
 _ETH = struct.Struct(">6s6sH")
 _ARP = struct.Struct(">HHBBH6s4s6s4s")
 _UDP = struct.Struct(">HHHH")
@@ -77,6 +83,7 @@ class EthernetHost:
         self.mac = mac or mac_for(ip)
         self.neighbours: dict[str, bytes] = {}
         self._held: dict[str, deque[bytes]] = {}
+        self._asked: dict[str, float] = {}  # when each held address was last asked for (send's ``now``)
         self._out: list[bytes] = []
         self.dropped = 0
 
@@ -118,6 +125,7 @@ class EthernetHost:
 
     def _learn(self, ip: str, mac: bytes) -> None:
         self.neighbours[ip] = mac
+        self._asked.pop(ip, None)
         for payload in self._held.pop(ip, ()):
             self._out.append(ethernet(mac, self.mac, ETH_IPV4, payload))
 
@@ -135,8 +143,9 @@ class EthernetHost:
 
     # ---- what the host sends -------------------------------------------------------------------------
 
-    def send(self, payload: bytes, sport: int, dst: tuple[str, int]) -> None:
-        """Queue ``payload`` as a UDP datagram from ``sport`` to ``dst`` (ARP first when the MAC is unknown)."""
+    def send(self, payload: bytes, sport: int, dst: tuple[str, int], now: float | None = None) -> None:
+        """Queue ``payload`` as a UDP datagram from ``sport`` to ``dst`` (ARP first when the MAC is unknown; with
+        ``now``, a monotonic clock's seconds, again when ARP_RETRY_S passed since the last request)."""
         packet = ipv4_header(self.ip, dst[0], _UDP.size + len(payload)) + _UDP.pack(
             sport, dst[1], _UDP.size + len(payload), 0) + payload
         mac = self.neighbours.get(dst[0])
@@ -144,8 +153,12 @@ class EthernetHost:
             self._out.append(ethernet(mac, self.mac, ETH_IPV4, packet))
             return
         held = self._held.setdefault(dst[0], deque(maxlen=MAX_HELD))
-        if len(held) % 8 == 0:  # the first packet asks, and a retransmitting sender asks again now and then
+        last = self._asked.get(dst[0])
+        # the first packet asks, and a retransmitting sender asks again: after ARP_RETRY_S, or every 8th packet
+        if len(held) % 8 == 0 or (now is not None and (last is None or now - last >= ARP_RETRY_S)):
             self._out.append(self.arp_request(dst[0]))
+            if now is not None:
+                self._asked[dst[0]] = now
         held.append(packet)
 
     def arp_request(self, ip: str) -> bytes:
@@ -225,7 +238,7 @@ class QemuSocketLink:
         """Always non-blocking (the fabric's selector decides when to read)."""
 
     def sendto(self, payload: bytes, dst: tuple[str, int]) -> int:
-        self.host.send(payload, ROCE_UDP_PORT, dst)
+        self.host.send(payload, ROCE_UDP_PORT, dst, time.monotonic())
         self._flush()
         return len(payload)
 

@@ -40,6 +40,10 @@ from typing import Any
 LOG_LIMIT = 10_000  # decisions kept verbatim; the summary counts every one
 SPLIT_GAP_S = 0.001  # between the two pieces of a cut chunk: the peer reads the first before the second comes
 MAX_DELAY_S = 10.0  # a delay or timeout beyond this is a typo, not an impairment (every wait stays bounded)
+# The kernel's devices build their own packets, out of this stage's reach: a testbed that puts `tc netem` on their
+# interfaces says so in this variable of the run's environment, and coverage.json's meta records it ("netem")
+# beside the seed (kvconform.testbeds.rdma_vm.netem)
+NETEM_ENV = "KVCONFORM_NETEM"
 
 
 class ImpairmentError(ValueError):
