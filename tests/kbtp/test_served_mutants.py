@@ -8,8 +8,9 @@ kbtp-initiator --driver-class ...`, against the harness's target over that wire.
 offers the features the mutant's checks need (DIRECT_LOAD, DIRECT_ALLOC, ADDR_LE, and RECORD_COMPLETION on RoCE)
 unless the mutant declares its own, with the mutant's PICS as tests/test_mutants_kbtp.py runs it (in-process).
 
-What is not run on a wire is in ONE_BINDING (a rule of the other binding) or UNSERVABLE, each with its reason; a
-test pins both, so an exclusion cannot be added silently. The default run takes SAMPLE (four mutants, ~30 s over two
+What is not run on a wire is in ONE_BINDING (a rule of the other binding) or UNSERVABLE, and what a wire cannot
+show (inconclusive for a documented reason, never a pass) in WIRE_INCONCLUSIVE, each with its reason; a test pins
+them, so an exclusion cannot be added silently. The default run takes SAMPLE (four mutants, ~30 s over two
 workers); KVCONFORM_SERVED_MUTANTS_FULL=1 (`tox -e served-mutants`) runs every one.
 """
 
@@ -28,6 +29,7 @@ from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma.iwarp.engine import IwarpEngine
 from kvconform.targets.kbtp import ReferenceInitiatorDriver, ReferenceTargetDriver
 from kvconform.verdicts import GATING_LEVELS
+from tests.clean_runs import SLOW_TARGET, WIRE, by_design
 from tests.mutants import Mutant
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
@@ -75,6 +77,26 @@ ONE_BINDING: dict[str, tuple[str, str]] = {
     "WireDuplicateNotAnswered": ("roce", _IB),
     "CompletionInsteadOfRecord": ("roce", "RECORD_COMPLETION exists on the IB binding only"),
     "HeadStartsAtTicketOneUnmasked": ("roce", _IB + " with unmasked FetchAdd"),
+}
+# mutant -> (why its checks can be inconclusive over a wire, the documented reason their message gives: tests/
+# clean_runs.py). Served all the same: each named check must fail on the mutant's rule or be inconclusive for that
+# reason, never pass, never fail on another rule (tests/test_mutants_kbtp.py catches each in-process).
+_MEMORY = ("the initiator's own memory (its node's STags, its posted receives) is invisible off the emulated fabric",
+           ("cannot list the STags", "cannot count the receive buffers"))
+WIRE_INCONCLUSIVE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ExposesUnnamedRecordSlot": _MEMORY,
+    "WindowWiderThanDescriptor": _MEMORY,
+    "ReusesOneStag": _MEMORY,
+    "StoreStagKept": _MEMORY,
+    "OverstatesCompletionCredits": _MEMORY,
+    # the harness cannot hold the target's RDMA Read of the writer's data from outside: its direct loads seldom
+    # fall between the entry write and the data (test_entry_written_after_data; black-box hold: future work)
+    "EntryBeforeData": ("no hold on the target's RDMA Read of the data from outside: the window seldom opens",
+                        ("the entry-order window was not observed",)),
+    # the 16-bit wrap from Generation 1 takes 2^16 bind/free cycles: over RoCEv2 on two loaded cores the drive
+    # does not reach it within the check's 150 s (test_widths.py WRAP_WALL_S); over iWARP it does
+    "WrapsToZeroFromGenerationOne": ("2^16 bind/free cycles over the wire within 150 s of wall clock",
+                                     ("the wrap was not observed",)),
 }
 # mutant -> why it is not served at all (none today: a mutant that cannot be served is first made servable).
 UNSERVABLE: dict[str, str] = {}
@@ -152,8 +174,17 @@ def _judge(name: str, m: Mutant, wire: str, run: object) -> None:
     failed = {k: b for k, (v, b, _) in verdicts.items() if v == "fail"}
     allowed = {m.requirement, *m.collateral}
     stray = {k: b for k, b in failed.items() if b not in allowed}
+    if name in WIRE_INCONCLUSIVE and not stray:
+        why, reasons = WIRE_INCONCLUSIVE[name]
+        seen = [k for k, (v, b, msg) in verdicts.items() if k.split("[", 1)[0] in m.checks
+                and not (v == "fail" and b == m.requirement)
+                and not by_design({"verdict": v, "message": msg}, reasons)]
+        assert not seen, f"{name} over {wire}: expected caught or inconclusive ({why}), got {verdicts}\n{output}"
+        return
     caught = {k.split("[", 1)[0] for k, b in failed.items() if b == m.requirement}
-    missed = [c for c in m.checks if c not in caught]
+    # a named check not applicable to the served geometry or binding is no miss when another named one fails on it
+    na = {k.split("[", 1)[0] for k, (v, _, _) in verdicts.items() if v == "not-applicable"}
+    missed = [c for c in m.checks if c not in caught and not (caught and c in na)]
     if missed and not stray:
         raise AssertionError(f"MISSED: {name} over kbtp+{wire}:// breaks {m.requirement}; {missed} did not fail on "
                              f"it: {verdicts}\n{output}")
@@ -174,8 +205,9 @@ def test_served_mutant_fails_on_its_rule(name: str, wire: str, tmp_path: Path) -
             run = run_suite(m.suite, f"kbtp+{wire}://{address}", tmp_path, pics=_pics(m, "target", wire),
                             checks=m.checks, timeout=RUN_TIMEOUT_S)
     else:
+        # no {initiator_id}: the process generates its own (a handed one would hide KBTP-HELLO-ID-ENTROPY)
         template = (f"cmd:{sys.executable} -m kvconform serve kbtp-initiator --target {{target}} --profile "
-                    f"{PROFILE[wire]} --initiator-id {{initiator_id}} --features={{features}} "
+                    f"{PROFILE[wire]} --features={{features}} "
                     f"--driver-class tests.mutants.kbtp:{name}")
         run = run_suite(m.suite, template, tmp_path, pics=_pics(m, "initiator", wire), checks=m.checks,
                         timeout=RUN_TIMEOUT_S)
@@ -188,6 +220,10 @@ def test_exclusions_are_pinned() -> None:
     derived = {n: w for n, m in kbtp_mutants.MUTANTS.items() if (w := _one_binding_by_declaration(n, m))}
     assert {n: w for n, (w, _) in ONE_BINDING.items()} == derived
     assert all(reason for _, reason in ONE_BINDING.values())
+    assert set(WIRE_INCONCLUSIVE) <= set(kbtp_mutants.MUTANTS)
+    # each reason is one tests/clean_runs.py documents as unobservable over a wire (or on a slow target)
+    assert all(why and set(reasons) <= {*WIRE, *SLOW_TARGET} for why, reasons in WIRE_INCONCLUSIVE.values())
+    assert len(WIRE_INCONCLUSIVE) == 7, "a new wire-inconclusive mutant: make it observable, or say why here"
     for name, reason in UNSERVABLE.items():
         cls = getattr(kbtp_mutants, name)
         assert reason and not issubclass(cls, (ReferenceTargetDriver, ReferenceInitiatorDriver)), name
