@@ -89,9 +89,9 @@ WIRE_INCONCLUSIVE: dict[str, tuple[str, tuple[str, ...]]] = {
     "ReusesOneStag": _MEMORY,
     "StoreStagKept": _MEMORY,
     "OverstatesCompletionCredits": _MEMORY,
-    # the harness cannot hold the target's RDMA Read of the writer's data from outside: its direct loads seldom
-    # fall between the entry write and the data (test_entry_written_after_data; black-box hold: future work)
-    "EntryBeforeData": ("no hold on the target's RDMA Read of the data from outside: the window seldom opens",
+    # the harness cannot hold the target between its entry write and the landing of the data it RDMA-Reads from
+    # the writer: a consistent direct load shows nothing of their order (test_entry_written_after_data)
+    "EntryBeforeData": ("no hold on the target's RDMA Read of the data from outside: only a torn load shows it",
                         ("the entry-order window was not observed",)),
     # the 16-bit wrap from Generation 1 takes 2^16 bind/free cycles: over RoCEv2 on two loaded cores the drive
     # does not reach it within the check's 150 s (test_widths.py WRAP_WALL_S); over iWARP it does

@@ -63,7 +63,7 @@ def test_hello(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     bed.settle(req="KBTP-HELLO-FIRST")
 
 
-@pytest.mark.req("KBTP-HELLO-LAYOUT")
+@pytest.mark.req("KBTP-HELLO-LAYOUT", "KBTP-RDMAP-SEND", "KBTP-HELLO-FIRST")
 def test_hello_credits_posted(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     """HELLO's Completion Credits claims no more receive buffers than the initiator had posted when it arrived.
     Only the emulated fabric shows them: over a wire this is inconclusive, never a pass."""
