@@ -98,6 +98,20 @@ WIRE_INCONCLUSIVE: dict[str, tuple[str, tuple[str, ...]]] = {
     "WrapsToZeroFromGenerationOne": ("2^16 bind/free cycles over the wire within 150 s of wall clock",
                                      ("the wrap was not observed",)),
 }
+# Served mutants that fail on an invariant at a hang site instead of the rule they break: the blame at hang sites
+# of ring and free-path bugs (conformance/kbtp/diagnose.py, the QUOTA-ALLOC-BOUNDED and RING-NO-LOSS waits) is
+# branch s30-blame's work. Strict xfails: each one fixed shows up as an XPASS to remove here.
+_HANG = "blames the invariant a hang breaks ({}), not its rule: blame at hang sites (branch s30-blame)"
+KNOWN_WRONG_BLAME: dict[str, str] = {
+    "BindsAbandonedTicket": _HANG.format("KBTP-RING-NO-LOSS in test_bind_racing_the_timeout"),
+    "OversizeAllocStrandsTicket": _HANG.format("KBTP-QUOTA-ALLOC-BOUNDED in test_rule_on_every_path"),
+    "RefusedFreeReleasesQuota": _HANG.format("KBTP-QUOTA-ALLOC-BOUNDED in test_rule_on_every_path"),
+    "EmptySlotsNotInitialisedEmpty": _HANG.format("KBTP-RING-NO-LOSS at the declared shared ring"),
+    "TailWrapsLate": _HANG.format("KBTP-RING-NO-LOSS in test_shared_ring_geometries[declared]"),
+    # a shared ring of F == N only; the served geometries are F 6 < N 8 and the partitions F == N == 2, where iWARP
+    # sees the lost block as KBTP-RING-NO-LOSS and RoCEv2 does not reach it (tests/kbtp/test_ring_blame.py)
+    "TailNotWrappedWhenFull": _HANG.format("KBTP-RING-NO-LOSS at the F == N == 2 partition, or nothing"),
+}
 # mutant -> why it is not served at all (none today: a mutant that cannot be served is first made servable).
 UNSERVABLE: dict[str, str] = {}
 
@@ -120,9 +134,12 @@ def _cases() -> list[tuple[str, str]]:
             if ONE_BINDING.get(n, (w,))[0] == w]
 
 
-def _sampled(name: str, wire: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(not FULL and (name, wire) not in SAMPLE, reason="outside the default run's sample; "
-                              "KVCONFORM_SERVED_MUTANTS_FULL=1 (tox -e served-mutants) runs it")
+def _marks(name: str, wire: str) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.skipif(not FULL and (name, wire) not in SAMPLE, reason="outside the default run's sample; "
+                                "KVCONFORM_SERVED_MUTANTS_FULL=1 (tox -e served-mutants) runs it")]
+    if name in KNOWN_WRONG_BLAME:
+        marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_WRONG_BLAME[name]))
+    return marks
 
 
 def _pics_value(m: Mutant, key: str) -> str | None:
@@ -196,7 +213,7 @@ def _judge(name: str, m: Mutant, wire: str, run: object) -> None:
 
 @pytest.mark.slow
 @covering(RUN_TIMEOUT_S)
-@pytest.mark.parametrize(("name", "wire"), [pytest.param(n, w, marks=_sampled(n, w), id=f"{n}-{w}")
+@pytest.mark.parametrize(("name", "wire"), [pytest.param(n, w, marks=_marks(n, w), id=f"{n}-{w}")
                                             for n, w in _cases()])
 def test_served_mutant_fails_on_its_rule(name: str, wire: str, tmp_path: Path) -> None:
     m = kbtp_mutants.MUTANTS[name]
@@ -223,6 +240,8 @@ def test_exclusions_are_pinned() -> None:
     assert set(WIRE_INCONCLUSIVE) <= set(kbtp_mutants.MUTANTS)
     # each reason is one tests/clean_runs.py documents as unobservable over a wire (or on a slow target)
     assert all(why and set(reasons) <= {*WIRE, *SLOW_TARGET} for why, reasons in WIRE_INCONCLUSIVE.values())
+    assert not set(KNOWN_WRONG_BLAME) & {n for n, _ in SAMPLE}
+    assert len(KNOWN_WRONG_BLAME) == 6, "a new wrong blame over the wire: fix the check, do not list it here"
     assert len(WIRE_INCONCLUSIVE) == 7, "a new wire-inconclusive mutant: make it observable, or say why here"
     for name, reason in UNSERVABLE.items():
         cls = getattr(kbtp_mutants, name)
