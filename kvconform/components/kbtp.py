@@ -266,8 +266,8 @@ def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -
         check_binding(f"{url.scheme}://", binding, profile_name, params.profile, "--profile")
         driver = load_subclass(args.driver_class, ReferenceInitiatorDriver, "--driver-class")()
         if args.initiator_class is not None or driver.initiator_class is None:
-            driver.initiator_class = load_subclass(args.initiator_class or "kvconform.kbtp.initiator:ReferenceInitiator",
-                                                   ReferenceInitiator, "--initiator-class")
+            spec = args.initiator_class or "kvconform.kbtp.initiator:ReferenceInitiator"
+            driver.initiator_class = load_subclass(spec, ReferenceInitiator, "--initiator-class")
         fabric: Any
         if verbs is not None:
             try:
