@@ -614,7 +614,7 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
         bed = kbtp_target.bed(seed, scheduler=RandomScheduler(seed), label=f"entry-after-data-{i}")
         w, r = bed.initiator("W"), bed.initiator("R")
         state: dict[str, Any] = {}
-        views: list[tuple[Any, bytes]] = []
+        views: list[tuple[Any, bytes, bool]] = []
 
         def writer(w: HarnessInitiator = w, state: dict[str, Any] = state, bed: Bed = bed) -> Gen:
             yield from bed.open(w, plan[0])
