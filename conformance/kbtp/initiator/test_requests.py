@@ -73,8 +73,8 @@ def test_hello_credits_posted(kbtp_initiator: InitiatorUnderTest, seed: int) -> 
     check(bool(messages), "no message of the initiator arrived as a Send", req="KBTP-RDMAP-SEND")
     first = messages[0]
     msg = first.message
-    check(isinstance(msg, Hello), f"the first message is not a HELLO that decodes: {first.error}",
-          req="KBTP-HELLO-FIRST", seen=first.raw[:48])
+    if not isinstance(msg, Hello):  # test_hello blames the field that makes it so
+        inconclusive(f"the first message is not a HELLO that decodes, so it claims no credits: {first.error}")
     if first.posted is None:
         inconclusive("the harness cannot count the receive buffers the initiator posted (its own memory, invisible "
                      f"off the emulated fabric); its HELLO claims {msg.completion_credits}")  # type: ignore[union-attr]
