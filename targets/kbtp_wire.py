@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import string
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -168,17 +169,21 @@ class CmdInitiatorDriver:
         argv = self._fill(self.template, {"target": target_url, "initiator_id": iid.hex(), "features": feats})
         proc = self._process(argv, what="initiator under test", pipes=True)
         proc.start()
-        return CmdInitiatorEndpoint(fabric, proc, iid)
+        # an Initiator ID the template hands the process is the harness's, not one the initiator generated
+        handed = "initiator_id" in {f for _, f, _, _ in string.Formatter().parse(self.template) if f}
+        return CmdInitiatorEndpoint(fabric, proc, iid, handed=handed)
 
 
 class CmdInitiatorEndpoint:
     """InitiatorEndpoint of a cmd: process: each operation is a request line and a wait (bounded) for its answer."""
 
-    def __init__(self, fabric: Any, proc: Any, initiator_id: bytes) -> None:
+    def __init__(self, fabric: Any, proc: Any, initiator_id: bytes, *, handed: bool = False) -> None:
 
         self.fabric = fabric
         self.proc = proc
         self._iid = initiator_id
+        # the Initiator ID the harness handed the process ({initiator_id} in its template); None: its own choice
+        self.handed_initiator_id: bytes | None = initiator_id if handed else None
         self._ids = iter(range(1, 1 << 62))
         self.answers: dict[int, Any] = {}
         self.state: dict[str, Any] = {}

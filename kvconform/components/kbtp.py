@@ -5,7 +5,7 @@ harness can certify targets from the outside exactly as it would a NIC's.
     kvconform serve kbtp-target --binding iwarp|roce|verbs [--device rxe0] [--host 127.0.0.1] [--port 0]
         [--udp-port 4791] [--profile NAME] [--features DIRECT_LOAD,DIRECT_ALLOC,ADDR_LE] [--pool 4096,22,6,8]
         [--quota 2] [--handle-count 64] [--max-initiators 4] [--max-inline 256] [--ticket-timeout-ms 1000]
-        [--untrusted HEX,...] [--target-class module:Class] [--pcap DIR]
+        [--untrusted HEX,...] [--target-class module:Class] [--driver-class module:Class] [--pcap DIR]
 
 The defaults are the loopback testbed's PICS for ``kbtp.target`` (testbeds/loopback.yaml), so the served target
 passes ``kvconform run kbtp-target --target kbtp+iwarp://HOST:PORT`` as declared there. Prints
@@ -105,8 +105,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inline", type=int, default=256)
     p.add_argument("--ticket-timeout-ms", type=positive_int, default=1000)
     p.add_argument("--untrusted", default="", help="Initiator IDs (hex, comma-separated) not trusted with direct modes")
-    p.add_argument("--target-class", default="kvconform.kbtp.target:ReferenceTarget",
-                   help="module:Class of the target (a kvconform.kbtp.target.ReferenceTarget subclass)")
+    p.add_argument("--target-class", default=None,
+                   help="module:Class of the target (a kvconform.kbtp.target.ReferenceTarget subclass; default: "
+                        "the driver's, else the reference)")
+    p.add_argument("--driver-class", default="kvconform.targets.kbtp:ReferenceTargetDriver",
+                   help="module:Class of the driver that starts the target (a kvconform.targets.kbtp."
+                        "ReferenceTargetDriver subclass: its target_class, its starting Generation, and its "
+                        "wire_fabric_class, a model of its RNIC, if it has one); --target-class overrides its class")
     p.add_argument("--pcap", default=None, metavar="DIR", help="write each connection's wire as a pcap there")
     p.add_argument("--impair", default=None, metavar="SPEC",
                    help="impair this target's wire links both ways, seeded: loss=P,reorder=P,dup=P,delay=5ms,seed=S "
@@ -152,8 +157,10 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
         params = params_of(args, None if verbs is None else ("rdmap-5040" if verbs.transport == "iwarp" else "ib-rc"))
         if params.binding not in PROFILES:
             raise ValueError(f"--profile {params.binding!r}: known profiles {', '.join(PROFILES)}")
-        driver = ReferenceTargetDriver()
-        driver.target_class = load_subclass(args.target_class, ReferenceTarget, "--target-class")
+        driver = load_subclass(args.driver_class, ReferenceTargetDriver, "--driver-class")()
+        if args.target_class is not None or driver.target_class is None:
+            driver.target_class = load_subclass(args.target_class or "kvconform.kbtp.target:ReferenceTarget",
+                                                ReferenceTarget, "--target-class")
         fabric: Any
         if verbs is not None and args.impair:
             raise ValueError("--impair acts on the userspace bindings' links; a verbs device builds its own packets "
@@ -166,7 +173,9 @@ def serve_kbtp_target(argv: list[str], stop: threading.Event | None = None) -> i
                 raise TargetUnavailable(str(exc)) from exc
         else:
             check_binding(f"--binding {args.binding}", args.binding, params.binding, params.profile, "--profile")
-            fabric = WireFabric(params.profile, binding=args.binding, host=args.host, udp_port=args.udp_port,
+            # a driver may bring its own RNIC model (a WireFabric subclass): a vendor's, or a mutant's broken engine
+            fabric_class: type[WireFabric] = getattr(driver, "wire_fabric_class", WireFabric)
+            fabric = fabric_class(params.profile, binding=args.binding, host=args.host, udp_port=args.udp_port,
                                 capture_dir=args.pcap, link=ether_link(args),
                                 impair=Impairment.parse(args.impair) if args.impair else None)
         node = fabric.node("target")
@@ -224,8 +233,13 @@ def initiator_parser() -> argparse.ArgumentParser:
                    help=f"optional features to request (default {DEFAULT_FEATURES})")
     p.add_argument("--initiator-id", default=None, help="Initiator ID, 32 hex digits (default: random)")
     p.add_argument("--no-invalidate", action="store_true", help="do not ask for Send with Invalidate")
-    p.add_argument("--initiator-class", default="kvconform.kbtp.initiator:ReferenceInitiator",
-                   help="module:Class of the initiator (a kvconform.kbtp.initiator.ReferenceInitiator subclass)")
+    p.add_argument("--initiator-class", default=None,
+                   help="module:Class of the initiator (a kvconform.kbtp.initiator.ReferenceInitiator subclass; "
+                        "default: the driver's, else the reference)")
+    p.add_argument("--driver-class", default="kvconform.targets.kbtp:ReferenceInitiatorDriver",
+                   help="module:Class of the driver that starts the initiator and stands between it and the "
+                        "harness (a kvconform.targets.kbtp.ReferenceInitiatorDriver subclass); --initiator-class "
+                        "overrides its class")
     return p
 
 
@@ -250,8 +264,10 @@ def serve_kbtp_initiator(argv: list[str], stop: threading.Event | None = None) -
         params = InitiatorParams(binding=profile_name, features=args.features,
                                  requests_invalidate=not args.no_invalidate)
         check_binding(f"{url.scheme}://", binding, profile_name, params.profile, "--profile")
-        driver = ReferenceInitiatorDriver()
-        driver.initiator_class = load_subclass(args.initiator_class, ReferenceInitiator, "--initiator-class")
+        driver = load_subclass(args.driver_class, ReferenceInitiatorDriver, "--driver-class")()
+        if args.initiator_class is not None or driver.initiator_class is None:
+            spec = args.initiator_class or "kvconform.kbtp.initiator:ReferenceInitiator"
+            driver.initiator_class = load_subclass(spec, ReferenceInitiator, "--initiator-class")
         fabric: Any
         if verbs is not None:
             try:

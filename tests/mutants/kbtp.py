@@ -1578,7 +1578,7 @@ MUTANTS: dict[str, Mutant] = {
     "BindsOutsideItsRange": Mutant("kbtp-initiator", "KBTP-HANDLE-OWN-RANGE",
                                    ("test_direct_alloc_binds_in_own_range",)),
     "DirectLoadsUnsealed": Mutant("kbtp-initiator", "KBTP-DLOAD-VALIDITY", ("test_direct_load_refuses_unsealed",)),
-    "OverstatesCompletionCredits": Mutant("kbtp-initiator", "KBTP-HELLO-LAYOUT", ("test_hello",)),
+    "OverstatesCompletionCredits": Mutant("kbtp-initiator", "KBTP-HELLO-LAYOUT", ("test_hello_credits_posted",)),
 }
 
 # Checks no mutant is required to fail, and why.

@@ -97,6 +97,12 @@ class _WireDriver(ReferenceTargetDriver):
         fabric.iwarp_class, fabric.roce_class = self.iwarp_class, self.roce_class
         return fabric
 
+    @property
+    def wire_fabric_class(self) -> type[WireFabric]:
+        """The broken RNIC served in its own process (`kvconform serve kbtp-target --driver-class`)."""
+        return type(f"{type(self).__name__}Fabric", (_MutantFabric,),
+                    {"iwarp_class": self.iwarp_class, "roce_class": self.roce_class})
+
 
 class WireIgnoresCrc(_WireDriver):
     """KBTP-WIRE-MPA-CRC: the target's RNIC delivers FPDUs whose CRC-32C does not match."""

@@ -612,13 +612,13 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
     runs = max(2, kbtp_target.interleavings // 20)
     bs = kbtp_target.params.block_size
     data = bytes((i * 13 + 1) & 0xFF for i in range(bs))
-    checked = 0
+    checked = raced = 0
     for i in range(runs):
         seed = session_seed * 100_000 + 70_000 + i
         bed = kbtp_target.bed(seed, scheduler=RandomScheduler(seed), label=f"entry-after-data-{i}")
         w, r = bed.initiator("W"), bed.initiator("R")
         state: dict[str, Any] = {}
-        views: list[tuple[Any, bytes]] = []
+        views: list[tuple[Any, bytes, bool]] = []
 
         def writer(w: HarnessInitiator = w, state: dict[str, Any] = state, bed: Bed = bed) -> Gen:
             yield from bed.open(w, plan[0])
@@ -639,11 +639,12 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
             for _ in range(4000):
                 e1 = yield from r.read_entry(state["h"], req="KBTP-ALLOC-ENTRY-ORDER")
                 if e1 is not None and e1[0] & EntryFlags.VALID and e1[0] & EntryFlags.SEALED:
+                    racing = "done" not in state  # read before the writer's COMPLETION: inside the window
                     wc, block = yield from r.rdma_read(ack.direct_load.pool.stag, e1[3], min(e1[2], bs),
                                                        req="KBTP-ALLOC-ENTRY-ORDER")
                     e2 = yield from r.read_entry(state["h"], req="KBTP-ALLOC-ENTRY-ORDER")
                     if wc.ok and e2 == e1:
-                        views.append((e1, block))
+                        views.append((e1, block, racing))
                         return
                 if "done" in state and e1 is not None and e1[0] & EntryFlags.VALID:
                     continue  # bound: the next read is consistent
@@ -651,14 +652,23 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
 
         bed.run(W=writer(), R=reader())
         done = state["done"]
-        for entry, block in views:
+        for entry, block, racing in views:
             checked += 1
+            raced += racing
             expect.equal(f"interleaving {i}: entry (Data Length, Block Offset) read with VALID|SEALED",
                          (entry[2], entry[3]), (len(data), done.block_offset), req="KBTP-TABLE-BIND-ORDER")
             check(block == data, f"interleaving {i}: the entry read VALID|SEALED (Generation {entry[1]}) twice "
                   f"around a block read, but the block held {block[:8].hex()}... not the data "
                   f"{data[:8].hex()}... [{bed.replay_hint()}]", req="KBTP-ALLOC-ENTRY-ORDER")
-    evidence.note(f"{checked} consistent direct loads of a fresh binding checked over {runs} interleavings")
+    evidence.note(f"{checked} consistent direct loads of a fresh binding checked over {runs} interleavings, "
+                  f"{raced} of them before the ALLOC_STORE completed")
+    if kbtp_target.black_box:
+        # No race point holds the target between its entry write and the landing of the data it RDMA-Reads from
+        # the writer: a consistent load, even one read before the COMPLETION ({raced}), may have come after the
+        # data landed in a target that wrote the entry first. Only a torn load (a failure above) shows the order.
+        inconclusive(f"black box: the entry-order window was not observed: {checked} consistent direct loads in "
+                     f"{runs} attempts ({raced} read before the ALLOC_STORE completed), none inside a window the "
+                     "harness can hold open from outside")
 
 
 @pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-GEN-CHANGES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
