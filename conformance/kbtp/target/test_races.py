@@ -14,7 +14,9 @@ named races opened from outside instead (conformance/kbtp/blackbox.py): the harn
 own partition, is the delayed allocation of the text's example, and reads the ring and the table back to back
 around the target's writes; each such check passes only when its window opened at least PICS
 kbtp.target.race_windows times (within kbtp.target.race_budget_s), and says "black box: window opened n of N
-attempts". A black box without DIRECT_ALLOC exposes no ring: `test_deferred_free_example` and
+attempts". `test_entry_written_after_data` against a black box holds the writer's end of the wire instead
+(targets/kbtp_order.py): while the target's RDMA Read of the ALLOC_STORE's data is unanswered the target cannot have
+the data, so the entry must not read VALID|SEALED yet. A black box without DIRECT_ALLOC exposes no ring: `test_deferred_free_example` and
 `test_free_updates_entry_before_ring` churn its shared ring from outside instead (blackbox.py ``Churn``), check the
 invariants the rules guarantee as they happen, and pass only on a stress measured to catch a served target breaking
 the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
@@ -608,7 +610,7 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
     data the target RDMA-reads (so writing it takes many steps): whenever two entry reads around a block
     read show the same Generation with VALID and SEALED, the block holds the whole data, and the entry the
     Data Length and Block Offset of the completion (the entry is written after the data, its location before
-    its state)."""
+    its state). A black box: `_entry_order_black_box`."""
     kbtp_target.require(DL)
     plan = kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
     if kbtp_target.black_box:
@@ -681,9 +683,9 @@ def _entry_order_black_box(kbtp_target: TargetUnderTest, seed: int, plan: list[F
     w, r = bed.initiator("W"), bed.initiator("R")
     witness = order_witness(bed.fabric, str(w.conn.name))
     if witness is None:
-        inconclusive(f"black box on {bed.fabric!r}: the harness does not build the writer's packets, so it cannot hold "
-                     "the data the target RDMA-Reads from it, and no race point holds the target between its entry "
-                     "write and the landing of that data: the order is not observable")
+        inconclusive(f"black box on {bed.fabric!r}, which builds every packet itself: the harness cannot hold the data "
+                     "the target RDMA-Reads from the writer, and no race point holds the target between its entry write "
+                     "and the landing of that data: the order is not observable")
     bs = p.block_size
     req = "KBTP-ALLOC-ENTRY-ORDER"
 
