@@ -64,6 +64,7 @@ ONE_BINDING: dict[str, tuple[str, str]] = {
     "WireReadPastBoundsAnswered": ("iwarp", _IWARP_ENGINE),
     "WireAcceptsBadMpaKey": ("iwarp", "the MPA Request key: an iWARP connection-setup rule"),
     "WireIgnoresMsn": ("iwarp", "DDP untagged MSN: an iWARP rule"),
+    "WireTerminateBitfieldsLe": ("iwarp", "the RDMAP Terminate header's bit fields: an iWARP rule"),
     "WireUnmaskedAtomics": ("iwarp", "RFC 7306 masked atomics: an RDMAP rule"),
     "WirePartialFpduRefused": ("iwarp", "MPA stream reassembly: an iWARP rule"),
     "AdvertisesRecordsOnRdmap": ("iwarp", _RDMAP),
