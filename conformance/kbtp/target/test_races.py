@@ -16,10 +16,10 @@ around the target's writes; each such check passes only when its window opened a
 kbtp.target.race_windows times (within kbtp.target.race_budget_s), and says "black box: window opened n of N
 attempts". `test_entry_written_after_data` against a black box holds the writer's end of the wire instead
 (targets/kbtp_order.py): while the target's RDMA Read of the ALLOC_STORE's data is unanswered the target cannot have
-the data, so the entry must not read VALID|SEALED yet. A black box without DIRECT_ALLOC exposes no ring: `test_deferred_free_example` and
-`test_free_updates_entry_before_ring` churn its shared ring from outside instead (blackbox.py ``Churn``), check the
-invariants the rules guarantee as they happen, and pass only on a stress measured to catch a served target breaking
-the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
+the data, so the entry must not read VALID|SEALED yet. A black box without DIRECT_ALLOC exposes no ring:
+`test_deferred_free_example` and `test_free_updates_entry_before_ring` churn its shared ring from outside instead
+(blackbox.py ``Churn``), check the invariants the rules guarantee as they happen, and pass only on a stress measured
+to catch a served target breaking the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
 
 The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kvconform-kbtp-interleavings).
 """
@@ -684,8 +684,8 @@ def _entry_order_black_box(kbtp_target: TargetUnderTest, seed: int, plan: list[F
     witness = order_witness(bed.fabric, str(w.conn.name))
     if witness is None:
         inconclusive(f"black box on {bed.fabric!r}, which builds every packet itself: the harness cannot hold the data "
-                     "the target RDMA-Reads from the writer, and no race point holds the target between its entry write "
-                     "and the landing of that data: the order is not observable")
+                     "the target RDMA-Reads from the writer, and no race point holds the target between its entry "
+                     "write and the landing of that data: the order is not observable")
     bs = p.block_size
     req = "KBTP-ALLOC-ENTRY-ORDER"
 
