@@ -43,7 +43,7 @@ class Stamp:
 
 
 @dataclass
-class Held:
+class HeldChunk:
     """One chunk of the held output: when it entered the hold, and when it left (None: still held)."""
 
     entered: Stamp
@@ -91,7 +91,7 @@ class OrderWitness(Impairer):
         self.entered: dict[int, int] = {}  # trace step that processed a chunk from the initiator -> its entry seq
         self.released: dict[int, Release] = {}  # trace step whose output it is -> when that output left
         self._due = 0.0  # the held link's last release time (its chunks leave in order)
-        self.held_out: list[Held] = []  # every chunk of the held output, in order
+        self.held_out: list[HeldChunk] = []  # every chunk of the held output, in order
 
     # ---- the stage -----------------------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class OrderWitness(Impairer):
         n, _ = self._draws(link)
         self._record(link, n, "order-hold")
         self._due = max(self._due, now + self.hold_s)
-        held = Held(self.stamp())
+        held = HeldChunk(self.stamp())
         self.held_out.append(held)
 
         def release() -> None:
