@@ -14,7 +14,13 @@ wait: that is the bound of the judgement, and the verdict's evidence says so.
 
 Events are numbered in one sequence of the fabric's single-threaded loop (a request entering, an answer leaving),
 and tied to the trace steps that processed them, so the comparison needs no clock. Where the witness cannot tie a
-request to the moment it entered (it was not installed, or the path gives no trace), the check is inconclusive."""
+request to the moment it entered (it was not installed, or the path gives no trace), the check is inconclusive.
+
+The same stage serves the other direction: on a *harness initiator's* connection to a target in another process it
+holds that initiator's output, so the data a target fetches by RDMA Read from it cannot reach the target before the
+witness lets it go (test_entry_written_after_data over a wire). `watch_reads` stamps the arrival of the target's
+Read Requests, `stamp` places the check's own observations in the same sequence (with the fabric's time, for the
+report), and `left_after` tells when the first output held after an event left."""
 
 from __future__ import annotations
 
@@ -26,6 +32,40 @@ from typing import Any
 from kvconform.rdma.wire.impair import Impairer, Impairment
 
 ORDER_HOLD_S = 0.03  # each answer held this long: well under RC's ACK timeout (134 ms), so no retransmission
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """A place in the witness's event sequence, and the fabric's time then (for reports; the order is ``seq``)."""
+
+    seq: int
+    t: float
+
+
+@dataclass
+class HeldChunk:
+    """One chunk of the held output: when it entered the hold, and when it left (None: still held)."""
+
+    entered: Stamp
+    left: Stamp | None = None
+
+
+class _ReadsOf:
+    """An engine's memory that also calls ``seen`` when an RDMA Read Request of ``stag`` arrives (the engines note
+    "rdma_read-arrive" before they execute it); everything else is the engine's memory."""
+
+    def __init__(self, inner: Any, stag: int, seen: Callable[[], None]) -> None:
+        self._inner = inner
+        self._stag = stag
+        self._seen = seen
+
+    def note(self, what: str, **args: Any) -> None:
+        if what == "rdma_read-arrive" and args.get("stag") == self._stag:
+            self._seen()
+        self._inner.note(what, **args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 @dataclass(frozen=True)
@@ -51,6 +91,7 @@ class OrderWitness(Impairer):
         self.entered: dict[int, int] = {}  # trace step that processed a chunk from the initiator -> its entry seq
         self.released: dict[int, Release] = {}  # trace step whose output it is -> when that output left
         self._due = 0.0  # the held link's last release time (its chunks leave in order)
+        self.held_out: list[HeldChunk] = []  # every chunk of the held output, in order
 
     # ---- the stage -----------------------------------------------------------------------------------
 
@@ -72,9 +113,13 @@ class OrderWitness(Impairer):
         n, _ = self._draws(link)
         self._record(link, n, "order-hold")
         self._due = max(self._due, now + self.hold_s)
+        held = HeldChunk(self.stamp())
+        self.held_out.append(held)
 
         def release() -> None:
-            self.released[produced] = Release(next(self._seq), self.fabric.steps)
+            left = self.stamp()
+            held.left = left
+            self.released[produced] = Release(left.seq, self.fabric.steps)
             deliver(data)
 
         self._push(self._due, link, release)
@@ -95,6 +140,29 @@ class OrderWitness(Impairer):
         return enter
 
     # ---- the judgement's questions -------------------------------------------------------------------
+
+    def stamp(self) -> Stamp:
+        """The next place in the event sequence: what happens before this call comes before it."""
+        return Stamp(next(self._seq), float(self.fabric.now))
+
+    def watch_reads(self, conn: Any, stag: int) -> list[Stamp] | None:
+        """Stamp every RDMA Read Request of ``stag`` (a buffer of the held side) that reaches ``conn``'s engine, from
+        now on; the list fills as they arrive. None where the connection has no engine the harness runs."""
+        engine = getattr(conn, "engine", None)
+        memory = getattr(engine, "memory", None)
+        if memory is None:
+            return None
+        arrived: list[Stamp] = []
+        engine.memory = _ReadsOf(memory, stag, lambda: arrived.append(self.stamp()))  # type: ignore[union-attr]
+        return arrived
+
+    def left_after(self, event: Stamp) -> Stamp | None:
+        """When the first chunk held after ``event`` left the harness (None: none held since, or still held). Chunks
+        leave in order, so nothing the held side produced in answer to ``event`` left before that."""
+        for held in self.held_out:
+            if held.entered.seq > event.seq:
+                return held.left
+        return None
 
     def answered_before(self, prev_step: int, nxt_step: int) -> bool | None:
         """Whether the target's answer to the request processed at ``prev_step`` left the harness before the

@@ -7,9 +7,10 @@ from kvconform.targets.kbtp_order import OrderWitness, install
 
 
 class _Fabric:
-    """The two things the witness reads of a wire fabric: its binding and its step count."""
+    """The things the witness reads of a wire fabric: its binding, its step count and its time."""
 
     binding = "roce"
+    now = 0.0
     owns_races = False
     impairer = None
 
@@ -65,3 +66,56 @@ def test_no_witness_where_the_harness_does_not_own_the_send_path() -> None:
     assert install(Device(), "t") is None
     fabric = _Fabric()
     assert isinstance(install(fabric, "t"), OrderWitness) and isinstance(fabric.impairer, OrderWitness)
+
+
+class _Memory:
+    """What an engine's memory does with a note: records it (the fabric's trace)."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, int]] = []
+
+    def note(self, what: str, **args: int) -> None:
+        self.notes.append((what, args.get("stag", 0)))
+
+    def resolve(self) -> str:
+        return "resolved"
+
+
+class _Conn:
+    def __init__(self) -> None:
+        self.engine = type("Engine", (), {})()
+        self.engine.memory = _Memory()
+
+
+def test_a_held_initiators_read_response_and_what_happened_before_it_left() -> None:
+    """On a harness initiator's connection: the target's Read Request of the watched buffer is stamped when it
+    arrives, the answer the initiator produces is held, and `left_after` tells when it left; the check's own
+    observations (stamps) fall before or after in the one sequence."""
+    fabric = _Fabric()
+    w = OrderWitness(fabric, "W", hold_s=0.03)
+    conn = _Conn()
+    memory = conn.engine.memory
+    arrived = w.watch_reads(conn, stag=0x42)
+    assert arrived == [] and conn.engine.memory.resolve() == "resolved"  # everything else is the engine's memory
+    sent: list[bytes] = []
+    start = w.stamp()
+    conn.engine.memory.note("rdma_read-arrive", stag=0x7)  # another buffer: not stamped
+    conn.engine.memory.note("rdma_read-arrive", stag=0x42)
+    assert len(arrived) == 1 and arrived[0].seq > start.seq
+    assert memory.notes == [("rdma_read-arrive", 0x7), ("rdma_read-arrive", 0x42)]  # still noted for the trace
+    assert w.left_after(arrived[0]) is None  # nothing held since
+    w.datagram("W>", b"read-response", sent.append, now=0.0)
+    inside = w.stamp()  # e.g. an entry read answered while the response is held
+    w.poll(0.02)
+    assert w.left_after(arrived[0]) is None and sent == []  # still held
+    fabric.now = 0.031
+    w.poll(0.031)
+    left = w.left_after(arrived[0])
+    assert sent == [b"read-response"] and left is not None and left.t == 0.031
+    assert arrived[0].seq < inside.seq < left.seq < w.stamp().seq
+    assert w.left_after(left) is None
+
+
+def test_no_read_watch_without_an_engine_the_harness_runs() -> None:
+    w = OrderWitness(_Fabric(), "W")
+    assert w.watch_reads(object(), stag=1) is None

@@ -14,10 +14,12 @@ named races opened from outside instead (conformance/kbtp/blackbox.py): the harn
 own partition, is the delayed allocation of the text's example, and reads the ring and the table back to back
 around the target's writes; each such check passes only when its window opened at least PICS
 kbtp.target.race_windows times (within kbtp.target.race_budget_s), and says "black box: window opened n of N
-attempts". A black box without DIRECT_ALLOC exposes no ring: `test_deferred_free_example` and
-`test_free_updates_entry_before_ring` churn its shared ring from outside instead (blackbox.py ``Churn``), check the
-invariants the rules guarantee as they happen, and pass only on a stress measured to catch a served target breaking
-the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
+attempts". `test_entry_written_after_data` against a black box holds the writer's end of the wire instead
+(targets/kbtp_order.py): while the target's RDMA Read of the ALLOC_STORE's data is unanswered the target cannot have
+the data, so the entry must not read VALID|SEALED yet. A black box without DIRECT_ALLOC exposes no ring:
+`test_deferred_free_example` and `test_free_updates_entry_before_ring` churn its shared ring from outside instead
+(blackbox.py ``Churn``), check the invariants the rules guarantee as they happen, and pass only on a stress measured
+to catch a served target breaking the rule (``CHURN_CATCHES``, docs/kbtp-wire.md), saying which it does not catch.
 
 The number of seeded interleavings comes from PICS kbtp.target.interleavings (or --kvconform-kbtp-interleavings).
 """
@@ -50,9 +52,11 @@ from kvconform.rdma import Access, pause, wait_until
 from kvconform.rdma.scheduler import PctScheduler, RandomScheduler, ScheduleError, ScriptScheduler
 from kvconform.targets.kbtp_bed import Bed
 from kvconform.targets.kbtp_client import RING_SLOT_SIZE, Gen, HarnessInitiator
+from kvconform.targets.kbtp_order import install as order_witness
 from kvconform.verdicts import check, inconclusive, not_applicable
 
 SEAL = int(RequestFlags.SEAL)
+ENTRY_POLLS = 20_000  # R's entry reads per black-box attempt, at most (the attempt ends when the ALLOC_STORE does)
 DL, DA = Features.DIRECT_LOAD, Features.DIRECT_ALLOC
 
 
@@ -606,9 +610,12 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
     data the target RDMA-reads (so writing it takes many steps): whenever two entry reads around a block
     read show the same Generation with VALID and SEALED, the block holds the whole data, and the entry the
     Data Length and Block Offset of the completion (the entry is written after the data, its location before
-    its state)."""
+    its state). A black box: `_entry_order_black_box`."""
     kbtp_target.require(DL)
     plan = kbtp_target.sessions(2, need="a writer and a DIRECT_LOAD reader")
+    if kbtp_target.black_box:
+        _entry_order_black_box(kbtp_target, session_seed, plan)
+        return
     runs = max(2, kbtp_target.interleavings // 20)
     bs = kbtp_target.params.block_size
     data = bytes((i * 13 + 1) & 0xFF for i in range(bs))
@@ -662,13 +669,111 @@ def test_entry_written_after_data(kbtp_target: TargetUnderTest, session_seed: in
                   f"{data[:8].hex()}... [{bed.replay_hint()}]", req="KBTP-ALLOC-ENTRY-ORDER")
     evidence.note(f"{checked} consistent direct loads of a fresh binding checked over {runs} interleavings, "
                   f"{raced} of them before the ALLOC_STORE completed")
-    if kbtp_target.black_box:
-        # No race point holds the target between its entry write and the landing of the data it RDMA-Reads from
-        # the writer: a consistent load, even one read before the COMPLETION ({raced}), may have come after the
-        # data landed in a target that wrote the entry first. Only a torn load (a failure above) shows the order.
-        inconclusive(f"black box: the entry-order window was not observed: {checked} consistent direct loads in "
-                     f"{runs} attempts ({raced} read before the ALLOC_STORE completed), none inside a window the "
-                     "harness can hold open from outside")
+
+
+def _entry_order_black_box(kbtp_target: TargetUnderTest, seed: int, plan: list[Features]) -> None:
+    """A target the harness cannot schedule: the harness owns the writer's end of the wire and holds W's output
+    (targets/kbtp_order.py), so the target's RDMA Read of the data stays unanswered for the hold while R reads the
+    entry. No entry read answered before W's Read Response left may show this ALLOC_STORE's binding VALID|SEALED (the
+    target cannot have had the data). The window opened when an entry read was posted after the Read Request reached W
+    and answered before the response left; afterwards a direct load (entry, block, entry) must show the data."""
+    p = kbtp_target.params
+    windows = Windows.of(p, "entry reads while the target's RDMA Read of the ALLOC_STORE's data was held unanswered")
+    bed = kbtp_target.bed(seed * 100_000 + 70_000, label="entry-after-data-black-box")
+    w, r = bed.initiator("W"), bed.initiator("R")
+    witness = order_witness(bed.fabric, str(w.conn.name))
+    if witness is None:
+        inconclusive(f"black box on {bed.fabric!r}, which builds every packet itself: the harness cannot hold the data "
+                     "the target RDMA-Reads from the writer, and no race point holds the target between its entry "
+                     "write and the landing of that data: the order is not observable")
+    bs = p.block_size
+    req = "KBTP-ALLOC-ENTRY-ORDER"
+
+    def opening() -> Gen:
+        yield from bed.open(w, plan[0])
+        ack = yield from bed.open(r, Features(plan[1] | DL))
+        if not ack.features & DL:
+            inconclusive("the reader was not granted DIRECT_LOAD, which PICS declares")
+        return ack
+
+    ack = bed.run_one(opening())
+    h = w.handle(0)
+    src = w.buffer(bs, Access.REMOTE_READ)
+    arrived = witness.watch_reads(w.conn, src.stag)
+    if arrived is None:
+        inconclusive("black box: the writer's connection has no engine the harness runs, so the arrival of the "
+                     "target's RDMA Read of the data is not observable")
+    while windows.more():
+        data = bytes((i * 13 + 1 + windows.attempts) & 0xFF for i in range(bs))
+        src.write(0, data)
+        st: dict[str, Any] = {}
+        seen: list[tuple[Any, Any, Any]] = []  # (posted, answered, entry) of R's entry reads
+
+        def writer(st: dict[str, Any] = st, data: bytes = data) -> Gen:
+            st["sent"] = witness.stamp()
+            a = yield from w.alloc_store(h, data, source=src, req="KBTP-QUOTA-ALLOC-BOUNDED")
+            expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="W's ALLOC_STORE by RDMA Read")
+            st["done"] = a
+            ready = yield from wait_until(lambda: "loaded" in st, name="W-wait-R", timeout=5.0)
+            if not ready:
+                inconclusive("the reader did not finish its direct load of the binding")
+            f = yield from w.free(h)
+            expect.status_is(f, Status.OK, req="KBTP-FREE-RETURN", what="W's FREE of the handle between attempts")
+
+        def reader(st: dict[str, Any] = st, seen: list[Any] = seen, data: bytes = data) -> Gen:
+            ready = yield from wait_until(lambda: "sent" in st, name="R-wait-W", timeout=1.0)
+            if not ready:
+                inconclusive("the writer never started")
+            for _ in range(ENTRY_POLLS):  # bounded: the ALLOC_STORE completes within its holds
+                if "done" in st:
+                    break
+                posted = witness.stamp()
+                e = yield from r.read_entry(h, req=req)
+                seen.append((posted, witness.stamp(), e))
+            # the invariant once bound: a consistent direct load shows the data
+            e1 = yield from r.read_entry(h, req=req)
+            if e1 is not None and e1[0] & EntryFlags.VALID and e1[0] & EntryFlags.SEALED:
+                wc, block = yield from r.rdma_read(ack.direct_load.pool.stag, e1[3], min(e1[2], bs), req=req)
+                e2 = yield from r.read_entry(h, req=req)
+                if wc.ok and e2 == e1:
+                    st["load"] = (e1, block)
+            st["loaded"] = True
+
+        bed.run(**{f"W{windows.attempts}": writer(), f"R{windows.attempts}": reader()})  # actor names are the bed's
+        done = st["done"]
+        requests = [q for q in arrived if q.seq > st["sent"].seq]
+        asked = requests[0] if requests else None
+        left = witness.left_after(asked) if asked is not None else None
+        mine = [(pq, an, e) for pq, an, e in seen if pq.seq > st["sent"].seq and e is not None]
+        for pq, an, e in mine:
+            bound = bool(e[0] & EntryFlags.VALID and e[0] & EntryFlags.SEALED) and e[1] == done.generation
+            if not bound or (left is not None and an.seq > left.seq):
+                continue
+            when = (f"{(an.t - asked.t) * 1000:.1f} ms after the target's RDMA Read Request for the data reached W"
+                    if asked is not None and an.seq > asked.seq else "before the target's RDMA Read Request for the "
+                    "data reached W")
+            until = (f"{(left.t - an.t) * 1000:.1f} ms before W's Read Response (the data) left the harness"
+                     if left is not None else "while W's Read Response (the data) had not left the harness")
+            check(False, f"black box, attempt {windows.attempts + 1}: R's entry read of handle {h:#x} (posted "
+                  f"{(pq.t - st['sent'].t) * 1000:.1f} ms after W sent ALLOC_STORE) was answered VALID|SEALED with "
+                  f"this ALLOC_STORE's binding (Generation {e[1]}, Data Length {e[2]}, Block Offset {e[3]:#x}) {when}, "
+                  f"{until} (each chunk of W's output held {witness.hold_s * 1000:g} ms): the target made the entry "
+                  "valid before it had the data", req=req, seen=(repr(EntryFlags(e[0])), e[1]),
+                  expected="not VALID|SEALED until the data is in the block")
+        loaded = st.get("load")
+        if loaded is not None:
+            entry, block = loaded
+            expect.equal(f"attempt {windows.attempts + 1}: entry (Data Length, Block Offset) read with VALID|SEALED",
+                         (entry[2], entry[3]), (len(data), done.block_offset), req="KBTP-TABLE-BIND-ORDER")
+            check(block == data, f"attempt {windows.attempts + 1}: the entry read VALID|SEALED (Generation "
+                  f"{entry[1]}) twice around a block read, but the block held {block[:8].hex()}... not the data "
+                  f"{data[:8].hex()}...", req=req)
+        inside = [an for pq, an, _ in mine if asked is not None and left is not None and pq.seq > asked.seq
+                  and an.seq < left.seq]
+        windows.attempt(bool(inside) and loaded is not None, entry_reads=len(mine), inside_hold=len(inside),
+                        read_request_ms=round((asked.t - st["sent"].t) * 1000, 2) if asked else None,
+                        held_ms=round((left.t - asked.t) * 1000, 2) if asked and left else None)
+    windows.judge()
 
 
 @pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-GEN-CHANGES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
