@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -160,6 +161,10 @@ def test_direct_load_detects_free(kbtp_initiator: InitiatorUnderTest, session_se
     pass_basis(summary)
 
 
+def _at_least(seen: list[Any], n: int) -> bool:
+    return len(seen) >= n
+
+
 def _read_groups(bed: InitiatorBed) -> list[tuple[int, int | None]] | None:
     """The initiator's direct loads as the harness target executed their reads: (step of the first entry read,
     step of the second or None where it stopped after the first), in order; None when its reads are not entry,
@@ -238,7 +243,7 @@ def _direct_load_race(kbtp_initiator: InitiatorUnderTest, seed: int, i: int) -> 
                 # bound for three, of which two are the entry reads of one whole direct load (it may accept it)
                 n = len(arrived) + (1 if k % 2 else 3)
                 # (bounded: an initiator that stops reading only ends the churn sooner)
-                yield from wait_until(lambda n=n: len(arrived) >= n, "R-entry-read", timeout=ENTRY_READ_WAIT_S)
+                yield from wait_until(partial(_at_least, arrived, n), "R-entry-read", timeout=ENTRY_READ_WAIT_S)
             before = bed.fabric.steps
             yield from owner.free(h)
             frees.append((before, bed.fabric.steps))
