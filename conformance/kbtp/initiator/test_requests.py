@@ -86,9 +86,9 @@ def test_hello_credits_posted(kbtp_initiator: InitiatorUnderTest, seed: int) -> 
     probe = bed.probe_credits()
     if probe is None:
         inconclusive(f"the initiator's HELLO claims {claimed} Completion Credits, and the harness can neither count "
-                     f"its receive buffers (its own memory) nor probe them on {bed.fabric!r} (a device's transport "
-                     "answers a Send that finds no buffer without telling the process: run the initiator against "
-                     "the harness's userspace binding to judge it)")
+                     f"its receive buffers (its own memory) nor probe them on {bed.fabric!r}: the device answers a "
+                     "Send that finds no buffer without the harness seeing them (run the initiator against the "
+                     "harness's userspace binding to judge it)")
     if probe.claimed is None:
         inconclusive("the harness target opened no session for the initiator's HELLO, so it sent nothing to probe "
                      f"its {claimed} Completion Credits with")
