@@ -26,6 +26,7 @@ from typing import Any
 
 from kvconform.kbtp.constants import Status
 from kvconform.kbtp.messages import Completion
+from kvconform.rdma.fabric import DdpEType, Layer
 
 PROBE_CAP = 256  # Sends of one probe at most: a claim beyond it is judged only as far as this (inconclusive)
 PROBE_WAIT_S = 5.0  # bound on the wait for the acknowledgement (or refusal) of the probe's Sends
@@ -76,5 +77,10 @@ class CreditProbe:
             self.delivered = True  # the HELLO_ACK alone: the initiator's HELLO exchange finishing shows it
         elif not self.delivered:
             wc = self.conn.cq.take(lambda c: c.wr_id == EVIDENCE_WR)
-            self.delivered = wc is not None and wc.ok
+            # a peer that refuses the zero-length Read itself (a device may check its STag) answers it in stream
+            # order too: its Terminate about a tagged access shows every Send before it was placed
+            tagged = ended is not None and (ended.layer is Layer.RDMAP or (
+                ended.layer is Layer.DDP and ended.etype == DdpEType.TAGGED_BUFFER))
+            self.delivered = (wc is not None and wc.ok) or (
+                self.binding == "iwarp" and tagged and ended.sender != getattr(self.conn, "name", ""))  # type: ignore[union-attr]
         return bool(self.overrun) or self.delivered

@@ -38,6 +38,7 @@ class _Engine:
 
 @dataclass
 class _Conn:
+    name: str = "t"
     posts: list[tuple[str, int, bool, bytes]] = field(default_factory=list)
     cq: _Cq = field(default_factory=_Cq)
     engine: _Engine = field(default_factory=_Engine)
@@ -109,6 +110,17 @@ def test_refused_on_an_rnr_nak_or_a_no_buffer_terminate_delivered_only_when_show
     probe.fire(s2, 4)
     s2.conn.engine.terminate = Terminate(Layer.DDP, 2, 2, "no buffer", "peer")
     assert probe.judge([], "t") and probe.overrun
+
+
+def test_a_peer_refusing_the_zero_length_read_itself_has_placed_the_sends_before_it() -> None:
+    s = _Session()
+    probe = CreditProbe("iwarp")
+    probe.fire(s, 4)
+    s.conn.engine.terminate = Terminate(Layer.DDP, 1, 0, "invalid STag", "peer")  # DDP tagged: about the Read
+    assert probe.judge([], "t") and probe.delivered and not probe.overrun
+    s.conn.engine.terminate = Terminate(Layer.DDP, 1, 0, "invalid STag", "t")  # the harness's own: no evidence
+    probe.delivered = False
+    assert not probe.judge([], "t")
 
 
 def test_nothing_to_judge_before_a_session_began() -> None:
