@@ -863,7 +863,7 @@ class WireFabric(RuntimeFabric):
             pass
         except OSError as exc:
             conn.out.clear()
-            self.lost(conn, f"send failed: {exc}")
+            self._read_to_end(conn, f"send failed: {exc}")
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
         with contextlib.suppress(KeyError):  # (unregistered: the peer's end was read, the stage holds its FIN)
@@ -945,18 +945,41 @@ class WireFabric(RuntimeFabric):
             self.lost(conn, f"receive failed: {exc}")
             return
         if not data:
-            lost = partial(self.lost, conn, "the peer closed the connection")
-            if self.impairer is not None:  # the end comes after what the stage still holds for the connection
-                with contextlib.suppress(KeyError, ValueError):
-                    self._sel.unregister(sock)  # (an ended stream stays readable: read it once)
-                peer = [] if conn.peer_conn is None else [f"{conn.peer_conn.name}>"]
-                self.impairer.after([f"{conn.name}<", *peer], lost, self.now)
-            else:
-                lost()
+            self._end_after_held(conn, "the peer closed the connection")
             return
         if conn.watched is not None:
             conn.watched.append(data)
         self.wire.received(conn, data)
+
+    def _end_after_held(self, conn: WireConnection, why: str) -> None:
+        """The stream ended: ``lost``, after what the impairment stage still holds for the connection."""
+        lost = partial(self.lost, conn, why)
+        if self.impairer is None:
+            lost()
+            return
+        if conn.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(conn.sock)  # (an ended stream stays readable: read it once)
+        peer = [] if conn.peer_conn is None else [f"{conn.peer_conn.name}>"]
+        self.impairer.after([f"{conn.name}<", *peer], lost, self.now)
+
+    def _read_to_end(self, conn: WireConnection, why: str) -> None:
+        """A write failed (the peer reset the stream): what it sent before, still unread (its Terminate), is
+        processed first, then the stream ends; processed after, the connection would seem to have ended cleanly."""
+        sock = conn.sock
+        for _ in range(64):  # bounded: a reset stream has only what arrived before the reset
+            if sock is None:
+                break
+            try:
+                data = sock.recv(_RECV)
+            except OSError:
+                break
+            if not data:
+                break
+            if conn.watched is not None:
+                conn.watched.append(data)
+            self.wire.received(conn, data)
+        self._end_after_held(conn, why)
 
     def _udp_read(self) -> None:
         udp = self._udp
