@@ -106,17 +106,6 @@ KNOWN_WRONG_BLAME: dict[str, str] = {
     "RefusedFreeReleasesQuota": _HANG.format("KBTP-QUOTA-ALLOC-BOUNDED in test_rule_on_every_path"),
     "EmptySlotsNotInitialisedEmpty": _HANG.format("KBTP-RING-NO-LOSS at the declared shared ring"),
     "TailWrapsLate": _HANG.format("KBTP-RING-NO-LOSS in test_shared_ring_geometries[declared]"),
-    # not a hang: over a wire the harness may take the COMPLETION and the RDMA Write right after it in one turn of
-    # its loop, so the LOAD's buffer is full when test_completion_after_data looks, and it passes (caught in some
-    # runs, missed in others, on both wires). Open: hold the harness's receive path between the two packets.
-    "CompletionBeforeData": "over a wire the data written just after the COMPLETION may be placed before the check "
-                            "looks (no hold of the harness's receive path between two packets yet): a pass it did "
-                            "not see",
-    # likewise a race the check passes on when its window did not open: test_direct_load_detects_free (the initiator
-    # suite) caught it on both wires in two whole runs of the lane and passed on both in the third. Open: count the
-    # direct loads that raced a free, inconclusive without one.
-    "IgnoresGenerationChange": "over a wire the free may not land between the initiator's entry reads: a pass it "
-                               "did not see",
     # a shared ring of F == N only; the served geometries are F 6 < N 8 and the partitions F == N == 2, where iWARP
     # sees the lost block as KBTP-RING-NO-LOSS and RoCEv2 does not reach it (tests/kbtp/test_ring_blame.py)
     "TailNotWrappedWhenFull": _HANG.format("KBTP-RING-NO-LOSS at the F == N == 2 partition, or nothing"),
@@ -251,7 +240,7 @@ def test_exclusions_are_pinned() -> None:
     # each reason is one tests/clean_runs.py documents as unobservable over a wire (or on a slow target)
     assert all(why and set(reasons) <= {*WIRE, *SLOW_TARGET} for why, reasons in WIRE_INCONCLUSIVE.values())
     assert not set(KNOWN_WRONG_BLAME) & {n for n, _ in SAMPLE}
-    assert len(KNOWN_WRONG_BLAME) == 8, "a new wrong blame over the wire: fix the check, do not list it here"
+    assert len(KNOWN_WRONG_BLAME) == 6, "a new wrong blame over the wire: fix the check, do not list it here"
     assert len(WIRE_INCONCLUSIVE) == 5, "a new wire-inconclusive mutant: make it observable, or say why here"
     for name, reason in UNSERVABLE.items():
         cls = getattr(kbtp_mutants, name)

@@ -123,10 +123,11 @@ class QpDevice(Protocol):
 class _Memory:
     """`LocalMemory` of one connection endpoint: the node's STags as its RNIC checks them."""
 
-    def __init__(self, fabric: WireFabric, node: EmuNode, conn: str) -> None:
+    def __init__(self, fabric: WireFabric, node: EmuNode, conn: str, endpoint: WireConnection | None = None) -> None:
         self._fabric = fabric
         self._node = node
         self._conn = conn
+        self._endpoint = endpoint
 
     def resolve(
         self, stag: int, to: int, length: int, right: Access, *, tagged: bool
@@ -144,6 +145,8 @@ class _Memory:
 
     def note(self, what: str, **args: Any) -> None:
         self._fabric.runtime.note(self._conn, what, **args)
+        if what == "deliver" and self._endpoint is not None and self._endpoint.on_deliver is not None:
+            self._endpoint.on_deliver()  # the engine delivers a receive now, before the next arrival is placed
 
 
 class WireConnection(PostingEndpoint):
@@ -645,7 +648,7 @@ class WireFabric(RuntimeFabric):
         return conn.watched
 
     def _memory(self, conn: WireConnection) -> _Memory:
-        return _Memory(self, conn.node, conn.name)
+        return _Memory(self, conn.node, conn.name, conn)
 
     def set_engine(self, conn: WireConnection, engine: WireEngine) -> None:
         """``engine`` carries ``conn`` from now on; what was posted before it existed reaches it now."""
