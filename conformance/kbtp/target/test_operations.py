@@ -490,9 +490,11 @@ def test_completion_after_data(kbtp_target: TargetUnderTest, session_seed: int) 
             expect.status_is(second, Status.OK, req="KBTP-OP-IN-ORDER", what="LOAD pipelined after ALLOC_STORE")
             if seen is None or len(seen) < 2:
                 # a device whose completions are polled (verbs) places what came after the Send before the
-                # harness hears of it: no moment of delivery to read the buffer at
-                inconclusive(f"the harness's connection ({bed.fabric!r}) does not show the buffer at the moment a "
-                             "COMPLETION is delivered, so data placed after it cannot be told from data placed before")
+                # harness hears of it: no moment of delivery to read the buffer at. The phrase "without the harness
+                # seeing them" makes it a verbs reason a facing wire settles (reports/facing.py FACING_REASONS)
+                inconclusive(f"the harness's connection ({bed.fabric!r}) places data and delivers COMPLETIONs without "
+                             "the harness seeing them at the moment of delivery, so data placed after a COMPLETION "
+                             "cannot be told from data placed before")
             expect.equal("buffer contents when the LOAD completion was delivered", seen[1], block,
                          req="KBTP-COMP-DATA-READY")
 
