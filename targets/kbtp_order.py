@@ -48,6 +48,7 @@ class HeldChunk:
 
     entered: Stamp
     left: Stamp | None = None
+    produced: int = -1  # the fabric's step when the engine sent it
 
 
 class _ReadsOf:
@@ -113,7 +114,7 @@ class OrderWitness(Impairer):
         n, _ = self._draws(link)
         self._record(link, n, "order-hold")
         self._due = max(self._due, now + self.hold_s)
-        held = HeldChunk(self.stamp())
+        held = HeldChunk(self.stamp(), produced=produced)
         self.held_out.append(held)
 
         def release() -> None:
@@ -167,12 +168,25 @@ class OrderWitness(Impairer):
     def answered_before(self, prev_step: int, nxt_step: int) -> bool | None:
         """Whether the target's answer to the request processed at ``prev_step`` left the harness before the
         request processed at ``nxt_step`` entered it; None when the witness cannot tell (it did not see that
-        request enter: it came another way)."""
+        request enter: it came another way; or of what was sent in between, some left before and some after).
+
+        The answer to the first request is sent at ``prev_step`` or, on a busy host, later: the wire fabric processes
+        a round of arrivals (the read and, say, an ACK after it) and then flushes once, from the round's last step.
+        Chunks leave in the order they were sent, so when nothing left from ``prev_step`` itself the last chunk sent
+        before ``nxt_step`` tells: it left before the next request entered, so did the answer; nothing sent since
+        ``prev_step`` left by then, the answer had not either."""
         entered = self.entered.get(nxt_step)
         if entered is None:
             return None
         left = self.released.get(prev_step)
-        return left is not None and left.seq < entered
+        if left is not None:
+            return left.seq < entered
+        span = [h for h in self.held_out if prev_step <= h.produced < nxt_step]
+        if span and span[-1].left is not None and span[-1].left.seq < entered:
+            return True
+        if all(h.left is None or h.left.seq > entered for h in span):
+            return False
+        return None
 
 
 def install(fabric: Any, conn: str, hold_s: float = ORDER_HOLD_S) -> OrderWitness | None:

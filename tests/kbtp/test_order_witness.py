@@ -119,3 +119,20 @@ def test_a_held_initiators_read_response_and_what_happened_before_it_left() -> N
 def test_no_read_watch_without_an_engine_the_harness_runs() -> None:
     w = OrderWitness(_Fabric(), "W")
     assert w.watch_reads(object(), stag=1) is None
+
+
+def test_an_answer_sent_from_a_later_step_of_its_round_is_judged_by_what_left() -> None:
+    """A round of arrivals processed, then flushed once: the answer to the read of step 1 leaves from step 2 (an ACK
+    that came after the read). The next read entering after it left was issued after the read completed; one
+    entering while it is held was not."""
+    fabric = _Fabric()
+    w = OrderWitness(fabric, "t", hold_s=0.03)
+    sent: list[bytes] = []
+    w.datagram("t<", b"read-1", fabric.process, now=0.0)  # step 1
+    w.datagram("t<", b"ack", fabric.process, now=0.0)  # step 2, same round
+    w.datagram("t>", b"answer-1", sent.append, now=0.0)  # flushed after the round: produced at step 2
+    w.datagram("t<", b"read-2", fabric.process, now=0.01)  # step 3: inside the hold
+    w.poll(0.031)
+    w.datagram("t<", b"read-3", fabric.process, now=0.04)  # step 4: after answer 1 left
+    assert w.answered_before(1, 3) is False
+    assert w.answered_before(1, 4) is True
