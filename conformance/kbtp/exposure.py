@@ -16,6 +16,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvconform import evidence
 from kvconform.kbtp.constants import Opcode
 from kvconform.kbtp.messages import AllocStore, Goodbye, Load, Message, Store
 from kvconform.rdma.fabric import Access, Status, wait_completion_for
@@ -141,14 +142,18 @@ def probe_exposure(kbtp_initiator: Any, seed: int, scenario: Any) -> None:
             unprobed += 1
             continue
         if probe.status is None:
+            evidence.note(f"exposure probe of {what} {probe.end}: no answer within {PROBE_WAIT_S:g} s")
             unanswered.append(f"{what} {probe.end}")
             continue
-        where = (f"octet {at:#x} of STag {stag:#x}, {probe.end} the span [{to:#x}, +{length}) the {what} "
-                 "descriptor names")
-        check(probe.status != Status.SUCCESS, f"the harness target's RDMA Read of {where} "
-              f"{'once the session had ended' if probe.end == SPAN_ENDS[2] else 'while the request was outstanding'}"
-              " was answered with data: the STag reaches beyond the buffers the descriptors name",
-              req="KBTP-SEC-EXPOSE-DESCRIBED")
+        if probe.end == SPAN_ENDS[2]:
+            where = (f"octet {at:#x} of STag {stag:#x} (the start of the span [{to:#x}, +{length}) the {what} "
+                     "descriptor named) when the initiator's GOODBYE arrived")
+        else:
+            where = (f"octet {at:#x} of STag {stag:#x}, {probe.end} the span [{to:#x}, +{length}) the {what} "
+                     "descriptor names, while the request was outstanding")
+        evidence.note(f"exposure probe: RDMA Read of {where}: {'none' if probe.status is None else probe.status.name}")
+        check(probe.status != Status.SUCCESS, f"the harness target's RDMA Read of {where} was answered with data: "
+              "the STag reaches beyond the buffers the descriptors name", req="KBTP-SEC-EXPOSE-DESCRIBED")
         if probe.status not in REFUSALS:  # flushed (the connection had ended), a local error: no evidence
             unanswered.append(f"{what} {probe.end} ({probe.status.name})")
             continue
