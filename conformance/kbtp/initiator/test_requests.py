@@ -377,9 +377,9 @@ def test_exposes_only_described_buffers(kbtp_initiator: InitiatorUnderTest, requ
     into 1024 octets of a larger buffer exposes 1024 octets, not the buffer). A black box (another process): the
     octets just outside each named span, while outstanding, and each STag after the session, are probed."""
     _ack(request_run.bed, "KBTP-HELLO-FIRST")
-    if not stags_observable(request_run.bed.initiator_node):
-        request_run.bed.settle(req="KBTP-HELLO-FIRST")
+    if not stags_observable(request_run.bed.initiator_node):  # a black box: probe through the named STags
         exposure.probe_exposure(kbtp_initiator, seed, _probe_scenario)
+        request_run.bed.settle(req="KBTP-HELLO-FIRST")
         return
     named: dict[int, list[tuple[int, int]]] = {}
     snapshots: list[tuple[str, tuple[Exposed, ...]]] = []
