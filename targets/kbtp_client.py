@@ -64,6 +64,7 @@ from kvconform.rdma import (
 from kvconform.rdma import (
     Completion as WorkCompletion,
 )
+from kvconform.rdma.runtime import PostingEndpoint
 from kvconform.verdicts import HarnessBug, check, current_check, violation
 
 Gen = Generator[Command, Any, Any]
@@ -209,6 +210,17 @@ class HarnessInitiator:
         if data:
             region.write(0, data)
         return region
+
+    def at_delivery(self, region: Region, length: int) -> list[bytes] | None:
+        """What ``region``'s first ``length`` octets hold at each receive this client's connection delivers from
+        now on, in delivery order: read by the harness's engine as it delivers the Send, before anything that
+        arrived after it is placed (a wire places a whole batch of arrivals before the CQ sees the first). None
+        when the fabric cannot show that moment (its endpoint has no delivery hook)."""
+        if not isinstance(self.conn, PostingEndpoint):
+            return None
+        seen: list[bytes] = []
+        self.conn.on_deliver = lambda: seen.append(region.read(0, length))
+        return seen
 
     def descriptor(self, region: Region | Window, length: int | None = None, offset: int = 0) -> DataDescriptor:
         return DataDescriptor(region.stag, region.to(offset), region.length - offset if length is None else length)

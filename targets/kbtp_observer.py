@@ -20,7 +20,7 @@ from typing import Any
 from kvconform import evidence
 from kvconform.kbtp.constants import EntryFlags
 from kvconform.kbtp.freering import FreeRing
-from kvconform.kbtp.messages import HelloAck, KbtpDecodeError, Message, decode
+from kvconform.kbtp.messages import Hello, HelloAck, KbtpDecodeError, Message, decode
 from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma import ActorFailed, ActorGen
@@ -29,6 +29,7 @@ from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import InitiatorEndpoint, InitiatorParams, TargetParams, target_config
 from kvconform.targets.kbtp_bed import MAX_STEPS, make_fabric, require_owned_races, with_hint
 from kvconform.targets.kbtp_client import HarnessInitiator
+from kvconform.targets.kbtp_credits import PROBE_WAIT_S, CreditProbe
 from kvconform.targets.kbtp_order import OrderWitness, install
 from kvconform.verdicts import HarnessBug, TargetUnavailable, Violation, check, inconclusive
 
@@ -111,6 +112,7 @@ class ObservingTarget(ReferenceTarget):
         # (session, decoded message or None) -> steps run before the message is served: a check's probe of the
         # initiator's memory through the STags its descriptors name (conformance/kbtp/exposure.py)
         self.probe: Callable[[Any, Message | None], Generator[Any, Any, None]] | None = None
+        self.credit_probe: CreditProbe | None = None  # Sends behind the HELLO_ACK (targets/kbtp_credits.py)
 
     def partition_for(self, quota: int, slot: int) -> Any:
         """A fresh partition's ring as if it had gone round to ``tickets_before_wrap`` (rounded up to whole laps)
@@ -149,6 +151,12 @@ class ObservingTarget(ReferenceTarget):
             self.reads.append(ReadThrough(ctx.session.conn.name, msg.request_id, ok, "OK" if ok else "failed",
                                           bytes(data)))
         return ok
+
+    def on_hello(self, s: Any, msg: Hello) -> Any:
+        had = s.record
+        yield from super().on_hello(s, msg)
+        if self.credit_probe is not None and had is None and s.record is not None:  # a session began
+            self.credit_probe.fire(s, msg.completion_credits)
 
     def hello_ack(self, s: Any, record: Any, granted: Any) -> HelloAck:
         ack = super().hello_ack(s, record, granted)
@@ -204,6 +212,7 @@ class InitiatorBed:
     tickets_before_wrap: int = 0  # DIRECT_ALLOC Heads start this far (whole laps) below the wrap; 0: at ticket 0
     start_generation: int | None = START_GENERATION
     wire: str = "emulated"  # the emulated fabric, or iwarp / roce over loopback sockets (see make_fabric)
+    credit_probe: bool = False  # an initiator in another process: probe its Completion Credits (probe_credits)
     impair: Impairment | None = None  # the impairment stage on the harness's links (--kvconform-impair)
     fabric: Any = field(init=False)
     target: ObservingTarget = field(init=False)
@@ -245,6 +254,9 @@ class InitiatorBed:
         self.initiator_node = None
         self.initiator_conn = None
         self.target = self._target(config, exposed=None, posted=None)
+        if self.credit_probe and getattr(self.fabric, "crafts_frames", True) \
+                and getattr(self.fabric, "binding", None) in ("roce", "iwarp"):
+            self.target.credit_probe = CreditProbe(self.fabric.binding)
         accepted: list[Any] = []
 
         def on_accept(conn: Any) -> None:
@@ -381,6 +393,16 @@ class InitiatorBed:
                 if eff.get("do") == "terminate":
                     out.append(str(eff.get("reason", "")))
         return out
+
+    def probe_credits(self) -> CreditProbe | None:
+        """The Completion Credits probe's outcome (targets/kbtp_credits.py), waited for (bounded); None where the
+        bed did not probe (an initiator in this process, whose posted receives are counted; a verbs device, whose
+        transport answers a Send without telling the process)."""
+        probe = self.target.credit_probe
+        if probe is None:
+            return None
+        self.fabric.await_event(lambda: probe.judge(self.fabric.trace, self.target_conn), PROBE_WAIT_S)
+        return probe
 
     def _order_observable(self) -> None:
         if not getattr(self.fabric, "owns_races", True):

@@ -12,11 +12,12 @@ from typing import Any
 # of the wire, targets/kbtp_order.py), a geometry of its own a served target cannot take, and a black-box race whose
 # event did not happen in the attempts. (A target without DIRECT_ALLOC gets its free-path races churned from outside,
 # conformance/kbtp/blackbox.py `Churn`: no longer inconclusive by design.)
-# The receive buffers an initiator posted are its own memory too; an Initiator ID the harness handed a cmd: process
-# ({initiator_id}) shows nothing of how the initiator generates its own. (A black-box target's entry order is judged
-# by holding the writer's RDMA Read Response, targets/kbtp_order.py: no longer inconclusive by design.)
+# (The receive buffers behind an initiator's Completion Credits are probed from the wire: targets/kbtp_credits.py.)
+# An Initiator ID the harness handed a cmd: process ({initiator_id}) shows nothing of how the initiator generates its
+# own. (A black-box target's entry order is judged by holding the writer's RDMA Read Response, targets/kbtp_order.py:
+# no longer inconclusive by design.)
 WIRE = ("race points", "cannot list the STags", "the check needs the whole ring", "the validity rule was not exercised",
-        "cannot count the receive buffers", "the harness handed each initiator its Initiator ID")
+        "the harness handed each initiator its Initiator ID")
 # ... and on a verbs device (docs/interop-rdma.md): the device executes one-sided operations and builds every
 # packet without the process seeing them, and siw reports no remote invalidation in a receive completion.
 # A target in the harness's own process on the device writes a FREE's entry, block and slot in one turn of its

@@ -164,8 +164,13 @@ class EmuConnection(PostingEndpoint):
     def __init__(self, fabric: EmuFabric, node: EmuNode, name: str, link: int, cq: EmuCQ) -> None:
         super().__init__(node, name, cq)
         self.link = link
-        self.engine = EmuEngine(fabric.nic, node, name, link, cq.push)
+        self.engine = EmuEngine(fabric.nic, node, name, link, self._emit)
         self.rq = self.engine.rq  # one receive queue: what the endpoint posts, the engine consumes
+
+    def _emit(self, wc: Completion) -> None:
+        if self.on_deliver is not None and wc.ok and wc.op in (Op.RECV, Op.RECV_RDMA_WITH_IMM):
+            self.on_deliver()  # a receive is delivered (PostingEndpoint.on_deliver)
+        self.cq.push(wc)
 
     @property
     def state(self) -> ConnState:

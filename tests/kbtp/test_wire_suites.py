@@ -59,6 +59,7 @@ def test_target_suite_passes_against_the_served_reference(served_target: str, tm
     run = run_suite("kbtp-target", served_target, tmp_path, pics=_pics("target", wire, _features(wire)),
                     timeout=SUITE_RUN_TIMEOUT_S)
     assert_clean(run, f"kbtp-target against {served_target}")
+    _assert_certified(run, f"kbtp-target against {served_target}")
 
 
 @pytest.mark.slow
@@ -73,6 +74,13 @@ def test_initiator_suite_passes_against_the_reference_as_a_process(wire: str, tm
     run = run_suite("kbtp-initiator", template, tmp_path, pics=pics, timeout=SUITE_RUN_TIMEOUT_S)
     assert_clean(run, f"kbtp-initiator against the reference initiator process over {wire}")
     assert run.coverage["verdict"]["status"] == "PASSED", run.coverage["verdict"]
+
+
+def _assert_certified(run: object, what: str) -> None:
+    """A black box reached only over the wire earns PASSED (issue 23's Done-when): every mandatory requirement its
+    checks reached passed, none inconclusive, whatever wire reasons assert_clean accepts for single checks."""
+    verdict = run.coverage.get("verdict", {})  # type: ignore[attr-defined]
+    assert verdict.get("status") == "PASSED", f"{what}: {verdict}"
 
 
 @pytest.mark.slow

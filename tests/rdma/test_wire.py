@@ -251,3 +251,25 @@ def test_a_work_request_list_posts_in_order_in_one_call(wire: str, gso: bool) ->
     finally:
         if isinstance(fab, WireFabric):
             fab.close()
+
+
+def test_what_a_reset_peer_sent_before_is_processed_before_the_stream_ends() -> None:
+    """A write that fails (the peer reset the stream) ends the connection only after the bytes the peer sent before
+    it are processed: its Terminate is why the connection ended, not a clean close."""
+    fab = WireFabric(RDMAP_7306, binding="iwarp")
+    got: list[tuple[str, bytes | str]] = []
+    fab.wire.received = lambda conn, data: got.append(("data", data))  # type: ignore[method-assign]
+    fab.lost = lambda conn, why: got.append(("lost", why))  # type: ignore[method-assign]
+    a, b = socket.socketpair()
+    try:
+        b.sendall(b"a Terminate")
+        b.close()
+
+        class Conn:
+            sock, watched, peer_conn, name = a, None, None, "c"
+
+        fab._read_to_end(Conn(), "send failed: reset")  # type: ignore[arg-type]
+        assert got == [("data", b"a Terminate"), ("lost", "send failed: reset")]
+    finally:
+        a.close()
+        fab.close()

@@ -475,17 +475,28 @@ def test_completion_after_data(kbtp_target: TargetUnderTest, session_seed: int) 
             h = a.handle(0)
             src = a.buffer(bs, Access.REMOTE_READ, block)
             dst = a.buffer(bs, Access.REMOTE_WRITE)
+            # The buffer as it was when each COMPLETION was delivered: over a wire the harness may take the
+            # COMPLETION and a Write sent after it in one turn of its loop, so reading it once the actor runs
+            # would see data placed after the COMPLETION (a pass it did not see).
+            seen = a.at_delivery(dst, bs)
             # ALLOC_STORE then LOAD of the same handle, sent back to back: in-order processing means
             # the LOAD sees the stored block.
             a.send(a.enc(AllocStore(request_id=1, handle=h, flags=SEAL, data=a.descriptor(src, bs))))
             a.send(a.enc(Load(request_id=2, handle=h, data=a.descriptor(dst, bs))))
             first = yield from a.receive(req="KBTP-QUOTA-ALLOC-BOUNDED", what="COMPLETION of the pipelined ALLOC_STORE")
             second = yield from a.receive(req="KBTP-LOAD-COMPLETE", what="COMPLETION of the pipelined LOAD")
-            got = dst.read(0, bs)  # read in the same step the completion was taken: no placement after it
             expect.equal("Request ID of the first completion", first.request_id, 1, req="KBTP-OP-IN-ORDER")
             expect.equal("Request ID of the second completion", second.request_id, 2, req="KBTP-OP-IN-ORDER")
             expect.status_is(second, Status.OK, req="KBTP-OP-IN-ORDER", what="LOAD pipelined after ALLOC_STORE")
-            expect.equal("buffer contents when the LOAD completion arrived", got, block, req="KBTP-COMP-DATA-READY")
+            if seen is None or len(seen) < 2:
+                # a device whose completions are polled (verbs) places what came after the Send before the
+                # harness hears of it: no moment of delivery to read the buffer at. The phrase "without the harness
+                # seeing them" makes it a verbs reason a facing wire settles (reports/facing.py FACING_REASONS)
+                inconclusive(f"the harness's connection ({bed.fabric!r}) places data and delivers COMPLETIONs without "
+                             "the harness seeing them at the moment of delivery, so data placed after a COMPLETION "
+                             "cannot be told from data placed before")
+            expect.equal("buffer contents when the LOAD completion was delivered", seen[1], block,
+                         req="KBTP-COMP-DATA-READY")
 
         bed.run_one(scenario())
 

@@ -546,6 +546,8 @@ class RoceEngine:
         self._progress()
 
     def _rnr(self, psn: int, timer: int) -> None:
+        # traced: a check judges from it that the peer had no receive posted (a black box's Completion Credits)
+        self.memory.note("rnr-nak", psn=psn, timer=timer)
         self._acked((psn - 1) & PSN_MASK)
         req = self._containing(psn)
         if req is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvconform.rdma.completion import flushed
@@ -54,6 +54,10 @@ class PostingEndpoint(ABC):
         self.peer_name = ""
         self._seq = 0
         self.rq: deque[tuple[int, Sge | None]] = deque()  # posted receives not yet consumed
+        # Called the moment a receive completes (a Send or a Write with Immediate delivered), before anything that
+        # arrived after it is placed: a check that must see memory as it was at delivery reads it here, since a
+        # wire hands a batch of arrivals' completions to the CQ only after the whole batch is placed.
+        self.on_deliver: Callable[[], None] | None = None
 
     @property
     @abstractmethod

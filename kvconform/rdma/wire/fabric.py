@@ -123,10 +123,11 @@ class QpDevice(Protocol):
 class _Memory:
     """`LocalMemory` of one connection endpoint: the node's STags as its RNIC checks them."""
 
-    def __init__(self, fabric: WireFabric, node: EmuNode, conn: str) -> None:
+    def __init__(self, fabric: WireFabric, node: EmuNode, conn: str, endpoint: WireConnection | None = None) -> None:
         self._fabric = fabric
         self._node = node
         self._conn = conn
+        self._endpoint = endpoint
 
     def resolve(
         self, stag: int, to: int, length: int, right: Access, *, tagged: bool
@@ -144,6 +145,8 @@ class _Memory:
 
     def note(self, what: str, **args: Any) -> None:
         self._fabric.runtime.note(self._conn, what, **args)
+        if what == "deliver" and self._endpoint is not None and self._endpoint.on_deliver is not None:
+            self._endpoint.on_deliver()  # the engine delivers a receive now, before the next arrival is placed
 
 
 class WireConnection(PostingEndpoint):
@@ -645,7 +648,7 @@ class WireFabric(RuntimeFabric):
         return conn.watched
 
     def _memory(self, conn: WireConnection) -> _Memory:
-        return _Memory(self, conn.node, conn.name)
+        return _Memory(self, conn.node, conn.name, conn)
 
     def set_engine(self, conn: WireConnection, engine: WireEngine) -> None:
         """``engine`` carries ``conn`` from now on; what was posted before it existed reaches it now."""
@@ -860,7 +863,7 @@ class WireFabric(RuntimeFabric):
             pass
         except OSError as exc:
             conn.out.clear()
-            self.lost(conn, f"send failed: {exc}")
+            self._read_to_end(conn, f"send failed: {exc}")
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
         with contextlib.suppress(KeyError):  # (unregistered: the peer's end was read, the stage holds its FIN)
@@ -942,18 +945,41 @@ class WireFabric(RuntimeFabric):
             self.lost(conn, f"receive failed: {exc}")
             return
         if not data:
-            lost = partial(self.lost, conn, "the peer closed the connection")
-            if self.impairer is not None:  # the end comes after what the stage still holds for the connection
-                with contextlib.suppress(KeyError, ValueError):
-                    self._sel.unregister(sock)  # (an ended stream stays readable: read it once)
-                peer = [] if conn.peer_conn is None else [f"{conn.peer_conn.name}>"]
-                self.impairer.after([f"{conn.name}<", *peer], lost, self.now)
-            else:
-                lost()
+            self._end_after_held(conn, "the peer closed the connection")
             return
         if conn.watched is not None:
             conn.watched.append(data)
         self.wire.received(conn, data)
+
+    def _end_after_held(self, conn: WireConnection, why: str) -> None:
+        """The stream ended: ``lost``, after what the impairment stage still holds for the connection."""
+        lost = partial(self.lost, conn, why)
+        if self.impairer is None:
+            lost()
+            return
+        if conn.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(conn.sock)  # (an ended stream stays readable: read it once)
+        peer = [] if conn.peer_conn is None else [f"{conn.peer_conn.name}>"]
+        self.impairer.after([f"{conn.name}<", *peer], lost, self.now)
+
+    def _read_to_end(self, conn: WireConnection, why: str) -> None:
+        """A write failed (the peer reset the stream): what it sent before, still unread (its Terminate), is
+        processed first, then the stream ends; processed after, the connection would seem to have ended cleanly."""
+        sock = conn.sock
+        for _ in range(64):  # bounded: a reset stream has only what arrived before the reset
+            if sock is None:
+                break
+            try:
+                data = sock.recv(_RECV)
+            except OSError:
+                break
+            if not data:
+                break
+            if conn.watched is not None:
+                conn.watched.append(data)
+            self.wire.received(conn, data)
+        self._end_after_held(conn, why)
 
     def _udp_read(self) -> None:
         udp = self._udp
