@@ -13,6 +13,7 @@ terminated."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,17 @@ class Received:
     posted: int | None = None  # receive buffers the initiator had posted then (None: not observable)
 
 
+@dataclass(frozen=True)
+class ReadThrough:
+    """The harness target's RDMA Read of a STORE / ALLOC_STORE's data through its Data Descriptor (as decoded)."""
+
+    conn: str
+    request_id: int
+    ok: bool
+    status: str
+    data: bytes  # what landed in the block (empty when the Read failed)
+
+
 @dataclass
 class RemoteOp:
     """One one-sided operation of the initiator as it arrived at the target (from the step trace)."""
@@ -96,6 +108,10 @@ class ObservingTarget(ReferenceTarget):
         self.first_ticket = 0  # of the last partition ring it set up
         self.exposed = exposed  # () -> the initiator node's remotely accessible STags, when the bed knows them
         self.posted = posted  # () -> receive buffers posted on the initiator's connection, when the bed knows them
+        self.reads: list[ReadThrough] = []  # its own RDMA Reads through the initiator's descriptors
+        # (session, decoded message or None) -> steps run before the message is served: a check's probe of the
+        # initiator's memory through the STags its descriptors name (conformance/kbtp/exposure.py)
+        self.probe: Callable[[Any, Message | None], Generator[Any, Any, None]] | None = None
         self.credit_probe: CreditProbe | None = None  # Sends behind the HELLO_ACK (targets/kbtp_credits.py)
 
     def partition_for(self, quota: int, slot: int) -> Any:
@@ -123,7 +139,18 @@ class ObservingTarget(ReferenceTarget):
                                       err_req, exposed, posted))
         evidence.record("received", "kbtp", {"at": "harness target", "message": type(msg).__name__ if msg else err},
                         raw=raw)
+        if self.probe is not None:
+            yield from self.probe(s, msg)
         yield from super().on_message(s, raw)
+
+    def obtain_data(self, ctx: Any, block: int) -> Generator[Any, Any, bool]:
+        ok = yield from super().obtain_data(ctx, block)
+        msg = ctx.msg
+        if msg.inline is None and msg.data.length:
+            data = self.pool.read(block, msg.data.length) if ok else b""
+            self.reads.append(ReadThrough(ctx.session.conn.name, msg.request_id, ok, "OK" if ok else "failed",
+                                          bytes(data)))
+        return ok
 
     def on_hello(self, s: Any, msg: Hello) -> Any:
         had = s.record

@@ -8,13 +8,13 @@ do (it raised, or never finished) fails the check on the requirement that says i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from kvconform import evidence, sweep
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, exposure
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import FLAGS_OF_OPCODE, Features, Opcode, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free, Goodbye, Hello, HelloAck, Load, Store
@@ -142,6 +142,8 @@ class RequestRun:
     bed: InitiatorBed
     gens: dict[int, int]
     statuses: list[tuple[str, int]]
+    asked: dict[str, bytes] = field(default_factory=dict)  # what each store / load should carry ("STORE 1": ...)
+    loaded: dict[str, bytes | None] = field(default_factory=dict)  # what the initiator's LOADs returned
 
     def requests(self, req: str, precise: frozenset[str] = frozenset()) -> list[Any]:
         """The decoded requests after HELLO. One that does not decode violates ``req``, or the requirement the
@@ -167,9 +169,14 @@ def _requests(kbtp_initiator: InitiatorUnderTest, seed: int) -> RequestRun:
     data = {0: b"first", 1: big[:300]}
     gens: dict[int, int] = {}
     statuses: list[tuple[str, int]] = []
+    asked = {"ALLOC_STORE 0": data[0], "LOAD 0": data[0], "ALLOC_STORE 1": data[1], "LOAD 1": data[1],
+             "STORE 1": b"second, again"}
+    loaded: dict[str, bytes | None] = {}
 
     def note(what: str, r: Any) -> Any:
         statuses.append((what, int(r.status)))
+        if what.startswith("LOAD"):
+            loaded[what] = r.data
         return r
 
     def scenario() -> Gen:
@@ -186,13 +193,13 @@ def _requests(kbtp_initiator: InitiatorUnderTest, seed: int) -> RequestRun:
         r = note("ALLOC_STORE 1", (yield from bed.op(ep.alloc_store(h1, data[1], seal=False))))
         gens[1] = r.generation
         note("LOAD 1", (yield from bed.op(ep.load(h1, 1024, allow_unsealed=True, generation=gens[1]))))
-        note("STORE 1", (yield from bed.op(ep.store(h1, b"second, again", seal=True, generation=gens[1]))))
+        note("STORE 1", (yield from bed.op(ep.store(h1, asked["STORE 1"], seal=True, generation=gens[1]))))
         if not freed:
             note("FREE 0", (yield from bed.op(ep.free(h0, generation=gens[0]))))
         yield from bed.op(ep.goodbye(False))
 
     bed.run_one(scenario())
-    return RequestRun(bed, gens, statuses)
+    return RequestRun(bed, gens, statuses, asked, loaded)
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +284,10 @@ def test_addr_le_requests(kbtp_initiator: InitiatorUnderTest, request_run: Reque
         if isinstance(m, AllocStore | Store | Free | Load):
             check(lo <= m.handle < hi, f"{type(m).__name__} names handle {m.handle:#x} read little-endian, outside "
                   f"[{lo:#x}, {hi:#x}): is it big-endian?", req="KBTP-ADDRLE-INITIATOR")
-    _observable(request_run.bed)
+    if not stags_observable(request_run.bed.initiator_node):  # a black box: read and write through them
+        exposure.judge_addr_le(request_run, lo)
+        request_run.bed.settle(req="KBTP-HELLO-FIRST")
+        return
     named = 0
     for rec in request_run.bed.messages()[1:]:
         m = rec.message
@@ -386,12 +396,17 @@ def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None
 
 
 @pytest.mark.req("KBTP-SEC-EXPOSE-DESCRIBED", "KBTP-HELLO-FIRST")
-def test_exposes_only_described_buffers(request_run: RequestRun) -> None:
+def test_exposes_only_described_buffers(kbtp_initiator: InitiatorUnderTest, request_run: RequestRun,
+                                       seed: int) -> None:
     """Whenever a request arrived, and after the session, every STag of the initiator that grants remote access
     is one a descriptor it sent names, and reaches no octet outside the buffers those descriptors name (a LOAD
-    into 1024 octets of a larger buffer exposes 1024 octets, not the buffer)."""
+    into 1024 octets of a larger buffer exposes 1024 octets, not the buffer). A black box (another process): the
+    octets just outside each named span, while outstanding, and each STag after the session, are probed."""
     _ack(request_run.bed, "KBTP-HELLO-FIRST")
-    _observable(request_run.bed)
+    if not stags_observable(request_run.bed.initiator_node):  # a black box: probe through the named STags
+        exposure.probe_exposure(kbtp_initiator, seed, _probe_scenario)
+        request_run.bed.settle(req="KBTP-HELLO-FIRST")
+        return
     named: dict[int, list[tuple[int, int]]] = {}
     snapshots: list[tuple[str, tuple[Exposed, ...]]] = []
     for rec in request_run.bed.messages()[1:]:
@@ -403,6 +418,17 @@ def test_exposes_only_described_buffers(request_run: RequestRun) -> None:
           req="KBTP-SEC-EXPOSE-DESCRIBED")
     _judge_exposure(named, ("after the session", tuple(exposed_stags(request_run.bed.initiator_node))))
     request_run.bed.settle(req="KBTP-HELLO-FIRST")
+
+
+def _probe_scenario(bed: InitiatorBed) -> Gen:
+    """ALLOC_STORE of 300 octets (by RDMA Read when larger than Max Inline), a LOAD of 1024, GOODBYE: each a
+    descriptor the probes of test_exposes_only_described_buffers read around (a probe refused ends the bed)."""
+    ep = bed.endpoint
+    if (yield from bed.op(ep.hello())) is None:
+        return
+    r = yield from bed.op(ep.alloc_store(ep.handle_base, bytes(range(256)) + bytes(44), seal=True))
+    yield from bed.op(ep.load(ep.handle_base, 1024, generation=r.generation))
+    yield from bed.op(ep.goodbye(False))
 
 
 def _descriptors(rec: Received) -> list[tuple[int, int, int]]:
