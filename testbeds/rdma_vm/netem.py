@@ -25,14 +25,6 @@ from dataclasses import dataclass
 
 from kvconform.rdma.wire.impair import NETEM_ENV, Impairment, ImpairmentError
 
-# The grid of issue 23 item 5, as the userspace grid has it (tests/kbtp/test_impair_grid.py GRID).
-GRID = {
-    "loss": "loss=0.01",
-    "reorder": "reorder=0.01",
-    "dup": "dup=0.01",
-    "delay": "delay=5ms",
-    "together": "loss=0.01,reorder=0.01,dup=0.01,delay=5ms",
-}
 # The environment variable testbeds/rdma-vm/netem.sh reads inside the VM: netem's arguments.
 VM_ENV = "KVCONFORM_VM_NETEM"
 # ... and the one a run's coverage.json records in its meta (fixtures/kbtp.py): what the link did.

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from kvconform.rdma.wire.impair import GRID
 from tests.clean_runs import SLOW_TARGET, WIRE, assert_clean
 from tests.mutants.runner import run_suite
 from tests.served import served
@@ -29,13 +30,6 @@ from tests.spawn import covering
 
 FULL = os.environ.get("KVCONFORM_IMPAIR_FULL") == "1"
 SEED = 23
-GRID = {
-    "loss": "loss=0.01",
-    "reorder": "reorder=0.01",
-    "dup": "dup=0.01",
-    "delay": "delay=5ms",
-    "together": "loss=0.01,reorder=0.01,dup=0.01,delay=5ms",
-}
 WIRES = ("roce", "iwarp")
 TICKET_TIMEOUT_MS = 1000  # (the wire suites use 250: a retransmission must fit well within half of it)
 FEATURES = {"iwarp": ["DIRECT_LOAD", "DIRECT_ALLOC", "ADDR_LE"],

@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
+from kvconform.rdma.wire.impair import GRID
 from kvconform.testbeds.rdma_vm.build import Artefacts
-from kvconform.testbeds.rdma_vm.netem import GRID, Netem
+from kvconform.testbeds.rdma_vm.netem import Netem
 from tests.clean_runs import SLOW_TARGET, VERBS, WIRE, unexpected
 
 from .disagreements import KNOWN

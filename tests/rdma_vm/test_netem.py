@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvconform.fixtures.kbtp import pytest_kvconform_report_meta as report_meta
-from kvconform.rdma.wire.impair import NETEM_ENV, ImpairmentError
-from kvconform.testbeds.rdma_vm.netem import GRID, VM_ENV, Netem, vm_env
+from kvconform.rdma.wire.impair import GRID, NETEM_ENV, ImpairmentError
+from kvconform.testbeds.rdma_vm.netem import VM_ENV, Netem, vm_env
 from kvconform.testbeds.rdma_vm.run import netem_prefix
 from tests.mutants.runner import ROOT
 

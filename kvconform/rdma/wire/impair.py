@@ -44,6 +44,15 @@ MAX_DELAY_S = 10.0  # a delay or timeout beyond this is a typo, not an impairmen
 # interfaces says so in this variable of the run's environment, and coverage.json's meta records it ("netem")
 # beside the seed (kvconform.testbeds.rdma_vm.netem)
 NETEM_ENV = "KVCONFORM_NETEM"
+# The grid of issue 23 item 5, each point alone and together: the userspace links' (tests/kbtp/test_impair_grid.py)
+# and the testbed VM's netem (testbeds/rdma_vm/netem.py)
+GRID = {
+    "loss": "loss=0.01",
+    "reorder": "reorder=0.01",
+    "dup": "dup=0.01",
+    "delay": "delay=5ms",
+    "together": "loss=0.01,reorder=0.01,dup=0.01,delay=5ms",
+}
 
 
 class ImpairmentError(ValueError):
