@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lanes import grid_point
 from tests.spawn import covering
 from tests.tlkv.harness import kvconform_run
 
@@ -50,9 +51,13 @@ READER = [
 ]
 VERSIONS = ["[1]", "[2]", "[1, 2]"]
 
+# the default run's sample leaves out the 4 MiB boundary approached from below (~80 s; tox -e grids runs it): the
+# boundary crossed (256, both ways) stays
+OUTSIDE_SAMPLE = {((16, 32, 8, 255), "[1, 2]")}
+
 POINTS = (
-    [pytest.param("tlkv-decode", (f"tlkv.decode.geometry={_geometry(*g)}", f"tlkv.decode.versions={v}"),
-                  id=f"decode-{'-'.join(map(str, g))}-v{v}") for g, v in DECODE]
+    [grid_point("tlkv-decode", (f"tlkv.decode.geometry={_geometry(*g)}", f"tlkv.decode.versions={v}"),
+                id=f"decode-{'-'.join(map(str, g))}-v{v}", sampled=(g, v) not in OUTSIDE_SAMPLE) for g, v in DECODE]
     + [pytest.param("tlkv-reader", (f"tlkv.reader.geometry={_geometry(*g)}", f"tlkv.reader.versions={v}",
                                     f"tlkv.reader.any_geometry={str(anyg).lower()}",
                                     f"tlkv.reader.v1_only_mode={str(v1m).lower()}"),
