@@ -18,6 +18,7 @@ evidence (docs/interop-rdma.md); a recorded one that stops failing fails the tes
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -61,10 +62,18 @@ def test_host_iwarp_harness_against_the_target_on_siw(facing: dict[str, Any]) ->
 # ---- the VM's harness (verbs) against the targets served by the host's userspace bindings -------------------
 
 
+# CI's lane takes siw1's run (~3 min); rxe1's (~6 min on one TCG vCPU) only with KVCONFORM_RDMA_LANE_FULL=1 (`tox -e
+# rdma`): the lane is CI's longest path, and CI still has the verbs harness on rxe (the in-VM rxe0 run) and rxe
+# against the host's RoCEv2 binding both ways (the facing runs).
+VM_HARNESS_RUNS = ("rxe1-to-host-roce", "siw1-to-host-iwarp")
+VM_HARNESS_SAMPLE = VM_HARNESS_RUNS if os.environ.get("KVCONFORM_RDMA_LANE_FULL") == "1" else ("siw1-to-host-iwarp",)
+
+
 @pytest.fixture(scope="module")
 def host_serving(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The host serves the reference target over userspace RoCEv2 (on the segment) and iWARP; the VM runs the
-    kbtp-target suite from rxe1 and from siw1 against them. Each run's exit status and coverage.json."""
+    kbtp-target suite from rxe1 and from siw1 (VM_HARNESS_SAMPLE) against them. Each run's exit status and
+    coverage.json."""
     ports = Ports.pick()
     keep = tmp_path_factory.mktemp("host-serving")
     with served("kbtp-target", "--binding", "roce", "--port", "0", "--profile", "ib-rc", "--features", ROCE_FEATURES,
@@ -75,6 +84,7 @@ def host_serving(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) 
                                       ROCE_PICS),
                 "siw1-to-host-iwarp": (f"kbtp+verbs://{HOST_FROM_GUEST}:{iwarp.rsplit(':', 1)[1]}?device=siw1"
                                        "&local=10.0.2.15", IWARP_PICS)}
+        runs = {name: run for name, run in runs.items() if name in VM_HARNESS_SAMPLE}
         lines = [". testbeds/rdma-vm/links.sh"]
         for name, (url, pics) in runs.items():
             sets = " ".join(f"--pics-set '{p}'" for p in pics)
@@ -98,7 +108,11 @@ def host_serving(vm_image: Artefacts, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
-@pytest.mark.parametrize("name", ["rxe1-to-host-roce", "siw1-to-host-iwarp"])
+_OUTSIDE = pytest.mark.skip(reason="outside CI's sample of the lane: KVCONFORM_RDMA_LANE_FULL=1 (tox -e rdma) runs it")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in VM_HARNESS_SAMPLE else _OUTSIDE)
+                                  for n in VM_HARNESS_RUNS])
 def test_vm_verbs_harness_against_the_host_target(host_serving: dict[str, Any], name: str) -> None:
     doc, code, tail = host_serving[name]
     _judge(doc, code, tail, name, reasons=WIRE + VERBS + SLOW_TARGET)
