@@ -161,12 +161,26 @@ def kbtp_rates(profile: Profile, block: int, ops: int, repeat: int,
     x = h.initiators[0]
     data = payload(block)
     h.run(hello=x.hello())
+
+    def run_batch(name: str, actor: ActorGen) -> tuple[float, int]:
+        return timed_run(h.fabric, lambda: h.run(**{name: actor}))
+
+    rates = phase_rates(x, ops, repeat, data, run_batch, "KBTP")
+    if h.target.census_problems():
+        raise BenchError(f"KBTP: block census after the run: {h.target.census_problems()}")
+    return rates
+
+
+def phase_rates(x: ReferenceInitiator, ops: int, repeat: int, data: bytes,
+                run_batch: Callable[[str, ActorGen], tuple[float, int]], what: str) -> dict[str, Measure]:
+    """ALLOC_STORE all ``ops`` blocks, LOAD them all, FREE them all, ``repeat`` times; ``run_batch(name, actor)``
+    runs each batch on its fabric and gives (seconds, steps). A batch counts up to its last completion: a wire
+    fabric's run then waits for the wire to stay quiet (SETTLE_S), which is no part of the operations."""
     results: dict[str, list[OpResult]] = {}
     ended: dict[str, float] = {}  # when each batch's last operation completed
 
     def phase(kind: str) -> ActorGen:
         out = results[kind] = []
-        ended.pop(kind, None)
         for k in range(ops):
             if kind == "alloc_store":
                 res = yield from x.alloc_store(x.handle(k), data, seal=True, inline=False)
@@ -180,15 +194,13 @@ def kbtp_rates(profile: Profile, block: int, ops: int, repeat: int,
     samples: dict[str, list[tuple[float, int]]] = {"alloc_store": [], "load": [], "free": []}
     for r in range(repeat):
         for kind, batch in samples.items():  # store all, load all, free all
-            actor = phase(kind)
+            ended.pop(kind, None)
             start = time.perf_counter()
-            seconds, steps = timed_run(h.fabric, lambda: h.run(**{f"{kind}{r}": actor}))  # noqa: B023 (called now)
-            # up to the last completion: a wire fabric's run then waits for the wire to stay quiet (SETTLE_S),
-            # which is no part of the operations
+            seconds, steps = run_batch(f"{kind}{r}", phase(kind))
+            if len(results[kind]) != ops:
+                raise BenchError(f"{what} {kind.upper()}: {len(results[kind])} of {ops} operations ended")
             batch.append((min(seconds, ended.get(kind, start + seconds) - start), steps))
-            _check(f"KBTP {kind.upper()}", results[kind], data if kind == "load" else None)
-    if h.target.census_problems():
-        raise BenchError(f"KBTP: block census after the run: {h.target.census_problems()}")
+            _check(f"{what} {kind.upper()}", results[kind], data if kind == "load" else None)
     return {kind: best(batch, ops) for kind, batch in samples.items()}
 
 

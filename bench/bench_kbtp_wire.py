@@ -58,13 +58,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.bench_kbt
 
 import pytest
 
-from bench.bench_kbtp import BenchError, Measure, _check, best, kbtp_rates, payload, timed_run
+from bench.bench_kbtp import BenchError, Measure, kbtp_rates, payload, phase_rates, timed_run
 from kvconform import evidence
 from kvconform.conformance.kbtp.target.test_races import _deferred_free_black_box, _slot_order_black_box
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features
 from kvconform.kbtp.harness import initiator_ids
-from kvconform.kbtp.initiator import OpResult, ReferenceInitiator
+from kvconform.kbtp.initiator import ReferenceInitiator
 from kvconform.rdma.fabric import ActorGen
 from kvconform.rdma.profiles import IB_RC, RDMAP_7306, RDMAP_NO_ATOMICS
 from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
@@ -185,32 +185,12 @@ def served_rates(binding: str, block: int, ops: int, repeat: int) -> tuple[dict[
         fab.spawn("hello", x.hello())
         fab.run()
         cpu0 = served.cpu()
-        results: dict[str, list[OpResult]] = {}
-        ended: dict[str, float] = {}
 
-        def phase(kind: str) -> ActorGen:
-            out = results[kind] = []
-            for k in range(ops):
-                if kind == "alloc_store":
-                    res = yield from x.alloc_store(x.handle(k), data, seal=True, inline=False)
-                elif kind == "load":
-                    res = yield from x.load(x.handle(k))
-                else:
-                    res = yield from x.free(x.handle(k))
-                out.append(res)
-            ended[kind] = time.perf_counter()
+        def run_batch(name: str, actor: ActorGen) -> tuple[float, int]:
+            fab.spawn(name, actor)
+            return timed_run(fab, fab.run)
 
-        samples: dict[str, list[tuple[float, int]]] = {"alloc_store": [], "load": [], "free": []}
-        for r in range(repeat):
-            for kind, batch in samples.items():
-                start = time.perf_counter()
-                fab.spawn(f"{kind}{r}", phase(kind))
-                seconds, steps = timed_run(fab, fab.run)
-                if len(results[kind]) != ops:
-                    raise BenchError(f"served KBTP {kind.upper()}: {len(results[kind])} of {ops} operations ended")
-                batch.append((min(seconds, ended.get(kind, start + seconds) - start), steps))
-                _check(f"served KBTP {kind.upper()}", results[kind], data if kind == "load" else None)
-        return {kind: best(batch, ops) for kind, batch in samples.items()}, served.cpu() - cpu0
+        return phase_rates(x, ops, repeat, data, run_batch, "served KBTP"), served.cpu() - cpu0
     finally:
         fab.close()
         served.close()
