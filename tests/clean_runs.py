@@ -7,16 +7,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# Unobservable over the wire (docs/kbtp-wire.md): a named interleaving replayed at the target's race points, the
-# initiator's own memory (invisible off the emulated fabric; the order of its reads is judged from the target's end
-# of the wire, targets/kbtp_order.py), a geometry of its own a served target cannot take, and a black-box race whose
-# event did not happen in the attempts. (A target without DIRECT_ALLOC gets its free-path races churned from outside,
-# conformance/kbtp/blackbox.py `Churn`: no longer inconclusive by design.)
+# Unobservable over the wire (docs/kbtp-wire.md): a named interleaving replayed at the target's race points (the
+# initiator's own memory is invisible off the emulated fabric, but judged from the target's end of the wire: the order
+# of its reads, targets/kbtp_order.py; its STags, probed through its descriptors, conformance/kbtp/exposure.py), a
+# geometry of its own a served target cannot take, and a black-box race whose event did not happen in the attempts. (A
+# target without DIRECT_ALLOC gets its free-path races churned from outside, conformance/kbtp/blackbox.py `Churn`: no
+# longer inconclusive by design.)
 # (The receive buffers behind an initiator's Completion Credits are probed from the wire: targets/kbtp_credits.py.)
 # An Initiator ID the harness handed a cmd: process ({initiator_id}) shows nothing of how the initiator generates its
 # own. (A black-box target's entry order is judged by holding the writer's RDMA Read Response, targets/kbtp_order.py:
 # no longer inconclusive by design.)
-WIRE = ("race points", "cannot list the STags", "the check needs the whole ring", "the validity rule was not exercised",
+WIRE = ("race points", "the check needs the whole ring", "the validity rule was not exercised",
         "the harness handed each initiator its Initiator ID")
 # ... and on a verbs device (docs/interop-rdma.md): the device executes one-sided operations and builds every
 # packet without the process seeing them, and siw reports no remote invalidation in a receive completion.

@@ -5,10 +5,13 @@ the harness target holds every descriptor the initiator sent, so it reads and wr
   RDMA Read through it returns exactly the data the harness asked the initiator to store, and when the data the
   harness target RDMA-Wrote through a LOAD's descriptor is what the initiator's LOAD returned.
 - KBTP-SEC-EXPOSE-DESCRIBED: one octet just outside each described span (before its Tagged Offset, past its end),
-  read with the same STag while the request is outstanding, and the STag itself once the session has ended, must be
-  refused by the initiator's RNIC. A refused Read moves the connection to error (RDMAP Terminate, IB NAK), so each
-  probe has a bed of its own: its scenario does not go on after it. STags no descriptor named cannot be enumerated
-  from outside: the pass says so."""
+  read with the same STag while the request is outstanding, must be refused by the initiator's RNIC. STags no
+  descriptor named cannot be enumerated from outside: the pass says so.
+- KBTP-SEC-SINGLE-USE-STAG: the STag of each described span, read at the span's start once the initiator's GOODBYE
+  arrived (every request completed), must be refused. An STag still valid then reaches only the buffer its
+  descriptor named, which the exposure rule allows: it is this rule that the STag outlived its request breaks.
+A refused Read moves the connection to error (RDMAP Terminate, IB NAK), so each probe has a bed of its own: its
+scenario does not go on after it."""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from kvconform.verdicts import check, inconclusive, pass_basis
 
 PROBE_WAIT_S = 5.0  # fabric time for the initiator's RNIC to answer one probe Read
 PROBE_BEDS = 12  # at most this many probe beds (spans x ends); the scenario names 2 to 4 spans
-SPAN_ENDS = ("before", "past", "after the session")
+AFTER_SESSION = "after the session"
+SPAN_ENDS = ("before", "past")  # the exposure probes; AFTER_SESSION is the single-use probe's
 # how the initiator's RNIC refuses an access (RDMAP Terminate, IB NAK: rdma-bindings.md), as the requester sees it
 REFUSALS = (Status.REM_ACCESS_ERR, Status.REM_INV_REQ_ERR, Status.REM_OP_ERR)
 
@@ -79,7 +83,7 @@ def judge_addr_le(run: Any, lo: int) -> None:
 
 @dataclass
 class Probe:
-    """One probe: the ``index``-th described span of the scenario, at ``end`` (see SPAN_ENDS)."""
+    """One probe: the ``index``-th described span of the scenario, at ``end`` (SPAN_ENDS or AFTER_SESSION)."""
 
     index: int
     end: str
@@ -100,7 +104,7 @@ class Probe:
         def probe(s: Any, msg: Message | None) -> Generator[Any, Any, None]:
             if self.done:
                 return
-            if self.end == "after the session":
+            if self.end == AFTER_SESSION:
                 self.spans.extend(spans_of(msg))
                 self.ended = isinstance(msg, Goodbye)
                 if not self.ended or len(self.spans) <= self.index:
@@ -124,26 +128,35 @@ class Probe:
         return probe
 
 
-def probe_exposure(kbtp_initiator: Any, seed: int, scenario: Any) -> None:
-    """KBTP-SEC-EXPOSE-DESCRIBED from outside: one bed per (span, end); ``scenario(bed)`` drives the initiator."""
-    refused, unprobed, unanswered = 0, 0, []
-    spans = 0
+def run_probes(kbtp_initiator: Any, seed: int, scenario: Any, ends: tuple[str, ...], label: str) -> list[Probe]:
+    """One bed per (described span, end), in the order the scenario describes its spans, until it describes no
+    more; ``scenario(bed)`` drives the initiator. The probes that found their span, in that order."""
+    made: list[Probe] = []
     described: int | None = None  # spans the whole scenario described (learnt from a bed that reached GOODBYE)
     for k in range(PROBE_BEDS):
-        probe = Probe(k // len(SPAN_ENDS), SPAN_ENDS[k % len(SPAN_ENDS)])
+        probe = Probe(k // len(ends), ends[k % len(ends)])
         if described is not None and probe.index >= described:
             break
-        bed = kbtp_initiator.bed(seed * 100 + k, label=f"expose-probe-{k}")
+        bed = kbtp_initiator.bed(seed * 100 + k, label=f"{label}-{k}")
         bed.target.probe = probe.hook(bed.target)
         bed.run_one(scenario(bed))
         if probe.ended:
             described = len(probe.spans)
         if probe.span is None:
-            if probe.end == SPAN_ENDS[0]:
+            if probe.end == ends[0]:
                 break  # the scenario described no more spans
             continue
-        spans = max(spans, probe.index + 1)
-        what, stag, to, length = probe.span
+        made.append(probe)
+    return made
+
+
+def probe_exposure(kbtp_initiator: Any, seed: int, scenario: Any) -> None:
+    """KBTP-SEC-EXPOSE-DESCRIBED from outside: one octet before and one past each described span, while its request
+    is outstanding."""
+    refused, unprobed, unanswered = 0, 0, []
+    made = run_probes(kbtp_initiator, seed, scenario, SPAN_ENDS, "expose-probe")
+    for probe in made:
+        what, stag, to, length = probe.span  # type: ignore[misc]
         at = probe.octet()
         if at is None:
             unprobed += 1
@@ -152,25 +165,50 @@ def probe_exposure(kbtp_initiator: Any, seed: int, scenario: Any) -> None:
             evidence.note(f"exposure probe of {what} {probe.end}: no answer within {PROBE_WAIT_S:g} s")
             unanswered.append(f"{what} {probe.end}")
             continue
-        if probe.end == SPAN_ENDS[2]:
-            where = (f"octet {at:#x} of STag {stag:#x} (the start of the span [{to:#x}, +{length}) the {what} "
-                     "descriptor named) when the initiator's GOODBYE arrived")
-        else:
-            where = (f"octet {at:#x} of STag {stag:#x}, {probe.end} the span [{to:#x}, +{length}) the {what} "
-                     "descriptor names, while the request was outstanding")
-        evidence.note(f"exposure probe: RDMA Read of {where}: {'none' if probe.status is None else probe.status.name}")
+        where = (f"octet {at:#x} of STag {stag:#x}, {probe.end} the span [{to:#x}, +{length}) the {what} "
+                 "descriptor names, while the request was outstanding")
+        evidence.note(f"exposure probe: RDMA Read of {where}: {probe.status.name}")
         check(probe.status != Status.SUCCESS, f"the harness target's RDMA Read of {where} was answered with data: "
               "the STag reaches beyond the buffers the descriptors name", req="KBTP-SEC-EXPOSE-DESCRIBED")
         if probe.status not in REFUSALS:  # flushed (the connection had ended), a local error: no evidence
             unanswered.append(f"{what} {probe.end} ({probe.status.name})")
             continue
         refused += 1
+    spans = len({p.index for p in made})
     check(spans > 0, "the initiator sent no descriptor naming a buffer: nothing was exposed or probed",
           req="KBTP-SEC-EXPOSE-DESCRIBED")
     if unanswered and not refused:
         inconclusive(f"no probe through the initiator's STags was answered ({', '.join(unanswered)})")
-    pass_basis(f"black box: {spans} described spans probed one octet before and past each while outstanding and "
-               f"at their STag after the session: {refused} refused, none answered with data"
+    pass_basis(f"black box: {spans} described spans probed one octet before and past each while outstanding: "
+               f"{refused} refused, none answered with data"
                f"{f', {unprobed} zero-based starts with nothing before them' if unprobed else ''}"
                f"{f', not answered: {unanswered}' if unanswered else ''}; STags no descriptor named cannot be "
                "enumerated from outside")
+
+
+def probe_single_use(kbtp_initiator: Any, seed: int, scenario: Any) -> None:
+    """KBTP-SEC-SINGLE-USE-STAG from outside: the STag of each described span, read at the span's start once the
+    initiator's GOODBYE arrived (``scenario`` ends with it), is refused."""
+    refused, unanswered = 0, []
+    made = run_probes(kbtp_initiator, seed, scenario, (AFTER_SESSION,), "single-use-probe")
+    for probe in made:
+        what, stag, to, length = probe.span  # type: ignore[misc]
+        where = (f"octet {to:#x} of STag {stag:#x} (the start of the span [{to:#x}, +{length}) the {what} "
+                 "descriptor named) when the initiator's GOODBYE arrived, its request completed")
+        if probe.status is None:
+            evidence.note(f"single-use probe of {what}: no answer within {PROBE_WAIT_S:g} s")
+            unanswered.append(what)
+            continue
+        evidence.note(f"single-use probe: RDMA Read of {where}: {probe.status.name}")
+        check(probe.status != Status.SUCCESS, f"the harness target's RDMA Read of {where} was answered with data: "
+              "the STag outlived its request", req="KBTP-SEC-SINGLE-USE-STAG")
+        if probe.status not in REFUSALS:
+            unanswered.append(f"{what} ({probe.status.name})")
+            continue
+        refused += 1
+    check(bool(made), "no descriptor the initiator sent named a buffer: no STag to probe",
+          req="KBTP-SEC-SINGLE-USE-STAG")
+    if not refused:
+        inconclusive(f"no probe through the initiator's STags was answered ({', '.join(unanswered)})")
+    pass_basis(f"black box: the STags of {len(made)} described spans read once the session had ended: {refused} "
+               f"refused, none answered with data{f', not answered: {unanswered}' if unanswered else ''}")

@@ -3,7 +3,7 @@ themselves run over both wires in tests/kbtp/test_served_mutants.py and test_wir
 
 from __future__ import annotations
 
-from kvconform.conformance.kbtp.exposure import SPAN_ENDS, Probe, spans_of
+from kvconform.conformance.kbtp.exposure import AFTER_SESSION, SPAN_ENDS, Probe, spans_of
 from kvconform.kbtp.constants import RequestFlags
 from kvconform.kbtp.messages import AllocStore, CompletionDescriptor, DataDescriptor, Free, Load
 
@@ -21,7 +21,7 @@ def test_spans_are_the_named_buffers_and_record_slots() -> None:
 def test_each_probe_reads_one_octet_outside_the_span_or_its_start() -> None:
     span = ("Load data", 0x10, 0x2000, 1024)
     octets = {}
-    for end in SPAN_ENDS:
+    for end in (*SPAN_ENDS, AFTER_SESSION):
         p = Probe(0, end)
         p.span = span
         octets[end] = p.octet()

@@ -83,11 +83,7 @@ ONE_BINDING: dict[str, tuple[str, str]] = {
 # mutant -> (why its checks can be inconclusive over a wire, the documented reason their message gives: tests/
 # clean_runs.py). Served all the same: each named check must fail on the mutant's rule or be inconclusive for that
 # reason, never pass, never fail on another rule (tests/test_mutants_kbtp.py catches each in-process).
-_MEMORY = ("the initiator's own memory (its node's STags) is invisible off the emulated fabric",
-           ("cannot list the STags",))
 WIRE_INCONCLUSIVE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ReusesOneStag": _MEMORY,
-    "StoreStagKept": _MEMORY,
     # the 16-bit wrap from Generation 1 takes 2^16 bind/free cycles: over RoCEv2 on two loaded cores the drive
     # does not reach it within the check's 150 s (test_widths.py WRAP_WALL_S); over iWARP it does
     "WrapsToZeroFromGenerationOne": ("2^16 bind/free cycles over the wire within 150 s of wall clock",
@@ -254,7 +250,7 @@ def test_exclusions_are_pinned() -> None:
     assert all(why and set(reasons) <= {*WIRE, *SLOW_TARGET} for why, reasons in WIRE_INCONCLUSIVE.values())
     assert not set(KNOWN_WRONG_BLAME) & {n for n, _ in SAMPLE}
     assert len(KNOWN_WRONG_BLAME) == 6, "a new wrong blame over the wire: fix the check, do not list it here"
-    assert len(WIRE_INCONCLUSIVE) == 3, "a new wire-inconclusive mutant: make it observable, or say why here"
+    assert len(WIRE_INCONCLUSIVE) == 1, "a new wire-inconclusive mutant: make it observable, or say why here"
     assert set(WIRE_UNSEEN) <= set(kbtp_mutants.MUTANTS) and not set(WIRE_UNSEEN) & set(WIRE_INCONCLUSIVE)
     assert len(WIRE_UNSEEN) == 1, "a new mutant a black box cannot see: make it observable, or say why here"
     for name, reason in UNSERVABLE.items():

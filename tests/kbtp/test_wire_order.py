@@ -68,7 +68,7 @@ def test_an_initiator_on_a_blind_device_is_certified_with_its_facing_wire(tmp_pa
     checks on the facing wire, and the merged certification is PASSED (the lane's rxe0 and siw0 initiator rows,
     once the initiator's facing wire reaches into the VM)."""
     run = run_suite("kbtp-initiator", "python:tests.rdma.blind:BlindInitiator", tmp_path,
-                    # a process starts per interleaving of the direct-load race: 16, as in tests/kbtp/test_wire_suites.py
+                    # a process per interleaving of the direct-load race: 16, as in tests/kbtp/test_wire_suites.py
                     pics=("kbtp.initiator.binding=ib-rc", "kbtp.initiator.features=[DIRECT_LOAD, DIRECT_ALLOC]",
                           "kbtp.initiator.interleavings=16"),
                     checks=("test_direct",), timeout=RUN_TIMEOUT_S, extra=("--facing", _process("roce")))

@@ -303,11 +303,6 @@ def test_addr_le_requests(kbtp_initiator: InitiatorUnderTest, request_run: Reque
     request_run.bed.settle(req="KBTP-HELLO-FIRST")
 
 
-def _observable(bed: InitiatorBed) -> None:
-    if not stags_observable(bed.initiator_node):
-        inconclusive("the harness cannot list the STags of the initiator's node on this fabric")
-
-
 def _within(exposed: tuple[Exposed, ...], stag: int, to: int, length: int) -> bool:
     """An exposed STag ``stag`` covers [to, to + length)."""
     return any(e.stag == stag and e.to <= to and to + length <= e.to + e.length for e in exposed)
@@ -362,40 +357,46 @@ def test_quota_respected(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
 def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     """Every LOAD, and every ALLOC_STORE and STORE not sent inline (both paths the target RDMA-reads), names a
     fresh STag that is no longer valid once the request completed, and asks for INVALIDATE so the completion
-    revokes it (when PICS says it does)."""
+    revokes it (when PICS says it does). A black box (another process): the STags are read off its messages, and
+    each is probed once its GOODBYE arrived (conformance/kbtp/exposure.py)."""
     bed = kbtp_initiator.bed(seed, label="stags")
-    ep = bed.endpoint
-    big = b"S" * 2000
-
-    def scenario() -> Gen:
-        yield from _hello(bed)
-        r = yield from bed.op(ep.alloc_store(ep.handle_base, big, seal=False))
-        expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="ALLOC_STORE")
-        r = yield from bed.op(ep.store(ep.handle_base, big[::-1], seal=True))  # the other RDMA Read path
-        expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="STORE")
-        for _ in range(3):
-            r = yield from bed.op(ep.load(ep.handle_base, 4096))
-            expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="LOAD")
-
-    bed.run_one(scenario())
+    bed.run_one(_single_use_scenario(bed, goodbye=False))
     bed.settle(req="KBTP-SEC-SINGLE-USE-STAG")
-    _observable(bed)  # whether an STag is still valid is read off the initiator's node
-    stags = []
-    for rec in bed.messages():
-        m = rec.message
-        if isinstance(m, Load) or (isinstance(m, AllocStore | Store) and m.inline is None):
-            stags.append(m.data.stag)
-            check(not bed.initiator_node.is_valid(m.data.stag),
-                  f"STag {m.data.stag:#x} of a completed {type(m).__name__} is still valid",
-                  req="KBTP-SEC-SINGLE-USE-STAG")
-            if kbtp_initiator.params.requests_invalidate:
-                check(bool(m.flags & RequestFlags.INVALIDATE), f"{type(m).__name__} does not request INVALIDATE",
-                      req="KBTP-SEC-REQUEST-INVALIDATE")
+    named = [m for m in (rec.message for rec in bed.messages())
+             if isinstance(m, Load) or (isinstance(m, AllocStore | Store) and m.inline is None)]
+    stags = [(m.data.stag, type(m).__name__) for m in named]
     sent = {type(rec.message).__name__ for rec in bed.messages() if isinstance(rec.message, Load | AllocStore | Store)}
     expect.equal("operations that named an STag", sorted(sent), ["AllocStore", "Load", "Store"],
                  req="KBTP-SEC-SINGLE-USE-STAG")
     check(len(stags) >= 5, f"only {len(stags)} requests named an STag", req="KBTP-SEC-SINGLE-USE-STAG")
-    expect.equal("distinct STags over the requests", len(set(stags)), len(stags), req="KBTP-SEC-SINGLE-USE-STAG")
+    expect.equal("distinct STags over the requests", len({s for s, _ in stags}), len(stags),
+                 req="KBTP-SEC-SINGLE-USE-STAG")
+    if not stags_observable(bed.initiator_node):  # a black box: whether an STag is still valid, probed
+        exposure.probe_single_use(kbtp_initiator, seed, lambda b: _single_use_scenario(b, goodbye=True))
+    for stag, what in stags if stags_observable(bed.initiator_node) else ():  # read off the initiator's node
+        check(not bed.initiator_node.is_valid(stag), f"STag {stag:#x} of a completed {what} is still valid",
+              req="KBTP-SEC-SINGLE-USE-STAG")
+    # after the STags' own rule: an initiator that reuses one STag usually requests no INVALIDATE either
+    for m in named if kbtp_initiator.params.requests_invalidate else ():
+        check(bool(m.flags & RequestFlags.INVALIDATE), f"{type(m).__name__} does not request INVALIDATE",
+              req="KBTP-SEC-REQUEST-INVALIDATE")
+
+
+def _single_use_scenario(bed: InitiatorBed, *, goodbye: bool) -> Gen:
+    """An ALLOC_STORE and a STORE of 2000 octets (RDMA-read, not inline), three LOADs of 4096; then GOODBYE for
+    the probes of test_single_use_stags (each refused probe ends its bed)."""
+    ep = bed.endpoint
+    big = b"S" * 2000
+    yield from _hello(bed)
+    r = yield from bed.op(ep.alloc_store(ep.handle_base, big, seal=False))
+    expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="ALLOC_STORE")
+    r = yield from bed.op(ep.store(ep.handle_base, big[::-1], seal=True))  # the other RDMA Read path
+    expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="STORE")
+    for _ in range(3):
+        r = yield from bed.op(ep.load(ep.handle_base, 4096))
+        expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="LOAD")
+    if goodbye:
+        yield from bed.op(ep.goodbye(False))
 
 
 @pytest.mark.req("KBTP-SEC-EXPOSE-DESCRIBED", "KBTP-HELLO-FIRST")
@@ -404,7 +405,8 @@ def test_exposes_only_described_buffers(kbtp_initiator: InitiatorUnderTest, requ
     """Whenever a request arrived, and after the session, every STag of the initiator that grants remote access
     is one a descriptor it sent names, and reaches no octet outside the buffers those descriptors name (a LOAD
     into 1024 octets of a larger buffer exposes 1024 octets, not the buffer). A black box (another process): the
-    octets just outside each named span, while outstanding, and each STag after the session, are probed."""
+    octets just outside each named span are probed while it is outstanding (an STag still valid after the session
+    is test_single_use_stags's to judge)."""
     _ack(request_run.bed, "KBTP-HELLO-FIRST")
     if not stags_observable(request_run.bed.initiator_node):  # a black box: probe through the named STags
         exposure.probe_exposure(kbtp_initiator, seed, _probe_scenario)
