@@ -14,12 +14,12 @@ What each certification comes to, and why (docs/interop-rdma.md, "Certifying a d
   that way are judged on their own rules (the error detected, its Code right: each passes and says the octet
   arrived swapped). Besides, its free-path races may stay inconclusive: siw has no atomics, so no DIRECT_ALLOC
   ring to hold a ticket on or to read (they are churned from outside, too few cycles on the VM a rare window).
-- rxe0 as initiator: PASSED; siw0 as initiator: NOT CERTIFIABLE on its direct-load race alone (SIW_DLOAD_RACE).
-  The checks of the initiator's one-sided operations, which the harness's target on the device cannot see, are
-  judged on the initiator's facing wire: the reference initiator on rxe1
+- rxe0 and siw0 as initiators: PASSED. The checks of the initiator's one-sided operations, which the harness's
+  target on the device cannot see, are judged on the initiator's facing wire: the reference initiator on rxe1
   (siw1), forked in the VM by the bridge (testbeds/rdma_vm/bridge.py), connects to the harness's userspace
   target on the host over the RoCEv2 segment (iWARP through qemu's user-mode network), which sees every Read and
-  atomic the device executes (lane.py facing_runs: rxe1 all of test_direct.py, siw1 the direct-load sequence).
+  atomic the device executes, and opens the direct-load race's window (lane.py facing_runs: test_direct.py on
+  both).
 """
 
 from __future__ import annotations
@@ -49,11 +49,6 @@ SIW_BROKEN = {"KBTP-WIRE-TERMINATE-HEADER"}
 # a target without DIRECT_ALLOC (siw: no atomics): its free-path races churned from outside (blackbox.py Churn), too
 # few cycles on the VM inconclusive like a rare window; "exposes no ring" from before the churn
 NO_RING = ("exposes no ring", "no basis for a pass", *RARE_WINDOW)
-# The siw0 initiator's direct-load race (test_direct_load_detects_free) counts the loads its window opened on since
-# stop 30, where it had passed blind on verbs; the siw1 facing run takes only test_direct_load_sequence (through the
-# bridge the race accepted no direct load on siw1 in stop 29's runs), so nothing judges it yet: NOT CERTIFIABLE on
-# that alone, honestly, until the facing run carries it (docs/interop-rdma.md)
-SIW_DLOAD_RACE = ("the check judges the initiator's one-sided operations, and the harness's target is on verbs",)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +56,7 @@ SIW_DLOAD_RACE = ("the check judges the initiator's one-sided operations, and th
     [("rxe0", "rxe-ref", "kbtp-target", "host-roce-to-rxe1", "PASSED", set(), RARE_WINDOW),
      ("siw0", "siw-ref", "kbtp-target", "host-iwarp-to-siw1", "FAILED", SIW_BROKEN, NO_RING),
      ("rxe0", "rxe-ref", "kbtp-initiator", "rxe1-to-host-roce", "PASSED", set(), ()),
-     ("siw0", "siw-ref", "kbtp-initiator", "siw1-to-host-iwarp", "NOT CERTIFIABLE", set(), SIW_DLOAD_RACE)],
+     ("siw0", "siw-ref", "kbtp-initiator", "siw1-to-host-iwarp", "PASSED", set(), ())],
     ids=["rxe0-target", "siw0-target", "rxe0-initiator", "siw0-initiator"])
 def test_certified(in_vm: dict[tuple[str, str], Any], facing: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
                    device: str, target: str, suite: str, facing_run: str | None, status: str, failed: set[str],
