@@ -509,9 +509,10 @@ def test_request_credits(kbtp_initiator: InitiatorUnderTest, seed: int, credits:
 
 
 def _most_outstanding(bed: InitiatorBed) -> tuple[int, int]:
-    """The most messages of the initiator that had arrived at the target while their answers had not been
-    delivered to the initiator, and the step it happened at (a lower bound of what it had outstanding when it
-    sent the last of them, since messages arrive in the order sent)."""
+    """The most messages of the initiator that had arrived at the target while their answers (COMPLETIONs, or
+    completion records written with Immediate Data) had not been delivered to the initiator, and the step it
+    happened at (a lower bound of what it had outstanding when it sent the last of them, since messages arrive in
+    the order sent)."""
     # An initiator in another process: its deliveries are not visible, the target's answers posted are (each is
     # delivered after it was posted, so counting posts gives a lower bound again: never a false failure).
     answered_at, answered = ((bed.initiator_conn.name, "deliver") if bed.initiator_conn is not None
@@ -524,6 +525,9 @@ def _most_outstanding(bed: InitiatorBed) -> tuple[int, int]:
                 arrived += 1
                 if arrived - delivered > most:
                     most, at = arrived - delivered, int(rec["step"])
-            elif eff.get("do") == answered and eff.get("who") == answered_at and eff.get("op", "SEND") == "SEND":
+            # an answer is a COMPLETION (a Send) or, for a request with RECORD, a completion record: an RDMA Write
+            # with Immediate (KBTP "Completion"; IB binding), whose Immediate Data is delivered like a Send
+            elif eff.get("do") == answered and eff.get("who") == answered_at and (
+                    eff.get("op", "SEND") == "SEND" or eff.get("imm")):
                 delivered += 1
     return most, at
