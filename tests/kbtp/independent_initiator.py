@@ -358,7 +358,8 @@ class Endpoint:
         self.pending[rid] = p
         self.outstanding += 1
         try:
-            self.conn.post_send(header(opcode, flags, rid, handle, generation, self.le) + body + tail, signaled=False)
+            self.conn.post_send(header(opcode, flags, rid, handle, generation, self.le) + body + tail, signaled=False,
+                                solicited=True)
             yield from self._await(lambda: rid in self.answers, f"the answer to Request ID {rid:#x}")
             return self.answers.pop(rid)
         finally:
@@ -386,7 +387,7 @@ class Endpoint:
 
     def hello(self) -> Steps:
         self.conn.post_send(header(HELLO, 0, 0, 0, 0, False) + struct.pack(">HH", self.requested, CREDITS) + self.iid,
-                            signaled=False)
+                            signaled=False, solicited=True)
         try:
             yield from self._await(lambda: self.ack_raw is not None, "HELLO_ACK")
         except InitiatorFailure:
@@ -460,7 +461,8 @@ class Endpoint:
 
     def goodbye(self, release: bool = False) -> Steps:
         yield from self._wait(lambda: self.outstanding == 0, "the outstanding requests before GOODBYE")
-        self.conn.post_send(header(GOODBYE, RELEASE if release else 0, 0, 0, 0, self.le), signaled=False)
+        self.conn.post_send(header(GOODBYE, RELEASE if release else 0, 0, 0, 0, self.le), signaled=False,
+                            solicited=True)
         closed = yield from _wait_until(lambda: self.conn.state is not ConnState.CONNECTED, name="goodbye",
                                         timeout=GOODBYE_WAIT_S)
         if not closed:
