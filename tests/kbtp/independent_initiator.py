@@ -13,6 +13,7 @@ Where the text leaves a choice open it chooses differently from the reference, s
 reference's choices as rules fails it:
 - requests are pipelined: up to the Request Credits HELLO_ACK granted (and no more than its own Completion
   Credits) are outstanding at once, each answer matched by Request ID; Request IDs start at a random value;
+- every message goes as a Send with Solicited Event (the RDMAP binding allows either);
 - each STag it exposes is a memory region registered for that one request over exactly the octets its
   descriptor names (fast-registered, so Send with Invalidate revokes it; deregistered by the initiator when the
   completion did not), in buffers of its own; a LOAD's destination is zero-based, a store's source VA-based;
@@ -26,10 +27,12 @@ reference's choices as rules fails it:
 - GOODBYE waits for every outstanding request first, then for the target to end the connection (bounded), and
   ends it itself when the target did not.
 
-What it does not implement: reconnection with the same Initiator ID (one session per endpoint), Send with
-Solicited Event, requesting features PICS does not declare, retrying a direct load whose two entry reads
-disagree (it reports STALE_GENERATION), and releasing an abandoned ticket (a direct allocation whose slot never
-fills returns NO_SPACE and leaves the ticket to the target's Ticket Timeout).
+What it does not implement: reconnecting with the same Initiator ID to find its bindings again (one session per
+endpoint; GOODBYE without RELEASE leaves them to the target's retention), the registries' Private Use values, and
+retrying a direct load whose two entry reads disagree (it reports STALE_GENERATION, as a LOAD would). A direct
+allocation whose slot never fills within 400 reads returns NO_SPACE and leaves its ticket to the target's Ticket
+Timeout. It requests exactly the features PICS kbtp.initiator.features declares; run the suite with PICS that
+declare only these.
 """
 
 from __future__ import annotations
@@ -344,28 +347,45 @@ class Endpoint:
     # ---- requests ---------------------------------------------------------------------------------------------
 
     def _request(self, opcode: int, flags: int, handle: int, generation: int, body: bytes = b"", *,
-                 record: bool = False, tail: bytes = b"") -> Steps:
-        """Send one request within the credits and wait for its answer: (Answer, Request ID)."""
+                 record: bool = False, tail: bytes = b"", expose: tuple[int, Access, bytes | None] | None = None
+                 ) -> Steps:
+        """Send one request within the credits and wait for its answer: (Answer, what a LOAD's buffer then holds).
+
+        ``expose`` (length, access, data to place or None for a LOAD's destination): a memory region registered for
+        this request alone, only once it holds its credit (no STag is remotely valid before a descriptor naming it
+        is sent), named by the Data Descriptor, revoked when the request completed."""
         while self.outstanding >= self._window():  # re-checked on waking: several waiters may wake at once
             yield from self._wait(lambda: self.outstanding < self._window(), "a Request Credit")
         rid = self._next_rid()
         p = Pending(rid)
-        if record:
-            p.record = self.node.register(self.node.alloc(RECORD_LEN), Access.LOCAL_WRITE | Access.REMOTE_WRITE,
-                                          length=RECORD_LEN)
-            flags |= RECORD
-            body += completion_descriptor(p.record.stag, p.record.to(0), self.le)
         self.pending[rid] = p
         self.outstanding += 1
+        region, buf, length = None, None, 0
         try:
+            if expose is not None:
+                length, access, data = expose
+                region, buf = self._expose(length, access, zero_based=data is None)
+                if data is not None:
+                    region.write(0, data)
+                body = data_descriptor(region.stag, region.to(0), length, self.le) + body
+            if record:
+                p.record = self.node.register(self.node.alloc(RECORD_LEN), Access.LOCAL_WRITE | Access.REMOTE_WRITE,
+                                              length=RECORD_LEN)
+                flags |= RECORD
+                body += completion_descriptor(p.record.stag, p.record.to(0), self.le)
             self.conn.post_send(header(opcode, flags, rid, handle, generation, self.le) + body + tail, signaled=False,
                                 solicited=True)
             yield from self._await(lambda: rid in self.answers, f"the answer to Request ID {rid:#x}")
-            return self.answers.pop(rid)
+            a = self.answers.pop(rid)
+            loaded = None
+            if region is not None and expose is not None and expose[2] is None and a.status == OK:
+                loaded = region.read(0, min(a.data_length, length))
+            return a, loaded
         finally:
             self.outstanding -= 1
             del self.pending[rid]
             self._revoke(p.record)
+            self._revoke(region, buf, length)
 
     def _records(self, names_stag: bool) -> bool:
         """Whether a request asks for a completion record (see the module docstring)."""
@@ -407,18 +427,12 @@ class Endpoint:
         ack = self._session()
         flags = SEAL if seal else 0
         if 2 * len(data) <= ack.max_inline or not data:
-            a = yield from self._request(opcode, flags | INLINE, handle, generation,
-                                         data_descriptor(0, 0, len(data), self.le), record=self._records(False),
-                                         tail=data)
+            a, _ = yield from self._request(opcode, flags | INLINE, handle, generation,
+                                            data_descriptor(0, 0, len(data), self.le), record=self._records(False),
+                                            tail=data)
             return a
-        region, buf = self._expose(len(data), Access.REMOTE_READ, zero_based=False)
-        region.write(0, data)
-        try:
-            a = yield from self._request(opcode, flags | self._invalidate_flag(), handle, generation,
-                                         data_descriptor(region.stag, region.to(0), len(data), self.le),
-                                         record=self._records(True))
-        finally:
-            self._revoke(region, buf, len(data))
+        a, _ = yield from self._request(opcode, flags | self._invalidate_flag(), handle, generation,
+                                        record=self._records(True), expose=(len(data), Access.REMOTE_READ, data))
         return a
 
     def alloc_store(self, handle: int, data: bytes, *, seal: bool = True) -> Steps:
@@ -439,22 +453,17 @@ class Endpoint:
 
     def load(self, handle: int, length: int, *, allow_unsealed: bool = False, generation: int = 0) -> Steps:
         self._session()
-        region, buf = self._expose(length, Access.REMOTE_WRITE, zero_based=True)
         flags = (ALLOW_UNSEALED if allow_unsealed else 0)
         record = self._records(True)
         if not record:
             flags |= self._invalidate_flag()
-        try:
-            a = yield from self._request(LOAD, flags, handle, generation,
-                                         data_descriptor(region.stag, region.to(0), length, self.le), record=record)
-            data = region.read(0, min(a.data_length, length)) if a.status == OK else None
-        finally:
-            self._revoke(region, buf, length)
+        a, data = yield from self._request(LOAD, flags, handle, generation, record=record,
+                                           expose=(length, Access.REMOTE_WRITE, None))
         return self._result(a, data)
 
     def free(self, handle: int, *, generation: int = 0) -> Steps:
         self._session()
-        a = yield from self._request(FREE, 0, handle, generation, record=self._records(False))
+        a, _ = yield from self._request(FREE, 0, handle, generation, record=self._records(False))
         if a.status == OK:
             self.bound.discard(handle)
         return self._result(a)
@@ -555,7 +564,7 @@ class Endpoint:
             self.local.write(0, data)
             yield from self._rdma(lambda wr: self.conn.post_write(self.local.sge(0, len(data)), part.stag, block,  # type: ignore[union-attr]
                                                                   wr_id=wr), "RDMA Write into the partition")
-        a = yield from self._request(BIND, 0, handle, 0, struct.pack(">IIQ", ticket, len(data), block))
+        a, _ = yield from self._request(BIND, 0, handle, 0, struct.pack(">IIQ", ticket, len(data), block))
         if a.status == OK:
             self.bound.add(handle)
         return self._result(a)
