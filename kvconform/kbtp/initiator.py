@@ -207,15 +207,17 @@ class ReferenceInitiator:
                                                Access.LOCAL_WRITE | Access.REMOTE_WRITE)
         return self._records
 
-    def _data_region(self) -> Region:
-        if self.data is None:
-            size = self.ack.block_size if self.ack is not None else 4096
+    def _data_region(self, need: int = 0) -> Region:
+        """The data buffer: a block, or ``need`` octets when a caller's buffer is larger (a LOAD into 1024 octets
+        of blocks of 256 is legal: the Data Length it returns fits)."""
+        if self.data is None or self.data.length < need:
+            size = max(self.ack.block_size if self.ack is not None else 4096, need)
             self.data = self.node.register(self.node.alloc(max(size, 1)), Access.LOCAL_WRITE | Access.MW_BIND)
         return self.data
 
     def window(self, length: int, access: Access) -> Window:
         """A single-use STag over the first ``length`` octets of the data buffer, bound to this connection."""
-        return self.node.bind_window(self._data_region(), 0, length, access, self.conn)
+        return self.node.bind_window(self._data_region(length), 0, length, access, self.conn)
 
     def revoke(self, stag: int | None, invalidated: int | None) -> None:
         """After the completion: the window is gone, by the target's Send with Invalidate or by us."""
@@ -308,7 +310,7 @@ class ReferenceInitiator:
             self.send(cls(request_id=rid, handle=handle, generation=generation, flags=flags,
                           data=DataDescriptor(0, 0, len(data)), completion=cd, inline=bytes(data)))
             return (yield from self._finish(rid, None))
-        self._data_region().write(0, data)
+        self._data_region(len(data)).write(0, data)
         win = self.window(max(len(data), 1), Access.REMOTE_READ)
         self.send(cls(request_id=rid, handle=handle, generation=generation,
                       flags=self._flags(invalidate, record, extra),

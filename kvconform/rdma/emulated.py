@@ -135,7 +135,9 @@ class EmuEngine:
             return
         nic = self.nic
         if nic._tracing:
-            nic._note(self.name, "post", wr=rec.tag, op=rec.op.name, wr_id=rec.wr_id)
+            # imm: a Write with Immediate also ends in a message the peer's receive queue takes (an answer, to KBTP)
+            nic._note(self.name, "post", wr=rec.tag, op=rec.op.name, wr_id=rec.wr_id,
+                      **({"imm": True} if rec.imm is not None else {}))
         self.sq.append(rec)
         self.outstanding.append(rec)
         nic._advance_sq(self)

@@ -18,7 +18,7 @@ from kvconform import evidence
 from kvconform.conformance.kbtp import expect
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import RING_SLOT_SIZE, TABLE_ENTRY_SIZE, Features, Opcode, Status
-from kvconform.kbtp.messages import Bind, DirectAlloc, Free, HelloAck
+from kvconform.kbtp.messages import Bind, DirectAlloc, Free, Hello, HelloAck
 from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.rdma import masked_add, pause, wait_until
 from kvconform.rdma.scheduler import PctScheduler
@@ -34,8 +34,11 @@ def _hello(bed: InitiatorBed, feature: Features) -> Gen:
     check(granted is not None, "the initiator's HELLO was refused by the harness target (or it sent none)",
           req="KBTP-HELLO-FIRST")
     if not granted & feature:
+        hellos = [rec.message for rec in bed.messages() if isinstance(rec.message, Hello)]
+        asked = bool(hellos) and bool(hellos[0].requested_features & feature)
         inconclusive(f"the initiator did not obtain {feature.name} (granted {granted!r}), which PICS declares it "
-                     "uses: it did not request it")
+                     "uses: " + (f"it requested it and the harness target did not grant it "
+                                 f"({bed.target_params.describe_capacity()})" if asked else "it did not request it"))
     return granted
 
 

@@ -18,6 +18,7 @@ from kvconform.conformance.kbtp import expect, exposure
 from kvconform.fixtures.kbtp import InitiatorUnderTest
 from kvconform.kbtp.constants import FLAGS_OF_OPCODE, Features, Opcode, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Free, Goodbye, Hello, HelloAck, Load, Store
+from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_client import Gen, precise
 from kvconform.targets.kbtp_observer import Exposed, InitiatorBed, Received, exposed_stags, stags_observable
 from kvconform.verdicts import HarnessBug, check, inconclusive, not_applicable
@@ -162,15 +163,17 @@ class RequestRun:
 def _requests(kbtp_initiator: InitiatorUnderTest, seed: int) -> RequestRun:
     """ALLOC_STORE of handle 0 (sealed, inline) and 1 (by RDMA Read when larger than Max Inline), a STORE to
     1 and LOADs of both with their Generations, a FREE of 0 (freed before 1 is bound when the quota is 1),
-    then GOODBYE; nothing is judged here, only run."""
+    then GOODBYE; nothing is judged here, only run. The data fits the declared Block Size (a larger store is
+    TOO_LARGE, whoever sends it)."""
     bed = kbtp_initiator.bed(seed, label="requests")
     ep = bed.endpoint
     big = bytes(range(256)) * 4
-    data = {0: b"first", 1: big[:300]}
+    fit = bed.target_params.block_size
+    data = {0: b"first"[:fit], 1: big[:min(300, fit)]}
     gens: dict[int, int] = {}
     statuses: list[tuple[str, int]] = []
     asked = {"ALLOC_STORE 0": data[0], "LOAD 0": data[0], "ALLOC_STORE 1": data[1], "LOAD 1": data[1],
-             "STORE 1": b"second, again"}
+             "STORE 1": b"second, again"[:fit]}
     loaded: dict[str, bytes | None] = {}
 
     def note(what: str, r: Any) -> Any:
@@ -357,7 +360,9 @@ def test_quota_respected(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
 def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
     """Every LOAD, and every ALLOC_STORE and STORE not sent inline (both paths the target RDMA-reads), names a
     fresh STag that is no longer valid once the request completed, and asks for INVALIDATE so the completion
-    revokes it (when PICS says it does). A black box (another process): the STags are read off its messages, and
+    revokes it (when PICS says it does). The stores carry more than Max Inline, so every initiator names an STag
+    for them whatever its own inline choice; where Max Inline reaches the Block Size any store may go inline, and
+    only the LOADs are sure to name one. A black box (another process): the STags are read off its messages, and
     each is probed once its GOODBYE arrived (conformance/kbtp/exposure.py)."""
     bed = kbtp_initiator.bed(seed, label="stags")
     bed.run_one(_single_use_scenario(bed, goodbye=False))
@@ -366,9 +371,10 @@ def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None
              if isinstance(m, Load) or (isinstance(m, AllocStore | Store) and m.inline is None)]
     stags = [(m.data.stag, type(m).__name__) for m in named]
     sent = {type(rec.message).__name__ for rec in bed.messages() if isinstance(rec.message, Load | AllocStore | Store)}
-    expect.equal("operations that named an STag", sorted(sent), ["AllocStore", "Load", "Store"],
-                 req="KBTP-SEC-SINGLE-USE-STAG")
-    check(len(stags) >= 5, f"only {len(stags)} requests named an STag", req="KBTP-SEC-SINGLE-USE-STAG")
+    expect.equal("operations sent", sorted(sent), ["AllocStore", "Load", "Store"], req="KBTP-SEC-SINGLE-USE-STAG")
+    least = 5 if _store_size(bed.target_params) is not None else 3  # else the stores may go inline
+    check(len(stags) >= least, f"only {len(stags)} requests named an STag (of the 3 LOADs"
+          f"{' and 2 stores larger than Max Inline' if least == 5 else ''})", req="KBTP-SEC-SINGLE-USE-STAG")
     expect.equal("distinct STags over the requests", len({s for s, _ in stags}), len(stags),
                  req="KBTP-SEC-SINGLE-USE-STAG")
     if not stags_observable(bed.initiator_node):  # a black box: whether an STag is still valid, probed
@@ -382,11 +388,20 @@ def test_single_use_stags(kbtp_initiator: InitiatorUnderTest, seed: int) -> None
               req="KBTP-SEC-REQUEST-INVALIDATE")
 
 
+def _store_size(t: TargetParams) -> int | None:
+    """Octets a store must carry to be sent by RDMA Read: 2000, or more than Max Inline, within the Block Size (a
+    larger store is TOO_LARGE); None where Max Inline reaches the Block Size (a store may always go inline)."""
+    if t.max_inline >= t.block_size:
+        return None
+    return min(t.block_size, max(2000, t.max_inline + 1))
+
+
 def _single_use_scenario(bed: InitiatorBed, *, goodbye: bool) -> Gen:
-    """An ALLOC_STORE and a STORE of 2000 octets (RDMA-read, not inline), three LOADs of 4096; then GOODBYE for
-    the probes of test_single_use_stags (each refused probe ends its bed)."""
+    """An ALLOC_STORE and a STORE larger than Max Inline (RDMA-read, not inline: `_store_size`), three LOADs of
+    4096; then GOODBYE for the probes of test_single_use_stags (each refused probe ends its bed)."""
     ep = bed.endpoint
-    big = b"S" * 2000
+    t = bed.target_params
+    big = b"S" * (_store_size(t) or min(2000, t.block_size))
     yield from _hello(bed)
     r = yield from bed.op(ep.alloc_store(ep.handle_base, big, seal=False))
     expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="ALLOC_STORE")
@@ -431,7 +446,8 @@ def _probe_scenario(bed: InitiatorBed) -> Gen:
     ep = bed.endpoint
     if (yield from bed.op(ep.hello())) is None:
         return
-    r = yield from bed.op(ep.alloc_store(ep.handle_base, bytes(range(256)) + bytes(44), seal=True))
+    data = (bytes(range(256)) + bytes(44))[:bed.target_params.block_size]  # a larger store is TOO_LARGE
+    r = yield from bed.op(ep.alloc_store(ep.handle_base, data, seal=True))
     yield from bed.op(ep.load(ep.handle_base, 1024, generation=r.generation))
     yield from bed.op(ep.goodbye(False))
 
@@ -509,9 +525,10 @@ def test_request_credits(kbtp_initiator: InitiatorUnderTest, seed: int, credits:
 
 
 def _most_outstanding(bed: InitiatorBed) -> tuple[int, int]:
-    """The most messages of the initiator that had arrived at the target while their answers had not been
-    delivered to the initiator, and the step it happened at (a lower bound of what it had outstanding when it
-    sent the last of them, since messages arrive in the order sent)."""
+    """The most messages of the initiator that had arrived at the target while their answers (COMPLETIONs, or
+    completion records written with Immediate Data) had not been delivered to the initiator, and the step it
+    happened at (a lower bound of what it had outstanding when it sent the last of them, since messages arrive in
+    the order sent)."""
     # An initiator in another process: its deliveries are not visible, the target's answers posted are (each is
     # delivered after it was posted, so counting posts gives a lower bound again: never a false failure).
     answered_at, answered = ((bed.initiator_conn.name, "deliver") if bed.initiator_conn is not None
@@ -524,6 +541,9 @@ def _most_outstanding(bed: InitiatorBed) -> tuple[int, int]:
                 arrived += 1
                 if arrived - delivered > most:
                     most, at = arrived - delivered, int(rec["step"])
-            elif eff.get("do") == answered and eff.get("who") == answered_at and eff.get("op", "SEND") == "SEND":
+            # an answer is a COMPLETION (a Send) or, for a request with RECORD, a completion record: an RDMA Write
+            # with Immediate (KBTP "Completion"; IB binding), whose Immediate Data is delivered like a Send
+            elif eff.get("do") == answered and eff.get("who") == answered_at and (
+                    eff.get("op", "SEND") == "SEND" or eff.get("imm")):
                 delivered += 1
     return most, at

@@ -213,7 +213,8 @@ class WireConnection(PostingEndpoint):
             return wr.wr_id
         rt = self._wire.runtime
         if rt.tracing:
-            rt.note(self.name, "post", wr=wr.tag, op=wr.op.name, wr_id=wr.wr_id)
+            rt.note(self.name, "post", wr=wr.tag, op=wr.op.name, wr_id=wr.wr_id,
+                    **({"imm": True} if wr.imm is not None else {}))  # as the emulated fabric notes it
         if wr.src is not None:
             wr.data = gather(wr.src)  # a wire engine sends what the SGEs hold at post time
         self._with_engine(lambda e: e.post(wr))
