@@ -7,7 +7,8 @@ what the harness can observe of the target's rings names the rule that made the 
 looks, in this order, and blames the first rule an observation breaks:
 
 1. a DIRECT_ALLOC partition ring, where the target offers one: the harness binds every block of its partition
-   (each slot must read consumed after its BIND: KBTP-RING-CONSUME, KBTP-RING-EMPTY), then frees and rebinds one
+   (each slot must read consumed after its BIND: KBTP-RING-CONSUME, KBTP-RING-EMPTY; on a fresh ring slots F..N-1
+   must still read as initialised, empty: KBTP-RING-INIT, ``diagnose.initial_empty_rule``), then frees and rebinds one
    at a time past twice the ring's length, reading the whole ring after each FREE; where the freed block landed
    names the rule (``diagnose.landing_rule``: byte order, KBTP-FREE-RETURN, KBTP-RING-WRAP), a
    slot's Block Offset before that (``diagnose.block_rule``);
@@ -101,11 +102,12 @@ def diagnosed_sharing(check: C) -> C:
 
 
 def diagnosed_ring(check: C) -> C:
-    """For the shared-ring checks themselves: a hang they blame on KBTP-RING-WRAP or KBTP-RING-NO-LOSS (what the
-    completions of a ring held whole show) is blamed on the rule a DIRECT_ALLOC partition ring shows when that is
-    another (a slot never consumed after its BIND looks like a wrong wrap from the completions alone); otherwise it
+    """For the shared-ring checks themselves: a hang they blame on KBTP-RING-WRAP or KBTP-RING-NO-LOSS, or a block
+    handed out twice (KBTP-RING-NO-LOSS: what the completions of a ring held whole show), is blamed on the rule a
+    DIRECT_ALLOC partition ring shows when that is another (a slot never consumed after its BIND looks like a wrong
+    wrap from the completions alone; a slot F..N-1 not initialised empty hands out a bound block); otherwise it
     stays."""
-    return _wrap(check, (diagnose.WRAP, diagnose.NO_LOSS), readable_only=True)
+    return _wrap(check, (diagnose.WRAP, diagnose.NO_LOSS), (diagnose.NO_LOSS,), readable_only=True)
 
 
 def _wrap(check: C, waits: tuple[str, ...], outcomes: tuple[str, ...] = (), *, readable_only: bool = False) -> C:
@@ -205,8 +207,10 @@ def _partition_probe(target: TargetUnderTest, seed: int) -> Finding:
             return Finding(None, "the DIRECT_ALLOC partition has no block (Allocation Quota 0)")
         da, bs = part.ini.ack.direct_alloc, part.ini.ack.block_size
         partition = {da.partition.tagged_offset + i * bs for i in range(da.partition.count)} if da else set()
+        first = None
         for k in range(part.quota):
             ticket, slot = yield from part.take()
+            first = ticket if first is None else first
             block = yield from part.await_block(ticket, slot)
             wrong = diagnose.block_rule(block, partition, addr_le=part.ini.addr_le, where=f"slot {slot // 16} of "
                                         f"ticket {ticket}")
@@ -217,6 +221,12 @@ def _partition_probe(target: TargetUnderTest, seed: int) -> Finding:
             unconsumed = diagnose.consumed_rule(after, ticket, block, partition)
             if unconsumed is not None:
                 return Finding(unconsumed.rule, f"on the DIRECT_ALLOC partition ring: {unconsumed.evidence}")
+        if first == 0:  # a fresh ring (its Head at ticket 0): slots F..N-1 are as initialised until a FREE
+            for s in range(part.quota, part.slots):
+                got = yield from part.read_slot(RING_SLOT_SIZE * s, BOUNDED)
+                wrong = diagnose.initial_empty_rule(s, got, part.quota, part.slots)
+                if wrong is not None:
+                    return Finding(wrong.rule, f"on the DIRECT_ALLOC partition ring: {wrong.evidence}")
         for i in range(2 * part.slots + 1):
             h = sorted(part.bound)[i % part.quota]
             block = part.bound[h].block
