@@ -16,7 +16,10 @@ looks, in this order, and blames the first rule an observation breaks:
    then F == N, each free must come back to the allocation right after it (``diagnose.shared_rule``: KBTP-RING-INIT,
    KBTP-RING-WRAP, KBTP-RING-EMPTY); a block that never comes back though nothing else could explain it is
    KBTP-RING-NO-LOSS (which slot the free wrote, where the Tail started, cannot be read on a shared ring);
-3. nothing points further: the generic KBTP-QUOTA-ALLOC-BOUNDED, its message saying what could not be observed.
+3. nothing points further: the generic KBTP-QUOTA-ALLOC-BOUNDED, its message saying what could not be observed;
+   unless the target runs in another process (it keeps its rings from check to check) and an earlier check's hang
+   stayed with its refused request (KBTP-VAL-NO-EFFECT) or its deferred free (KBTP-FREE-DEFER): the block lost there
+   is still missing, and that rule is blamed where the later check may blame it.
 
 The probes run outside the check's own assertions (their steps claim nothing for the check) and once per target:
 the finding is kept for the other checks of the run. A correct target never reaches them (its allocations do not
@@ -45,6 +48,7 @@ from kvconform.verdicts import (
     TargetUnavailable,
     Violation,
     activate_check,
+    current_check,
     violation,
 )
 
@@ -72,6 +76,9 @@ class Finding:
 
 _found: dict[int, Finding] = {}  # id(TargetUnderTest) -> its finding: the probes run once per target
 _found_readable: dict[tuple[int, str], Finding] = {}  # the partition probe alone (diagnosed_ring)
+# id(a target in another process) -> (the rule an earlier check's hang stayed with, that check): such a target keeps
+# its rings from check to check, so a block lost there is still missing when a later check allocates
+_lost: dict[int, tuple[str, str]] = {}
 
 
 def diagnosed(check: C) -> C:
@@ -143,8 +150,22 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
     evidence.note(f"hang diagnosis: {finding.rule or 'no ring rule'}: {finding.text}")
     if finding.rule is None and v.requirement != BOUNDED:
         # nothing points past the deferral, the refusal or the race: the finding stays its own
+        context = current_check()
+        if target.fixed_geometry and v.requirement in (DEFER, NO_EFFECT) and WAIT_ENDED in str(v):
+            _lost.setdefault(id(target), (v.requirement, context.nodeid if context else "an earlier check"))
         violation(f"{v.what}; without it the ring was observed: {finding.text}", req=v.requirement,
                   seen=v.seen, expected=v.expected)
+    earlier = _lost.get(id(target)) if finding.rule is None and target.fixed_geometry else None
+    context = current_check()
+    if earlier is not None and (context is None or context.allows(earlier[0])):
+        # no ring rule, but the same process already lost a block to a request that should have had no effect
+        # (or a deferred free) in an earlier check: this allocation waits on that block
+        rule, where = earlier
+        violation(f"{v.what}; what the harness could observe of the rings names no rule ({finding.text}), and in an "
+                  f"earlier check of this run ({where}) an allocation of this target process hung after a "
+                  f"{'refused request' if rule == NO_EFFECT else 'deferred free'} ({rule}): the target keeps its "
+                  "rings between checks, so the block lost there is still missing", req=rule, seen=v.seen,
+                  expected=v.expected)
     if finding.rule is None:
         violation(f"{v.what}; what the harness could observe of the rings names no rule: {finding.text}", req=BOUNDED,
                   seen=v.seen, expected=v.expected)
