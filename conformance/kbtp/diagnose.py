@@ -120,6 +120,22 @@ def landing_rule(ring: Sequence[Slot | None], block: int, u: int, *, addr_le: bo
                  f"{block:#x}")
 
 
+def initial_empty_rule(slot: int, got: Slot | None, f: int, n: int) -> Blame | None:
+    """Slot ``slot`` (F <= slot < N) of a fresh ring, read before any FREE wrote it: it starts as
+    {Sequence slot - N mod 2^32, all ones} (KBTP-RING-INIT; its marker KBTP-RING-EMPTY), or the rule it breaks."""
+    if got is None:
+        return None
+    expected = ((slot - n) % TICKETS, EMPTY_BLOCK_OFFSET)
+    if got == expected:
+        return None
+    if got[0] != expected[0]:
+        return Blame(INIT, f"slot {slot} (F {f} <= {slot} < N {n}) of the fresh ring, before any free, reads "
+                     f"{_slot(got)}, not {_slot(expected)}: the allocation of ticket {slot} "
+                     f"{'takes it before any free returns a block' if got[0] == slot else 'does not wait on it'}")
+    return Blame(EMPTY, f"slot {slot} (F {f} <= {slot} < N {n}) of the fresh ring, before any free, reads "
+                 f"{_slot(got)}: its Sequence is right, but an empty slot's Block Offset is all ones")
+
+
 def consumed_rule(after: Slot | None, ticket: int, block: int, blocks: Collection[int]) -> Blame | None:
     """The slot of ``ticket`` read after its BIND (or allocation): consumed means Block Offset all ones."""
     if after is not None and after[1] == EMPTY_BLOCK_OFFSET:

@@ -7,7 +7,8 @@ what the harness can observe of the target's rings names the rule that made the 
 looks, in this order, and blames the first rule an observation breaks:
 
 1. a DIRECT_ALLOC partition ring, where the target offers one: the harness binds every block of its partition
-   (each slot must read consumed after its BIND: KBTP-RING-CONSUME, KBTP-RING-EMPTY), then frees and rebinds one
+   (each slot must read consumed after its BIND: KBTP-RING-CONSUME, KBTP-RING-EMPTY; on a fresh ring slots F..N-1
+   must still read as initialised, empty: KBTP-RING-INIT, ``diagnose.initial_empty_rule``), then frees and rebinds one
    at a time past twice the ring's length, reading the whole ring after each FREE; where the freed block landed
    names the rule (``diagnose.landing_rule``: byte order, KBTP-FREE-RETURN, KBTP-RING-WRAP), a
    slot's Block Offset before that (``diagnose.block_rule``);
@@ -15,7 +16,10 @@ looks, in this order, and blames the first rule an observation breaks:
    then F == N, each free must come back to the allocation right after it (``diagnose.shared_rule``: KBTP-RING-INIT,
    KBTP-RING-WRAP, KBTP-RING-EMPTY); a block that never comes back though nothing else could explain it is
    KBTP-RING-NO-LOSS (which slot the free wrote, where the Tail started, cannot be read on a shared ring);
-3. nothing points further: the generic KBTP-QUOTA-ALLOC-BOUNDED, its message saying what could not be observed.
+3. nothing points further: the generic KBTP-QUOTA-ALLOC-BOUNDED, its message saying what could not be observed;
+   unless the target runs in another process (it keeps its rings from check to check) and an earlier check's hang
+   stayed with its refused request (KBTP-VAL-NO-EFFECT) or its deferred free (KBTP-FREE-DEFER): the block lost there
+   is still missing, and that rule is blamed where the later check may blame it.
 
 The probes run outside the check's own assertions (their steps claim nothing for the check) and once per target:
 the finding is kept for the other checks of the run. A correct target never reaches them (its allocations do not
@@ -44,6 +48,7 @@ from kvconform.verdicts import (
     TargetUnavailable,
     Violation,
     activate_check,
+    current_check,
     violation,
 )
 
@@ -71,6 +76,9 @@ class Finding:
 
 _found: dict[int, Finding] = {}  # id(TargetUnderTest) -> its finding: the probes run once per target
 _found_readable: dict[tuple[int, str], Finding] = {}  # the partition probe alone (diagnosed_ring)
+# id(a target in another process) -> (the rule an earlier check's hang stayed with, that check): such a target keeps
+# its rings from check to check, so a block lost there is still missing when a later check allocates
+_lost: dict[int, tuple[str, str]] = {}
 
 
 def diagnosed(check: C) -> C:
@@ -101,11 +109,12 @@ def diagnosed_sharing(check: C) -> C:
 
 
 def diagnosed_ring(check: C) -> C:
-    """For the shared-ring checks themselves: a hang they blame on KBTP-RING-WRAP or KBTP-RING-NO-LOSS (what the
-    completions of a ring held whole show) is blamed on the rule a DIRECT_ALLOC partition ring shows when that is
-    another (a slot never consumed after its BIND looks like a wrong wrap from the completions alone); otherwise it
+    """For the shared-ring checks themselves: a hang they blame on KBTP-RING-WRAP or KBTP-RING-NO-LOSS, or a block
+    handed out twice (KBTP-RING-NO-LOSS: what the completions of a ring held whole show), is blamed on the rule a
+    DIRECT_ALLOC partition ring shows when that is another (a slot never consumed after its BIND looks like a wrong
+    wrap from the completions alone; a slot F..N-1 not initialised empty hands out a bound block); otherwise it
     stays."""
-    return _wrap(check, (diagnose.WRAP, diagnose.NO_LOSS), readable_only=True)
+    return _wrap(check, (diagnose.WRAP, diagnose.NO_LOSS), (diagnose.NO_LOSS,), readable_only=True)
 
 
 def _wrap(check: C, waits: tuple[str, ...], outcomes: tuple[str, ...] = (), *, readable_only: bool = False) -> C:
@@ -141,8 +150,22 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
     evidence.note(f"hang diagnosis: {finding.rule or 'no ring rule'}: {finding.text}")
     if finding.rule is None and v.requirement != BOUNDED:
         # nothing points past the deferral, the refusal or the race: the finding stays its own
+        context = current_check()
+        if target.fixed_geometry and v.requirement in (DEFER, NO_EFFECT) and WAIT_ENDED in str(v):
+            _lost.setdefault(id(target), (v.requirement, context.nodeid if context else "an earlier check"))
         violation(f"{v.what}; without it the ring was observed: {finding.text}", req=v.requirement,
                   seen=v.seen, expected=v.expected)
+    earlier = _lost.get(id(target)) if finding.rule is None and target.fixed_geometry else None
+    context = current_check()
+    if earlier is not None and (context is None or context.allows(earlier[0])):
+        # no ring rule, but the same process already lost a block to a request that should have had no effect
+        # (or a deferred free) in an earlier check: this allocation waits on that block
+        rule, where = earlier
+        violation(f"{v.what}; what the harness could observe of the rings names no rule ({finding.text}), and in an "
+                  f"earlier check of this run ({where}) an allocation of this target process hung after a "
+                  f"{'refused request' if rule == NO_EFFECT else 'deferred free'} ({rule}): the target keeps its "
+                  "rings between checks, so the block lost there is still missing", req=rule, seen=v.seen,
+                  expected=v.expected)
     if finding.rule is None:
         violation(f"{v.what}; what the harness could observe of the rings names no rule: {finding.text}", req=BOUNDED,
                   seen=v.seen, expected=v.expected)
@@ -205,8 +228,10 @@ def _partition_probe(target: TargetUnderTest, seed: int) -> Finding:
             return Finding(None, "the DIRECT_ALLOC partition has no block (Allocation Quota 0)")
         da, bs = part.ini.ack.direct_alloc, part.ini.ack.block_size
         partition = {da.partition.tagged_offset + i * bs for i in range(da.partition.count)} if da else set()
+        first = None
         for k in range(part.quota):
             ticket, slot = yield from part.take()
+            first = ticket if first is None else first
             block = yield from part.await_block(ticket, slot)
             wrong = diagnose.block_rule(block, partition, addr_le=part.ini.addr_le, where=f"slot {slot // 16} of "
                                         f"ticket {ticket}")
@@ -217,6 +242,12 @@ def _partition_probe(target: TargetUnderTest, seed: int) -> Finding:
             unconsumed = diagnose.consumed_rule(after, ticket, block, partition)
             if unconsumed is not None:
                 return Finding(unconsumed.rule, f"on the DIRECT_ALLOC partition ring: {unconsumed.evidence}")
+        if first == 0:  # a fresh ring (its Head at ticket 0): slots F..N-1 are as initialised until a FREE
+            for s in range(part.quota, part.slots):
+                got = yield from part.read_slot(RING_SLOT_SIZE * s, BOUNDED)
+                wrong = diagnose.initial_empty_rule(s, got, part.quota, part.slots)
+                if wrong is not None:
+                    return Finding(wrong.rule, f"on the DIRECT_ALLOC partition ring: {wrong.evidence}")
         for i in range(2 * part.slots + 1):
             h = sorted(part.bound)[i % part.quota]
             block = part.bound[h].block

@@ -83,6 +83,15 @@ def test_a_slot_after_its_bind() -> None:
     assert zero is not None and zero.rule == diagnose.EMPTY
 
 
+def test_an_empty_slot_before_any_free() -> None:
+    """Slot 3 of a fresh ring of F 3, N 4 starts as {Sequence 3 - N, all ones}."""
+    assert diagnose.initial_empty_rule(3, ((3 - 4) % diagnose.TICKETS, ONES), 3, 4) is None
+    init = diagnose.initial_empty_rule(3, (3, B[0]), 3, 4)  # the first lap's ticket 3 would take B0 at once
+    marker = diagnose.initial_empty_rule(3, ((3 - 4) % diagnose.TICKETS, 0), 3, 4)
+    assert init is not None and init.rule == diagnose.INIT and "before any free" in init.evidence
+    assert marker is not None and marker.rule == diagnose.EMPTY
+
+
 @pytest.mark.parametrize(("kind", "t", "f", "n", "rule"), [
     ("held", 3, 3, 4, diagnose.INIT),  # the first lap read a slot that did not start empty
     ("held", 5, 3, 4, diagnose.NO_LOSS),

@@ -1527,9 +1527,12 @@ MUTANTS: dict[str, Mutant] = {
     "BindHandleUnchecked": Mutant("kbtp-target", "KBTP-VAL-HANDLE", ("test_bind_refusals",)),
     # Blame from observed state (issue 23): the ring and free-path rules named, not the invariant they break.
     # At the declared geometry (tickets not the harness's alone) only the block handed out twice is seen.
+    # Served (one geometry), the partition of 3 in a ring of 4 has an empty slot the hang diagnosis reads
     "EmptySlotsNotInitialisedEmpty": Mutant("kbtp-target", "KBTP-RING-INIT", ("test_shared_ring_geometries",),
-                                            collateral=("KBTP-RING-NO-LOSS",)),
-    "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-INIT", ("test_shared_ring_geometries",)),
+                                            ("kbtp.target.quota=3",), collateral=("KBTP-RING-NO-LOSS",)),
+    # the masked Tail only (RFC 7306: the Slot Offset in the Tail word); unmasked (IB) the slot is 16 * (u mod N)
+    "TailNotWrappedWhenFull": Mutant("kbtp-target", "KBTP-RING-INIT", ("test_shared_ring_geometries",),
+                                     ("kbtp.target.binding=rdmap-7306",)),
     "EmptySlotsMarkedZero": Mutant("kbtp-target", "KBTP-RING-EMPTY", ("test_direct_alloc_ring_init",
                                                                       "test_direct_alloc_bind_and_free"),
                                    ("kbtp.target.quota=3",)),  # a partition of 3 in a ring of 4: one slot empty
