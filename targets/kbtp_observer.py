@@ -78,8 +78,11 @@ class ReadThrough:
     conn: str
     request_id: int
     ok: bool
-    status: str
     data: bytes  # what landed in the block (empty when the Read failed)
+
+    @property
+    def status(self) -> str:
+        return "OK" if self.ok else "failed"
 
 
 @dataclass
@@ -148,8 +151,7 @@ class ObservingTarget(ReferenceTarget):
         msg = ctx.msg
         if msg.inline is None and msg.data.length:
             data = self.pool.read(block, msg.data.length) if ok else b""
-            self.reads.append(ReadThrough(ctx.session.conn.name, msg.request_id, ok, "OK" if ok else "failed",
-                                          bytes(data)))
+            self.reads.append(ReadThrough(ctx.session.conn.name, msg.request_id, ok, bytes(data)))
         return ok
 
     def on_hello(self, s: Any, msg: Hello) -> Any:

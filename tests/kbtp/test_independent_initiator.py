@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.clean_runs import WIRE, assert_clean
+from tests.kbtp.test_pics_grid import pool
 from tests.lanes import grid_point
 from tests.mutants.runner import Run, run_suite
 from tests.spawn import covering
@@ -35,11 +36,6 @@ RUN_TIMEOUT_S = 300.0
 RDMAP_ALL = "kbtp.initiator.features=[DIRECT_LOAD, DIRECT_ALLOC, ADDR_LE]"
 IB_ALL = "kbtp.initiator.features=[DIRECT_LOAD, DIRECT_ALLOC, RECORD_COMPLETION, ADDR_LE]"
 IB = "kbtp.initiator.binding=ib-rc"
-
-
-def _pool(blocks: int, shared: int, slots: int, block_size: int = 4096) -> str:
-    return (f"kbtp.target.pool={{block_size: {block_size}, blocks: {blocks}, shared_blocks: {shared}, "
-            f"ring_slots: {slots}}}")
 
 
 # name -> (PICS over the mutants testbed's defaults: rdmap-7306 with DIRECT_LOAD, DIRECT_ALLOC, ADDR_LE; sampled)
@@ -63,9 +59,9 @@ GRID: dict[str, tuple[tuple[str, ...], bool]] = {
     # Max Inline at both ends: every store by RDMA Read; stores of 2000 octets inline (test_single_use_stags)
     "max-inline-0": (("kbtp.target.max_inline=0",), False),
     "max-inline-4096": (("kbtp.target.max_inline=4096",), True),
-    "blocks-of-512": ((_pool(8, 5, 8, block_size=512), "kbtp.initiator.features=[DIRECT_LOAD, ADDR_LE]"), False),
-    "blocks-of-256": ((_pool(22, 6, 8, block_size=256),), False),
-    "shared-ring-of-2": ((_pool(22, 2, 2),), False),
+    "blocks-of-512": ((pool(8, 5, 8, block_size=512), "kbtp.initiator.features=[DIRECT_LOAD, ADDR_LE]"), False),
+    "blocks-of-256": ((pool(22, 6, 8, block_size=256),), False),
+    "shared-ring-of-2": ((pool(22, 2, 2),), False),
     "no-invalidate": (("kbtp.initiator.requests_invalidate=false",), False),
     "wide-sweep": ((), False),  # every Request Credits value of test_request_credits (--sweep wide)
 }

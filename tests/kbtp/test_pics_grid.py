@@ -26,7 +26,7 @@ IB = "kbtp.target.binding=ib-rc"
 FEW_INTERLEAVINGS = "kbtp.target.interleavings=4"
 
 
-def _pool(blocks: int, shared: int, slots: int, block_size: int = 4096) -> str:
+def pool(blocks: int, shared: int, slots: int, block_size: int = 4096) -> str:
     return (f"kbtp.target.pool={{block_size: {block_size}, blocks: {blocks}, shared_blocks: {shared}, "
             f"ring_slots: {slots}}}")
 
@@ -35,10 +35,10 @@ TARGET_GRID: dict[str, tuple[str, ...]] = {
     "quota-1": ("kbtp.target.quota=1",),
     "quota-3": ("kbtp.target.quota=3",),
     "quota-4": ("kbtp.target.quota=4",),
-    "shared-ring-of-2": (_pool(22, 2, 2),),
-    "F-eq-N-4": (_pool(20, 4, 4),),
-    "F-eq-N-8": (_pool(24, 8, 8),),
-    "F-lt-N-small-blocks": (_pool(8, 5, 8, block_size=512), "kbtp.target.features=[DIRECT_LOAD, ADDR_LE]"),
+    "shared-ring-of-2": (pool(22, 2, 2),),
+    "F-eq-N-4": (pool(20, 4, 4),),
+    "F-eq-N-8": (pool(24, 8, 8),),
+    "F-lt-N-small-blocks": (pool(8, 5, 8, block_size=512), "kbtp.target.features=[DIRECT_LOAD, ADDR_LE]"),
     "one-initiator": ("kbtp.target.max_initiators=1",),
     "two-initiators-quota-3": ("kbtp.target.max_initiators=2", "kbtp.target.quota=3"),
     "three-initiators-quota-1": ("kbtp.target.max_initiators=3", "kbtp.target.quota=1"),
@@ -60,9 +60,9 @@ INITIATOR_GRID: dict[str, tuple[str, ...]] = {
     "quota-1": ("kbtp.target.quota=1",),
     "quota-3": ("kbtp.target.quota=3",),
     "quota-4": ("kbtp.target.quota=4",),
-    "shared-ring-of-2": (_pool(22, 2, 2),),
-    "shared-ring-of-2-direct-load-only": (_pool(22, 2, 2), "kbtp.initiator.features=[DIRECT_LOAD]"),
-    "F-eq-N-4": (_pool(20, 4, 4),),
+    "shared-ring-of-2": (pool(22, 2, 2),),
+    "shared-ring-of-2-direct-load-only": (pool(22, 2, 2), "kbtp.initiator.features=[DIRECT_LOAD]"),
+    "F-eq-N-4": (pool(20, 4, 4),),
     "one-initiator": ("kbtp.target.max_initiators=1",),
     "ib-all": ("kbtp.initiator.binding=ib-rc", ALL_IB.replace("target", "initiator")),
     "ib-no-feature-quota-1": ("kbtp.initiator.binding=ib-rc", "kbtp.initiator.features=[]", "kbtp.target.quota=1"),
@@ -73,7 +73,7 @@ INITIATOR_GRID: dict[str, tuple[str, ...]] = {
 # samples Max Inline 4096 against the independent initiator in the default run.
 INITIATOR_GEOMETRIES: dict[str, tuple[str, ...]] = {
     "max-inline-4096": ("kbtp.target.max_inline=4096",),
-    "blocks-of-256": (_pool(22, 6, 8, block_size=256),),
+    "blocks-of-256": (pool(22, 6, 8, block_size=256),),
 }
 
 

@@ -20,7 +20,7 @@ from kvconform.kbtp.constants import FLAGS_OF_OPCODE, Features, Opcode, RequestF
 from kvconform.kbtp.messages import AllocStore, Free, Goodbye, Hello, HelloAck, Load, Store
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_client import Gen, precise
-from kvconform.targets.kbtp_observer import Exposed, InitiatorBed, Received, exposed_stags, stags_observable
+from kvconform.targets.kbtp_observer import Exposed, InitiatorBed, exposed_stags, stags_observable
 from kvconform.verdicts import HarnessBug, check, inconclusive, not_applicable
 
 
@@ -430,7 +430,7 @@ def test_exposes_only_described_buffers(kbtp_initiator: InitiatorUnderTest, requ
     named: dict[int, list[tuple[int, int]]] = {}
     snapshots: list[tuple[str, tuple[Exposed, ...]]] = []
     for rec in request_run.bed.messages()[1:]:
-        for stag, to, length in _descriptors(rec):
+        for _what, stag, to, length in exposure.spans_of(rec.message):
             named.setdefault(stag, []).append((to, length))
         snapshots.append((f"when {type(rec.message).__name__ if rec.message else 'a message'} arrived", rec.exposed))
         _judge_exposure(named, snapshots[-1])
@@ -450,19 +450,6 @@ def _probe_scenario(bed: InitiatorBed) -> Gen:
     r = yield from bed.op(ep.alloc_store(ep.handle_base, data, seal=True))
     yield from bed.op(ep.load(ep.handle_base, 1024, generation=r.generation))
     yield from bed.op(ep.goodbye(False))
-
-
-def _descriptors(rec: Received) -> list[tuple[int, int, int]]:
-    """(STag, Tagged Offset, Length) of every buffer the message's descriptors name (a completion record slot is
-    24 octets)."""
-    m = rec.message
-    out = []
-    if isinstance(m, Load) or (isinstance(m, AllocStore | Store) and m.inline is None):
-        out.append((m.data.stag, m.data.tagged_offset, m.data.length))
-    completion = getattr(m, "completion", None)
-    if completion is not None:
-        out.append((completion.stag, completion.tagged_offset, 24))
-    return out
 
 
 def _judge_exposure(named: dict[int, list[tuple[int, int]]], snapshot: tuple[str, tuple[Exposed, ...]]) -> None:
