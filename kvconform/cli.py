@@ -29,7 +29,7 @@ from kvconform.components import COMPONENTS, SUMMARIES, component
 from kvconform.targets.registry import ROLES, url_schemes
 from kvconform.targets.spec import TargetError, parse_target
 from kvconform.targets.testbed import TestbedError, load_testbed
-from kvconform.verdicts import GATING_LEVELS, STRICT_LEVELS
+from kvconform.verdicts import GATING_LEVELS, STRICT_LEVELS, TargetUnavailable
 
 __all__ = ["discover_suites", "main", "select_suites"]
 
@@ -123,6 +123,14 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         target = parse_target(args.target, testbed, args.pics_set)
     except (TargetError, TestbedError) as exc:
         raise UsageError(str(exc)) from exc
+    if args.kbtp_harness_link:
+        if target.kind != "cmd":
+            raise UsageError(f"--kbtp-harness-link: the initiator {target.name} is not a cmd: process the harness "
+                             "reaches over RoCEv2")
+        try:  # imported only here: the wire bindings are no part of the command line's start-up
+            importlib.import_module("kvconform.targets.kbtp_wire").harness_link(args.kbtp_harness_link)
+        except TargetUnavailable as exc:
+            raise UsageError(str(exc)) from exc
     if args.sim_faults and target.kind != "sim":
         raise UsageError(f"--sim-faults: target {target.name} is not on the deterministic transport (sim:...)")
     if target.kind == "sim" and args.n not in (None, "0", "1"):
@@ -177,6 +185,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         pytest_args += ["--kvconform-kbtp-wire", args.kbtp_wire]
     if args.impair:
         pytest_args += ["--kvconform-impair", args.impair]
+    if args.kbtp_harness_link:
+        pytest_args += ["--kvconform-kbtp-harness-link", args.kbtp_harness_link]
     if args.sim_faults:
         pytest_args += ["--kvconform-sim-faults", args.sim_faults]
     pytest_args += ["--kvconform-capture", args.capture, "--kvconform-capture-with", args.capture_with]
@@ -496,6 +506,10 @@ def _parser(help_text: bool = True) -> argparse.ArgumentParser:
                      help="in-process KBTP targets and initiators (reference, python:) over the emulated fabric "
                           "(default) or that wire format on loopback sockets; kbtp+iwarp:// and kbtp+roce:// "
                           "targets always use their own")
+    run.add_argument("--kbtp-harness-link", default=None, metavar="ether=LOCAL,PEER&address=IP",
+                     help="with a cmd: KBTP initiator on a RoCEv2 segment of its own (a VM's rxe reached through "
+                          "a qemu socket netdev): the link the harness's target sends and receives its frames on, "
+                          "the query of kbtp+roce:// (docs/interop-rdma.md)")
     run.add_argument("--impair", type=name_values, default=None, metavar="SPEC",
                      help="impair the harness's KBTP wire links in both directions, seeded and replayable: "
                           "loss=0.01,reorder=0.01,dup=0.01,delay=5ms,seed=S (also split=P, hold=, rto=); RoCEv2 "

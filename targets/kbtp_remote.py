@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvconform import evidence
@@ -17,8 +18,9 @@ from kvconform.kbtp.constants import Features, Status
 from kvconform.rdma import ConnState, Node, sleep, wait_until
 from kvconform.targets.kbtp import TargetParams
 from kvconform.targets.kbtp_client import Ended, HarnessInitiator
+from kvconform.verdicts import current_check
 
-__all__ = ["RELEASE_BUDGET_S", "RemoteDriver", "RemoteTarget"]
+__all__ = ["RELEASE_BUDGET_S", "Released", "RemoteDriver", "RemoteTarget"]
 
 # A target may still count the old connection live for a while after it closed (longer across a VM's NAT): the
 # release retries for this long, backing off from 10 ms to 250 ms
@@ -26,11 +28,26 @@ RELEASE_BUDGET_S = 5.0
 RELEASE_WAIT_S = 2.0
 
 
+@dataclass(frozen=True)
+class Released:
+    """A session the harness ended with GOODBYE RELEASE after a check, and the handle range it held: after it
+    the target holds no binding in that range (KBTP-GOODBYE-RELEASE) until a later session binds one."""
+
+    initiator_id: bytes
+    handle_base: int
+    handle_count: int
+    check: str
+
+    def holds(self, handle: int) -> bool:
+        return self.handle_base <= handle < self.handle_base + self.handle_count
+
+
 class RemoteDriver(Protocol):
-    """Where a remote target listens, and the fabric that reaches it."""
+    """Where a remote target listens, the fabric that reaches it, and the sessions released on it so far."""
 
     host: str
     port: int
+    released: list[Released]
 
     def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any: ...
 
@@ -81,8 +98,13 @@ class RemoteTarget:
                             yield from sleep(pause)
                             return False
                         ini.goodbye(release=True)
-                        yield from wait_until(lambda: conn.state is not ConnState.CONNECTED, name="released",
-                                              timeout=RELEASE_WAIT_S)
+                        closed = yield from wait_until(lambda: conn.state is not ConnState.CONNECTED,
+                                                       name="released", timeout=RELEASE_WAIT_S)
+                        if closed:  # the target ended the session: from now on the range holds no binding
+                            context = current_check()
+                            self.driver.released.append(Released(ini.initiator_id, ack.handle_base,
+                                                                 ack.handle_count,
+                                                                 context.nodeid if context else bed.label))
                         return True
 
                     handle = fab.spawn(name, release())

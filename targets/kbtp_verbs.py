@@ -29,7 +29,7 @@ from kvconform.targets.kbtp import (
     TargetEndpoint,
     TargetParams,
 )
-from kvconform.targets.kbtp_remote import RemoteTarget
+from kvconform.targets.kbtp_remote import Released, RemoteTarget
 from kvconform.verdicts import TargetUnavailable
 
 
@@ -96,6 +96,7 @@ class VerbsRemoteTargetDriver(VerbsDevice):
         super().__init__(device, address=local)
         self.host = host
         self.port = port  # the target's TCP port (its out-of-band exchange or rdma_cm listener)
+        self.released: list[Released] = []  # sessions the harness released on it (RemoteTarget)
 
     @classmethod
     def from_url(cls, url: str) -> VerbsRemoteTargetDriver:

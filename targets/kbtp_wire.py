@@ -25,7 +25,7 @@ from kvconform.rdma.profiles import Binding
 from kvconform.rdma.roce.ethernet import LinkError, LinkSpec
 from kvconform.rdma.wire.fabric import WireFabric
 from kvconform.targets.kbtp import OpResult, TargetEndpoint, TargetParams
-from kvconform.targets.kbtp_remote import RemoteTarget
+from kvconform.targets.kbtp_remote import Released, RemoteTarget
 from kvconform.targets.kbtp_verbs import VerbsRemoteTargetDriver
 from kvconform.targets.process import Process, fill_template
 from kvconform.verdicts import TargetUnavailable
@@ -59,6 +59,7 @@ class WireTargetDriver:
         self.port = port
         self.link = link  # RoCEv2 as Ethernet frames over a qemu socket netdev (kvconform.rdma.roce.ethernet)
         self.rtr_delay_ms = rtr_delay_ms  # iWARP: the RTR this long after the MPA Reply (a siw race, interop-rdma #10)
+        self.released: list[Released] = []  # sessions the harness released on it (RemoteTarget)
 
     @classmethod
     def from_url(cls, url: str) -> WireTargetDriver:
@@ -121,11 +122,12 @@ CONNECT_WAIT_S = 15.0  # from start to its connection being set up
 
 # The harness target's RoCEv2 link when the initiator under test is on a segment of its own (the testbed VM's
 # rxe1): ``ether=LOCAL,PEER&address=IP``, the query of ``kbtp+roce://`` (kvconform.rdma.roce.ethernet)
-HARNESS_LINK_ENV = "KVCONFORM_KBTP_HARNESS_LINK"
+HARNESS_LINK_OPTION = "--kbtp-harness-link"
 
 
 def harness_link(text: str | None) -> LinkSpec | None:
-    """The LinkSpec of a ``ether=LOCAL,PEER&address=IP`` text (None for none); TargetUnavailable naming it."""
+    """The LinkSpec of a ``ether=LOCAL,PEER&address=IP`` text (None for none); TargetUnavailable naming the
+    option."""
     if not text:
         return None
     query = {k: v[-1] for k, v in parse_qs(text, keep_blank_values=True).items()}
@@ -134,19 +136,20 @@ def harness_link(text: str | None) -> LinkSpec | None:
             raise LinkError("expected ether=LOCAL,PEER&address=IP")
         return LinkSpec.parse(query["ether"], query["address"])
     except LinkError as exc:
-        raise TargetUnavailable(f"{HARNESS_LINK_ENV}={text!r}: {exc}") from None
+        raise TargetUnavailable(f"{HARNESS_LINK_OPTION} {text!r}: {exc}") from None
 
 
 class CmdInitiatorDriver:
     """kbtp-initiator driver of a process under the cmd: contract (kvconform.kbtp.control, docs/kbtp-wire.md).
 
     Placeholders: ``{target}`` (always), ``{initiator_id}`` and ``{features}`` (optional). The harness target
-    listens on 127.0.0.1; over RoCEv2 its packets go through the host's kernel, or over the link that
-    ``$KVCONFORM_KBTP_HARNESS_LINK`` names (an initiator on a VM's rxe: the lane's bridge, testbeds/rdma_vm/bridge.py).
+    listens on 127.0.0.1; over RoCEv2 its packets go through the host's kernel, or over ``link`` (`kvconform run
+    --kbtp-harness-link`: an initiator on a VM's rxe, the lane's bridge, testbeds/rdma_vm/bridge.py).
     """
 
     def __init__(self, template: str) -> None:
         self.template = template
+        self.link: LinkSpec | None = None  # the harness target's RoCEv2 link (None: the host's UDP sockets)
         self._fill = fill_template
         self._process = Process
 
@@ -155,8 +158,10 @@ class CmdInitiatorDriver:
 
     def make_fabric(self, params: TargetParams, *, trace: bool = False) -> Any:
         wire = wire_of(params.profile)
-        link = harness_link(os.environ.get(HARNESS_LINK_ENV)) if wire == "roce" else None
-        return WireFabric(params.profile, binding=wire, trace=trace, link=link)  # type: ignore[arg-type]
+        if self.link is not None and wire != "roce":
+            raise TargetUnavailable(f"{HARNESS_LINK_OPTION} is a RoCEv2 link: the initiator's binding "
+                                    f"{params.binding} is not RoCEv2")
+        return WireFabric(params.profile, binding=wire, trace=trace, link=self.link)  # type: ignore[arg-type]
 
     def start(self, fabric: Fabric, node: Node, conn: Any, params: Any) -> Any:
         raise TypeError("a cmd: initiator is launched (CmdInitiatorDriver.launch), not placed on a node")

@@ -100,8 +100,21 @@ def test_the_harness_link_is_the_query_of_kbtp_roce() -> None:
     link = harness_link("ether=127.0.0.1:1000,127.0.0.1:1001&address=10.78.0.1")
     assert link is not None and link.address == "10.78.0.1" and link.peer == ("127.0.0.1", 1001)
     assert harness_link("") is None
-    with pytest.raises(TargetUnavailable, match="KVCONFORM_KBTP_HARNESS_LINK"):
+    with pytest.raises(TargetUnavailable, match="--kbtp-harness-link"):
         harness_link("ether=127.0.0.1:1000")
+
+
+@covering(60, 60)
+def test_the_harness_link_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
+    """`kvconform run --kbtp-harness-link` names itself when the initiator under test is not a cmd: process over
+    RoCEv2, and when its text is no link."""
+    link = ("--kbtp-harness-link", "ether=127.0.0.1:1000,127.0.0.1:1001&address=10.78.0.1")
+    run = run_suite("kbtp-initiator", "reference", tmp_path / "ref", extra=link, timeout=60)
+    assert run.code == 2 and "--kbtp-harness-link: the initiator reference is not a cmd: process" in run.output, \
+        run.output
+    run = run_suite("kbtp-initiator", f"cmd:{sys.executable} -c pass {{target}}", tmp_path / "bad",
+                    extra=("--kbtp-harness-link", "ether=127.0.0.1:1000"), timeout=60)
+    assert run.code == 2 and "--kbtp-harness-link 'ether=127.0.0.1:1000'" in run.output, run.output
 
 
 @covering(30, 30, 30)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvconform.targets.kbtp_wire import HARNESS_LINK_ENV
 from kvconform.testbeds.rdma_vm.build import Artefacts
 from kvconform.testbeds.rdma_vm.netem import META_ENV, Netem, vm_env
 from kvconform.testbeds.rdma_vm.vm import VM, Links
@@ -177,34 +176,34 @@ def facing_runs(image: Artefacts, keep: Path, *, roles: tuple[str, ...] = ("targ
     # the host's runs record what the link did in their coverage.json (the in-VM script exports it for its own)
     noted = None if netem is None else {**spawn_env(), META_ENV: netem.describe("the VM's NICs facing the host "
                                                                                  "(what the VM sends)")}
-    runs: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], float, dict[str, str] | None]] = {}
+    runs: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], float, tuple[str, ...]]] = {}
     if "target" in roles:
         runs["host-roce-to-rxe1"] = ("kbtp-target", f"kbtp+roce://127.0.0.1:{ports.rxe}?ether={ports.ether}&"
-                                     f"address={HOST_ADDRESS}", ROCE_PICS, checks, SUITE_S, noted)
+                                     f"address={HOST_ADDRESS}", ROCE_PICS, checks, SUITE_S, ())
         runs["host-iwarp-to-siw1"] = ("kbtp-target", f"kbtp+iwarp://127.0.0.1:{ports.siw}?rtr_delay_ms="
-                                      f"{SIW_RTR_DELAY_MS}", IWARP_PICS, checks, SUITE_S, noted)
+                                      f"{SIW_RTR_DELAY_MS}", IWARP_PICS, checks, SUITE_S, ())
     if "initiator" in roles:
         # rxe1 reaches the harness target's RoCEv2 packets on the segment (its out-of-band exchange and siw1's
         # rdma_cm stream go through qemu's user-mode network to the host's 127.0.0.1)
-        link = {**(noted or spawn_env()), HARNESS_LINK_ENV: f"ether={ports.ether}&address={HOST_ADDRESS}"}
+        link = ("--kbtp-harness-link", f"ether={ports.ether}&address={HOST_ADDRESS}")
         runs["rxe1-to-host-roce"] = ("kbtp-initiator", bridge_command(ports.bridge, "ib-rc"),
                                      _initiator_pics("ib-rc", ROCE_FEATURES), ROCE_INITIATOR_CHECKS, INITIATOR_SUITE_S,
                                      link)
         runs["siw1-to-host-iwarp"] = ("kbtp-initiator", bridge_command(ports.bridge, "rdmap-5040"),
                                       _initiator_pics("rdmap-5040", IWARP_FEATURES), IWARP_INITIATOR_CHECKS,
-                                      INITIATOR_SUITE_S, noted)
+                                      INITIATOR_SUITE_S, ())
     out: dict[str, Any] = {}
     with VM(image, links=ports.links) as machine:
         try:
             machine.start(f"{vm_env(netem)}sh testbeds/rdma-vm/interop-serve.sh 3000", on_line=console)
             ready = machine.wait_for(r"INTEROP-(SERVING|FAIL)", READY_S)
             assert ready[1] == "SERVING", "\n".join(machine.lines[-40:])
-            for name, (suite, url, pics, checks, bound, env) in runs.items():
+            for name, (suite, url, pics, checks, bound, extra) in runs.items():
                 rdir = keep / name
                 budget = (f"kbtp.target.race_budget_s={FACING_RACE_BUDGET_S}",) if suite == "kbtp-target" else ()
                 start = time.monotonic()
                 run = run_suite(suite, url, rdir, pics=(*pics, *budget), checks=checks, testbed=VM_TESTBED,
-                                timeout=bound, env=env)
+                                timeout=bound, env=noted, extra=extra)
                 seconds = time.monotonic() - start
                 print(f"facing run {name}: exit {run.code} in {seconds:.0f} s", flush=True)
                 out[name] = {"run": run, "url": url, "dir": rdir, "seconds": seconds}

@@ -17,7 +17,7 @@ import pytest
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect, hangs
-from kvconform.conformance.kbtp.prepared import PREPARED, prepare_handles
+from kvconform.conformance.kbtp.prepared import KEPT_BINDING, PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Opcode, RequestFlags, Status
 from kvconform.kbtp.layers import KBTP, KBTPLoad, craft
@@ -232,6 +232,7 @@ CASES = [
 @pytest.mark.req("KBTP-VAL-NO-EFFECT", "KBTP-STATUS-CODES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
                  "KBTP-LOAD-COMPLETE")
 @hangs.diagnosed
+@pytest.mark.blames(KEPT_BINDING)
 def test_validation(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A request that fails one validation rule completes with a Status the text defines, the rule's, and has
     no other effect: the prepared handles keep their data and Generation."""
@@ -243,7 +244,7 @@ def test_validation(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None
         ack = yield from bed.open(a)
         if len(case.needs) > ack.allocation_quota:
             not_applicable(f"Allocation Quota {ack.allocation_quota}: the case needs {len(case.needs)} bound handle(s)")
-        gens = yield from prepare_handles(a, case.needs)
+        gens = yield from prepare_handles(kbtp_target, a, case.needs)
         gen = gens[case.needs[0]] % 0xFFFF + 1 if "stale" in case.id else 0  # +1 skipping zero: never the entry's
         reply = yield from case.send(a, gen, req)
         acceptable = {case.expected}

@@ -24,7 +24,7 @@ import pytest
 
 from kvconform import evidence, sweep
 from kvconform.conformance.kbtp import expect, hangs
-from kvconform.conformance.kbtp.prepared import PREPARED, prepare_handles
+from kvconform.conformance.kbtp.prepared import KEPT_BINDING, PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import AllocStore, Bind, Free, Load, Store
@@ -283,13 +283,15 @@ def _judge(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
         q = ack.allocation_quota
         if len(case.needs) > q or (case.allocates and q < 1):
             not_applicable(f"Allocation Quota {q}: the case needs {len(case.needs)} bound handle(s)")
-        if case.expected != Status.OK and q:
+        control = [a.handle(ack.handle_count - 1 - i) for i in range(q)] if case.expected != Status.OK else []
+        if control:
             # Control: the whole quota cycles the ring before any refusal. A ring that loses blocks by itself
             # fails here, blamed on the allocation bound, so the drain after the refusal blames R_EFFECT only
             # for what the refusal did.
-            yield from _rounds(a, [a.handle(ack.handle_count - 1 - i) for i in range(q)], _ring_slots(kbtp_target),
+            yield from _rounds(a, control, _ring_slots(kbtp_target),
                                "nothing yet (the control round before the refusal)", req="KBTP-QUOTA-ALLOC-BOUNDED")
-        gens = yield from prepare_handles(a, case.needs)
+        gens = yield from prepare_handles(kbtp_target, a, case.needs,
+                                          first_use=not {a.handle(h) for h in case.needs} & set(control))
         c = Ctx(a, bs, ack.max_inline, gens[case.needs[0]] if case.needs else 0)
         dst = None
         if isinstance(case.build, tuple):
@@ -334,6 +336,7 @@ def _params(cases: list[Case]) -> list[Any]:
 
 @pytest.mark.parametrize("case", _params(PATH_CASES))
 @hangs.diagnosed_refusal
+@pytest.mark.blames(KEPT_BINDING)
 def test_rule_on_every_path(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """A rule broken on each path it applies to (inline and RDMA Read for stores, a guarded larger buffer for
     loads) completes with the rule's Status and has no other effect: prepared handles, guard octets, the
@@ -343,6 +346,7 @@ def test_rule_on_every_path(case: Case, kbtp_target: TargetUnderTest, seed: int)
 
 @pytest.mark.parametrize("case", _params(VALUE_CASES))
 @hangs.diagnosed_refusal
+@pytest.mark.blames(KEPT_BINDING)
 def test_field_value_classes(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     """Each request field through its value classes (off by one, zero, all ones, values a narrowed comparison
     confuses with a legal one, the legal boundary itself): the Status the text gives that value, and no

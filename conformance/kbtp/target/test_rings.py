@@ -25,7 +25,7 @@ import pytest
 
 from kvconform import sweep
 from kvconform.conformance.kbtp import diagnose, expect, hangs
-from kvconform.conformance.kbtp.blackbox import Partition, Reqs, open_partition
+from kvconform.conformance.kbtp.blackbox import TICKETS, Partition, Reqs, open_partition
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, Features, Status
 from kvconform.targets.kbtp_bed import Bed
@@ -168,6 +168,27 @@ def _tail_start_or_tail_slots(kbtp_target: TargetUnderTest, seed: int, f: int, n
                   req=diagnose.INIT, seen=v.seen, expected=v.expected)
 
 
+def _shared_free_completes(kbtp_target: TargetUnderTest, seed: int) -> bool:
+    """Whether an ALLOC_STORE and a FREE on the target's shared ring (a session without DIRECT_ALLOC) complete OK."""
+    bed = kbtp_target.bed(seed, label="ring-free-control")
+    a = bed.initiator("C")
+
+    def control() -> Gen:
+        ack = yield from a.hello(Features(0), allow_end=True)
+        if isinstance(ack, Ended) or ack.status != Status.OK or not ack.allocation_quota:
+            return False
+        r = yield from a.alloc_store(a.handle(0), b"free-control", req=R_RING, allow_end=True)
+        if isinstance(r, Ended) or r.status != Status.OK:
+            return False
+        freed = yield from a.free(a.handle(0), req=R_RING)
+        return not isinstance(freed, Ended) and freed.status == Status.OK
+
+    try:
+        return bool(bed.run_one(control()))
+    except Violation:
+        return False
+
+
 def _cycle(bed: Bed, holders: list[tuple[HarnessInitiator, int]], f: int, n: int, *, fresh: bool) -> Gen:
     """Bind every block (each holder its quota), then free and rebind one handle at a time, round the holders,
     until more than 2N tickets went through the ring. With the whole ring held, each free leaves exactly one block
@@ -267,6 +288,9 @@ def _why(rule: str, t: int, f: int, n: int) -> str:
 
 def _partition_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, serves: str) -> None:
     """The point on the DIRECT_ALLOC partition ring, whose F is the quota and whose N HELLO_ACK announces."""
+    # before the partition's frees (a target may not survive a first free that goes wrong): whether a FREE
+    # completes on the shared ring, which tells a wrong Tail start from a broken free path
+    free_works = _shared_free_completes(kbtp_target, seed)
     bed = kbtp_target.bed(seed, label=f"ring-partition-F{f}-N{n}")
     seen: dict[str, Any] = {}
 
@@ -279,15 +303,28 @@ def _partition_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, ser
             return
         for k in range(f):
             yield from part.alloc(bytes([0x50, k]) * 4)
+        # the first FetchAdd on the Head returned Ticket 0: the ring was at its initialisation
+        seen["initial"] = part.tail == part.quota % TICKETS
         tickets, i = f, 0
         while tickets <= 2 * n:
             h = sorted(part.bound)[i % f]
             yield from part.free(h)
+            seen["freed"] = True
             yield from part.alloc(bytes([0x51, tickets & 0xFF]) * 4)
             tickets += 1
             i += 1
 
-    bed.run_one(scenario())
+    try:
+        bed.run_one(scenario())
+    except Violation as v:
+        if v.requirement == R_RING and seen.get("initial") and not seen.get("freed") and free_works:
+            # No FetchAdd has advanced the Tail yet: the Slot Offset the first free gets is the Tail's initial one
+            # (KBTP-RING-INIT); the wrap (KBTP-RING-WRAP) has not come into play
+            violation(f"{v.what}: the first FREE on the partition ring (F {f}, N {n}), observed at its "
+                      "initialisation (the Head's first FetchAdd returned Ticket 0), failed, while a FREE on the "
+                      "target's shared ring completes: before any FetchAdd advanced it, the Tail's Slot Offset must "
+                      f"be 16 * (F mod N) = {16 * (f % n)}", req=diagnose.INIT, seen=v.seen, expected=v.expected)
+        raise
     if (seen["f"], seen["n"]) != (f, n):
         not_applicable(f"the target serves one geometry, declared: {serves}, and DIRECT_ALLOC partitions of F "
                        f"{seen['f']}, N {seen['n']} (HELLO_ACK); the point F {f}, N {n} ({boundary(f, n)}) is neither")
