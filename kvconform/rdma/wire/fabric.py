@@ -144,7 +144,9 @@ class _Memory:
         return refusal
 
     def note(self, what: str, **args: Any) -> None:
-        self._fabric.runtime.note(self._conn, what, **args)
+        rt = self._fabric.runtime
+        if rt.tracing:  # (a few per packet: the arguments are passed on only when something records them)
+            rt.note(self._conn, what, **args)
         if what == "deliver" and self._endpoint is not None and self._endpoint.on_deliver is not None:
             self._endpoint.on_deliver()  # the engine delivers a receive now, before the next arrival is placed
 
