@@ -1,7 +1,7 @@
 """KBTP over the wire bindings, against the emulated fabric in the same run (issue 12).
 
     python bench/bench_kbtp_wire.py [--quick] [--ops N] [--repeat R] [--blocks 4096,32768] [--json FILE]
-        [--verbs rxe0,siw0 [--verbs-address 10.77.0.1]]
+        [--only roce,roce-served] [--verbs rxe0,siw0 [--verbs-address 10.77.0.1]]
 
 Operations/s and MB/s of LOAD, ALLOC_STORE (Data Descriptor path: the target RDMA Reads the block) and FREE by
 one reference initiator against the reference target (`bench_kbtp.kbtp_rates`, the same workload) on:
@@ -234,9 +234,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window-budget", type=float, default=20.0, help="seconds per black-box check and fabric")
     p.add_argument("--served", action="store_true", help="add the target in a process of its own: "
                    + ", ".join(SERVED))
+    p.add_argument("--only", default="", help="just these rows and race-window fabrics (comma-separated, of "
+                   + ", ".join((*BINDINGS, *SERVED)) + "); emulated always runs: the ratios are to it")
     p.add_argument("--verbs", default="", help="verbs devices to add (e.g. rxe0,siw0): a kernel RDMA stack needed")
     p.add_argument("--verbs-address", default=None, help="an address of the iWARP devices' netdev (rdma_cm)")
     args = p.parse_args(argv)
+    unknown = set(filter(None, args.only.split(","))) - {*BINDINGS, *SERVED}
+    if unknown:
+        p.error(f"--only: unknown bindings {sorted(unknown)}")
     base = QUICK if args.quick else DEFAULTS
     args.ops = args.ops or base["ops"]
     args.repeat = args.repeat or base["repeat"]
@@ -249,9 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     table: dict[str, dict[str, dict[str, Measure]]] = {}
     cpu: dict[str, dict[str, tuple[float, float]]] = {}  # CPU us/op: (this process, the served target)
-    served = SERVED if args.served else ()
+    wanted = {"emulated", *args.only.split(",")} if args.only else {*BINDINGS, *(SERVED if args.served else ())}
+    verbs = [f"verbs:{d}" for d in filter(None, args.verbs.split(","))]
     for block in (int(b) for b in args.blocks.split(",")):
-        for binding in (*BINDINGS, *served, *(f"verbs:{d}" for d in filter(None, args.verbs.split(",")))):
+        for binding in (*(b for b in (*BINDINGS, *SERVED) if b in wanted), *verbs):
             total = 3 * args.ops * args.repeat
             c0 = time.process_time()
             try:
@@ -292,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'window':<15}{'fabric':<10}{'opened':>8}{'attempts':>10}{'seconds':>9}{'opened/s':>10}"
               f"{'x emulated':>12}")
         for window in WINDOWS:
-            for fabric in WINDOW_BINDINGS:
+            for fabric in (f for f in WINDOW_BINDINGS if f in wanted):
                 w = windows.setdefault(window, {})[fabric] = window_rate(window, fabric, args.windows,
                                                                          args.window_budget)
                 emu = windows[window].get("emulated")

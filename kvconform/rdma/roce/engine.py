@@ -68,6 +68,7 @@ from kvconform.rdma.roce.qp import QpInfo
 
 _HALF = 1 << 23
 _ATOMICS = (Op.FETCH_ADD, Op.COMP_SWAP)
+_READ_LIKE = (Op.RDMA_READ, *_ATOMICS)  # the requests whose responses carry data, max_rd_atomic of them (§4.6)
 _PADS = (b"", bytes(1), bytes(2), bytes(3))
 
 # requester side: the status and the RDMAP-style Terminate a NAK code turns into (§4.5, rdma/engine.py)
@@ -399,11 +400,11 @@ class RoceEngine:
             if req.sent or req.status is not None:
                 continue
             wr = req.wr
-            if wr.fence and any(r.status is None and r.sent and r.wr.op in (Op.RDMA_READ, *_ATOMICS)
+            if wr.fence and any(r.status is None and r.sent and r.wr.op in _READ_LIKE
                                 for r in self._wrs):
                 return  # verbs IBV_SEND_FENCE: wait for earlier Reads / atomics
-            if wr.op in (Op.RDMA_READ, *_ATOMICS) and sum(
-                    r.status is None and r.sent and r.wr.op in (Op.RDMA_READ, *_ATOMICS)
+            if wr.op in _READ_LIKE and sum(
+                    r.status is None and r.sent and r.wr.op in _READ_LIKE
                     for r in self._wrs) >= self.max_rd_atomic:
                 return  # max_rd_atomic outstanding already (§4.6)
             req.psn, req.npsn = self._next_psn, self._npsn(wr)
@@ -518,15 +519,20 @@ class RoceEngine:
         for r in self._wrs:
             if r is req:
                 return False
-            if r.sent and r.status is None and r.wr.op in (Op.RDMA_READ, *_ATOMICS):
+            if r.sent and r.status is None and r.wr.op in _READ_LIKE:
                 return True
         return False
 
     def _read_response(self, pkt: Packet) -> None:
         psn = pkt.bth.psn
-        req = next((r for r in self._wrs if r.sent and r.status is None and r.wr.op is Op.RDMA_READ
-                    and 0 <= psn_diff(psn, r.psn) < r.npsn), None)
-        if req is None or psn_diff(psn, req.psn) != req.rcvd or self._response_ahead(req):
+        req, ahead = None, False  # the READ the response belongs to; whether `_response_ahead` holds for it
+        for r in self._wrs:  # (one pass: this runs per response packet)
+            if r.status is None and r.sent and r.wr.op in _READ_LIKE:
+                if r.wr.op is Op.RDMA_READ and 0 <= psn_diff(psn, r.psn) < r.npsn:
+                    req = r
+                    break
+                ahead = True
+        if req is None or psn_diff(psn, req.psn) != req.rcvd or ahead:
             return  # a duplicate, or a gap the ACK timer recovers
         assert req.wr.dst is not None
         dst, info = req.wr.dst, OPCODES[pkt.opcode]

@@ -144,7 +144,9 @@ class _Memory:
         return refusal
 
     def note(self, what: str, **args: Any) -> None:
-        self._fabric.runtime.note(self._conn, what, **args)
+        rt = self._fabric.runtime
+        if rt.tracing:  # (a few per packet: the arguments are passed on only when something records them)
+            rt.note(self._conn, what, **args)
         if what == "deliver" and self._endpoint is not None and self._endpoint.on_deliver is not None:
             self._endpoint.on_deliver()  # the engine delivers a receive now, before the next arrival is placed
 
@@ -313,6 +315,7 @@ class RoceSetup:
             udp.sendto(p, dst)
         except BlockingIOError:
             return  # a full socket buffer drops the datagram: RC retransmits it
+        self.fabric._sent_to(dst, 1)
         tap = self.conn.tap
         if tap is not None and tap.wants_datagrams:
             tap.datagram((self.fabric.roce_address, self.fabric.udp_port), dst, p, received=False)
@@ -471,8 +474,11 @@ class WireFabric(RuntimeFabric):
         if link is not None and not wire.carries_link:
             raise FabricUsageError(f"an Ethernet link carries RoCEv2, not {self.binding}")
         self._qpns: dict[int, WireConnection] = {}
+        self._sources: dict[Any, Source] = {}  # per peer address: the datagrams' Source (_datagram_in)
         self._rx_batch: list[WireConnection] | None = None  # inside _udp_read: connections to flush after it
-        self._udp_sent = 0  # datagrams sent to this fabric's own socket since _udp_read last counted
+        # datagrams sent to this fabric's own socket (both ends here) and not read back yet: _udp_read reads them at
+        # once, and stops reading when they are all in (no recvfrom ending in EAGAIN; epoll reports anything else)
+        self._self_queued = 0
         # the impairment stage (kvconform.rdma.wire.impair): loss, reordering, duplication, delay on every link
         self.impairer: Impairer | None = Impairer(impair, self.binding) if impair is not None and impair.active \
             else None
@@ -712,9 +718,13 @@ class WireFabric(RuntimeFabric):
                 continue
             sent += payloads[k:j]
             k = j
-        if dst[1] == self._udp_port and self.link is None and dst[0] == self.host:
-            self._udp_sent += len(sent)  # to this very socket (both ends here): _udp_read reads them at once
+        self._sent_to(dst, len(sent))
         return sent
+
+    def _sent_to(self, dst: tuple[str, int], n: int) -> None:
+        """``n`` datagrams went to ``dst``: counted when that is this very socket (`_self_queued`)."""
+        if dst[1] == self._udp_port and self.link is None and dst[0] == self.host:
+            self._self_queued += n
 
     def _register_qpn(self, conn: WireConnection) -> int:
         if self.device is not None:
@@ -790,12 +800,12 @@ class WireFabric(RuntimeFabric):
         now = self._clock()
         if self.impairer is not None:
             self.impairer.poll(now)
-        for c in list(self._conns):
+        due = [c for c in self._conns if c.engine is not None and (t := c.engine.next_deadline()) is not None
+               and t <= now]  # (asked on every turn of the loop: mostly none)
+        for c in due:
             e = c.engine
             if e is not None:
-                t = e.next_deadline()
-                if t is not None and t <= now:
-                    self._io(c, partial(e.poll_timers, now), "timer")
+                self._io(c, partial(e.poll_timers, now), "timer")
 
     def _io(self, conn: WireConnection, fn: Callable[[], None], what: str, *, flush: bool = True) -> None:
         """Run engine work (arrival, timer) as a trace record, then deliver its output and completions (unless
@@ -992,38 +1002,45 @@ class WireFabric(RuntimeFabric):
         left = 64  # so actors and timers get their turn
         while left > 0:
             batch = self._rx_batch = []
-            self._udp_sent = 0
             try:
                 read = self._udp_batch(udp, left)
             finally:
                 self._rx_batch = None
                 for conn in batch:
                     self.flush(conn)
-            if not read or not self._udp_sent:
-                return  # nothing arrived, or nothing was sent to this socket since
+            if not read or not self._self_queued:
+                return  # nothing arrived, or nothing this fabric sent itself waits
             left -= read
 
     def _udp_batch(self, udp: socket.socket | QemuSocketLink, limit: int) -> int:
-        """Read and process up to ``limit`` datagrams, until the socket is empty; how many were read."""
+        """Read and process up to ``limit`` datagrams, until the socket is empty or the last datagram this fabric sent
+        itself is in (`_self_queued`); how many were read."""
+        me = (self.host, self._udp_port)
         for n in range(limit):
             try:
                 data, addr = udp.recvfrom(_RECV)
             except (BlockingIOError, InterruptedError):
+                self._self_queued = 0  # what is missing was dropped (a full buffer) or comes later: epoll tells
                 return n
             except OSError as exc:
                 if exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
                     continue  # an ICMP error for an earlier datagram: RC recovers by retransmission
                 raise
+            last = False
+            if self._self_queued and addr == me:
+                self._self_queued -= 1
+                last = not self._self_queued
             qpn = int.from_bytes(data[5:8], "big") if len(data) >= 12 else -1
             conn = self._qpns.get(qpn)
-            if conn is None or conn.engine is None:
-                continue  # no such QP: silently dropped, as an RNIC does
-            impairer = self.impairer_for(conn)
-            if impairer is not None and tuple(addr[:2]) != (self.roce_address, self.udp_port):
-                # from a peer in another process (what this fabric sent itself was impaired when it was sent)
-                impairer.datagram(f"{conn.name}<", data, partial(self._datagram_in, conn, addr), self.now)
-            else:
-                self._datagram_in(conn, addr, data)
+            if conn is not None and conn.engine is not None:  # else no such QP: silently dropped, as an RNIC does
+                impairer = None if self.impairer is None else self.impairer_for(conn)
+                if impairer is not None and tuple(addr[:2]) != (self.roce_address, self.udp_port):
+                    # from a peer in another process (what this fabric sent itself was impaired when it was sent)
+                    impairer.datagram(f"{conn.name}<", data, partial(self._datagram_in, conn, addr), self.now)
+                else:
+                    self._datagram_in(conn, addr, data)
+            if last:
+                return n + 1  # (anything else waiting, from another process, makes the socket readable still)
         return limit
 
     def _datagram_in(self, conn: WireConnection, addr: Any, data: bytes) -> None:
@@ -1033,8 +1050,13 @@ class WireFabric(RuntimeFabric):
             conn.tap.datagram(addr[:2], (self.roce_address, self.udp_port), data, received=True)
         if conn.watched is not None:
             conn.watched.append(data)
-        # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0
-        source = Source(addr[0], addr[1], addr[2] if self.link is not None else 0)
+        # a link knows the packet's IPv4 Identification (addr[2]); through a socket it is a DF sender's 0: one Source
+        # per peer address then, not one per datagram
+        source = Source(addr[0], addr[1], addr[2]) if self.link is not None else self._sources.get(addr)
+        if source is None:
+            if len(self._sources) >= 256:
+                self._sources.clear()  # (peers come and go on a long-running server)
+            source = self._sources[addr] = Source(addr[0], addr[1])
         batch = self._rx_batch
         if self.runtime.tracing:
             self._io(conn, partial(conn.engine.receive, data, self._clock(), source), "rx", flush=batch is None)
