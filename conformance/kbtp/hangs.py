@@ -18,8 +18,11 @@ looks, in this order, and blames the first rule an observation breaks:
    KBTP-RING-NO-LOSS (which slot the free wrote, where the Tail started, cannot be read on a shared ring);
 3. nothing points further: the generic KBTP-QUOTA-ALLOC-BOUNDED, its message saying what could not be observed;
    unless the target runs in another process (it keeps its rings from check to check) and an earlier check's hang
-   stayed with its refused request (KBTP-VAL-NO-EFFECT) or its deferred free (KBTP-FREE-DEFER): the block lost there
-   is still missing, and that rule is blamed where the later check may blame it.
+   stayed with its refused request (KBTP-VAL-NO-EFFECT) or its deferred free (KBTP-FREE-DEFER), or an earlier check
+   saw the target lose a block some other way (``lost_block``: a BIND accepted for a reclaimed ticket): the block
+   lost there is still missing, and that rule is blamed where the later check may blame it. A later check whose
+   HELLO that target refuses is inconclusive naming the earlier check (``open_session``): a target may keep a session
+   whose allocation hangs, and with it the room the HELLO needs, so the refusal says nothing of the later check.
 
 The probes run outside the check's own assertions (their steps claim nothing for the check) and once per target:
 the finding is kept for the other checks of the run. A correct target never reaches them (its allocations do not
@@ -41,14 +44,18 @@ from kvconform.conformance.kbtp import diagnose
 from kvconform.conformance.kbtp.blackbox import Partition, Reqs, open_partition
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, RING_SLOT_SIZE, Features, Status
-from kvconform.targets.kbtp_client import Ended, Gen
+from kvconform.targets.kbtp import NO_FEATURES
+from kvconform.targets.kbtp_bed import Bed
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator
 from kvconform.verdicts import (
+    INCONCLUSIVE_PREFIX,
     Inconclusive,
     NotApplicable,
     TargetUnavailable,
     Violation,
     activate_check,
     current_check,
+    inconclusive,
     violation,
 )
 
@@ -56,6 +63,8 @@ BOUNDED = "KBTP-QUOTA-ALLOC-BOUNDED"
 DEFER = "KBTP-FREE-DEFER"
 NO_EFFECT = "KBTP-VAL-NO-EFFECT"
 WAIT_ENDED = "nothing arrived within"  # the message of a bounded wait that ended (kvconform.targets.kbtp_client)
+# why a later check's refused HELLO is inconclusive (open_session; the served mutants' lane reads it)
+HELD_BY_EARLIER = "a target whose allocation hangs may keep that session, and with it the room the HELLO needs"
 # What a diagnosis may blame (beside the generic requirement, which every wrapped check cites).
 RULES = (diagnose.ADDRLE, diagnose.SLOT_LAYOUT, diagnose.EMPTY, diagnose.CONSUME, diagnose.INIT, diagnose.FREE_RETURN,
          diagnose.WRAP, diagnose.NO_LOSS)
@@ -74,11 +83,21 @@ class Finding:
     text: str
 
 
+@dataclass(frozen=True)
+class Lost:
+    """A block an earlier check saw a target in another process lose: the rule that lost it, that check, and what
+    it saw (a clause: "an allocation of this target process hung after a refused request")."""
+
+    rule: str
+    where: str
+    what: str
+
+
 _found: dict[int, Finding] = {}  # id(TargetUnderTest) -> its finding: the probes run once per target
 _found_readable: dict[tuple[int, str], Finding] = {}  # the partition probe alone (diagnosed_ring)
-# id(a target in another process) -> (the rule an earlier check's hang stayed with, that check): such a target keeps
-# its rings from check to check, so a block lost there is still missing when a later check allocates
-_lost: dict[int, tuple[str, str]] = {}
+# id(a target in another process) -> the first block an earlier check saw it lose: such a target keeps its rings from
+# check to check, so a block lost there is still missing when a later check allocates
+_lost: dict[int, Lost] = {}
 
 
 def diagnosed(check: C) -> C:
@@ -149,24 +168,17 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
         _found[id(target)] = finding
     evidence.note(f"hang diagnosis: {finding.rule or 'no ring rule'}: {finding.text}")
     if finding.rule is None and v.requirement != BOUNDED:
-        # nothing points past the deferral, the refusal or the race: the finding stays its own
-        context = current_check()
-        if target.fixed_geometry and v.requirement in (DEFER, NO_EFFECT) and WAIT_ENDED in str(v):
-            _lost.setdefault(id(target), (v.requirement, context.nodeid if context else "an earlier check"))
+        # nothing points past the deferral, the refusal or the race: the finding stays its own (a race's hang on
+        # a block an earlier check saw lost is that block's)
+        if v.requirement in (DEFER, NO_EFFECT) and WAIT_ENDED in str(v):
+            after = "a refused request" if v.requirement == NO_EFFECT else "a deferred free"
+            lost_block(target, v.requirement, f"an allocation of this target process hung after {after}")
+        elif WAIT_ENDED in str(v):
+            _blame_earlier(target, finding, v)
         violation(f"{v.what}; without it the ring was observed: {finding.text}", req=v.requirement,
                   seen=v.seen, expected=v.expected)
-    earlier = _lost.get(id(target)) if finding.rule is None and target.fixed_geometry else None
-    context = current_check()
-    if earlier is not None and (context is None or context.allows(earlier[0])):
-        # no ring rule, but the same process already lost a block to a request that should have had no effect
-        # (or a deferred free) in an earlier check: this allocation waits on that block
-        rule, where = earlier
-        violation(f"{v.what}; what the harness could observe of the rings names no rule ({finding.text}), and in an "
-                  f"earlier check of this run ({where}) an allocation of this target process hung after a "
-                  f"{'refused request' if rule == NO_EFFECT else 'deferred free'} ({rule}): the target keeps its "
-                  "rings between checks, so the block lost there is still missing", req=rule, seen=v.seen,
-                  expected=v.expected)
     if finding.rule is None:
+        _blame_earlier(target, finding, v)
         violation(f"{v.what}; what the harness could observe of the rings names no rule: {finding.text}", req=BOUNDED,
                   seen=v.seen, expected=v.expected)
     text = finding.text
@@ -177,6 +189,49 @@ def blame(target: TargetUnderTest, seed: int, v: Violation) -> None:
     if v.requirement == NO_EFFECT:
         text += "; the ring loses it with no request refused, so the refusal is not what lost it"
     diagnose.reraise_as(v, finding.rule, text)
+
+
+def lost_block(target: TargetUnderTest, rule: str, what: str) -> None:
+    """The running check saw ``target`` lose a block (``what``, breaking ``rule``): when the target runs in another
+    process a later check's hang there is blamed on it (the first such finding of the run is kept)."""
+    if target.fixed_geometry:
+        context = current_check()
+        _lost.setdefault(id(target), Lost(rule, context.nodeid if context else "an earlier check", what))
+
+
+def _earlier(target: TargetUnderTest) -> Lost | None:
+    """The block an earlier check saw this target (in another process) lose, if any."""
+    lost = _lost.get(id(target)) if target.fixed_geometry else None
+    context = current_check()
+    return None if lost is None or (context is not None and context.nodeid == lost.where) else lost
+
+
+def _blame_earlier(target: TargetUnderTest, finding: Finding, v: Violation) -> None:
+    """No ring rule, but the same process already lost a block in an earlier check: this allocation waits on that
+    block, and its rule is blamed where this check may blame it."""
+    earlier = _earlier(target)
+    context = current_check()
+    if earlier is not None and (context is None or context.allows(earlier.rule)):
+        violation(f"{v.what}; what the harness could observe of the rings names no rule ({finding.text}), and in an "
+                  f"earlier check of this run ({earlier.where}) {earlier.what} ({earlier.rule}): the target keeps its "
+                  "rings between checks, so the block lost there is still missing", req=earlier.rule, seen=v.seen,
+                  expected=v.expected)
+
+
+def open_session(bed: Bed, ini: HarnessInitiator, target: TargetUnderTest, requested: Features = NO_FEATURES) -> Gen:
+    """``bed.open``; a HELLO refused by a target in another process in which an earlier check saw a block lost is
+    inconclusive naming that check: the target may keep the session whose allocation hangs on that block, and with it
+    the room this HELLO needs (the text lets a full target refuse), so the refusal says nothing of this check."""
+    try:
+        ack = yield from bed.open(ini, requested)
+    except pytest.skip.Exception as exc:  # how `inconclusive` ends a check under pytest
+        earlier = _earlier(target)
+        if earlier is None or not str(exc.msg).startswith(INCONCLUSIVE_PREFIX):
+            raise
+        inconclusive(f"{str(exc.msg).removeprefix(INCONCLUSIVE_PREFIX)}. In an earlier check of this run "
+                     f"({earlier.where}) {earlier.what} ({earlier.rule}, failed there): {HELD_BY_EARLIER}, so this "
+                     "check could not run")
+    return ack
 
 
 def _blame_from_partition(target: TargetUnderTest, seed: int, v: Violation) -> None:

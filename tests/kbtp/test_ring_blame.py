@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvconform.conformance.kbtp import diagnose, hangs
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET as ONES
-from kvconform.verdicts import Violation
+from kvconform.verdicts import INCONCLUSIVE_PREFIX, CheckContext, Violation, activate_check, inconclusive
 from tests.mutants import kbtp as kbtp_mutants
 from tests.mutants.runner import run_suite
 from tests.served import served
@@ -234,3 +235,58 @@ def test_a_diagnosed_check_may_blame_the_ring_rules_and_passes_other_failures_th
     with pytest.raises(Violation) as info:  # not a hang of an allocation within quota: not diagnosed
         wrapped(kbtp_target=object(), seed=1)
     assert info.value.requirement == "KBTP-LOAD-COMPLETE"
+
+
+class _ServedTarget:
+    """What the carry-over reads of a target in another process (it keeps its rings between checks)."""
+
+    fixed_geometry = True
+
+
+def _in_check(nodeid: str, *cited: str) -> CheckContext:
+    return CheckContext(nodeid, frozenset(cited), may_blame=frozenset(hangs.RULES))
+
+
+def test_a_race_hang_after_an_earlier_check_lost_a_block_is_blamed_on_that_loss() -> None:
+    target: Any = _ServedTarget()
+    hangs._found[id(target)] = hangs.Finding(None, "nothing read")  # the probes named no ring rule
+    hang = Violation(diagnose.NO_LOSS, "A.1: COMPLETION of ALLOC_STORE 2: nothing arrived within 30.0 s")
+    previous = activate_check(_in_check("test_late_bind_refused", "KBTP-TICKET-ABANDONED"))
+    try:
+        hangs.lost_block(target, "KBTP-TICKET-ABANDONED", "a BIND was accepted for a reclaimed ticket")
+        activate_check(_in_check("test_bind_racing_the_timeout", "KBTP-TICKET-ABANDONED", diagnose.NO_LOSS))
+        with pytest.raises(Violation) as info:
+            hangs.blame(target, 1, hang)
+        assert info.value.requirement == "KBTP-TICKET-ABANDONED" and "test_late_bind_refused" in str(info.value)
+        activate_check(_in_check("test_other", diagnose.NO_LOSS))  # a check that may not blame it: its own finding
+        with pytest.raises(Violation) as info:
+            hangs.blame(target, 1, hang)
+        assert info.value.requirement == diagnose.NO_LOSS
+    finally:
+        activate_check(previous)
+        hangs._found.pop(id(target), None)
+        hangs._lost.pop(id(target), None)
+
+
+def test_a_session_refused_after_an_earlier_check_lost_a_block_is_inconclusive_naming_it() -> None:
+    target: Any = _ServedTarget()
+
+    class RefusingBed:
+        def open(self, ini: object, requested: object) -> Any:
+            inconclusive("A: HELLO was refused with Status 5")
+            yield
+
+    previous = activate_check(_in_check("test_rule_on_every_path[alloc-over]", hangs.NO_EFFECT))
+    try:
+        with pytest.raises(pytest.skip.Exception, match=r"HELLO was refused with Status 5$"):
+            next(hangs.open_session(RefusingBed(), None, target))  # type: ignore[arg-type]  # nothing lost yet
+        hangs.lost_block(target, hangs.NO_EFFECT, "an allocation hung after a refused request")
+        activate_check(_in_check("test_field_value_classes[length-all-ones]", hangs.NO_EFFECT))
+        with pytest.raises(pytest.skip.Exception) as info:
+            next(hangs.open_session(RefusingBed(), None, target))  # type: ignore[arg-type]
+        reason = str(info.value.msg)
+        assert reason.startswith(INCONCLUSIVE_PREFIX) and hangs.HELD_BY_EARLIER in reason
+        assert "test_rule_on_every_path[alloc-over]" in reason
+    finally:
+        activate_check(previous)
+        hangs._lost.pop(id(target), None)

@@ -10,9 +10,10 @@ unless the mutant declares its own, with the mutant's PICS as tests/test_mutants
 
 What is not run on a wire is in ONE_BINDING (a rule of the other binding) or UNSERVABLE, and what a wire cannot
 show (inconclusive for a documented reason, never a pass) in WIRE_INCONCLUSIVE, and what a black box cannot see (a pass
-whose basis says so) in WIRE_UNSEEN, each with its reason; a test pins them, so an exclusion cannot be added
-silently. The default run takes SAMPLE (six mutants, ~40 s over two workers); KVCONFORM_SERVED_MUTANTS_FULL=1
-(`tox -e served-mutants`) runs every one.
+whose basis says so) in WIRE_UNSEEN, and a check an earlier check's catch keeps from running in the same served
+process (inconclusive naming that check) in AFTER_EARLIER, each with its reason; a test pins them, so an exclusion
+cannot be added silently. The default run takes SAMPLE (six mutants, ~40 s over two workers);
+KVCONFORM_SERVED_MUTANTS_FULL=1 (`tox -e served-mutants`) runs every one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from kvconform.catalog import load_catalogs
+from kvconform.conformance.kbtp import hangs
 from kvconform.kbtp.initiator import ReferenceInitiator
 from kvconform.kbtp.target import ReferenceTarget
 from kvconform.rdma.iwarp.engine import IwarpEngine
@@ -88,12 +90,9 @@ ONE_BINDING: dict[str, tuple[str, str]] = {
 # mutant -> (why its checks can be inconclusive over a wire, the documented reason their message gives: tests/
 # clean_runs.py). Served all the same: each named check must fail on the mutant's rule or be inconclusive for that
 # reason, never pass, never fail on another rule (tests/test_mutants_kbtp.py catches each in-process).
-WIRE_INCONCLUSIVE: dict[str, tuple[str, tuple[str, ...]]] = {
-    # the 16-bit wrap from Generation 1 takes 2^16 bind/free cycles: over RoCEv2 on two loaded cores the drive
-    # does not reach it within the check's 150 s (test_widths.py WRAP_WALL_S); over iWARP it does
-    "WrapsToZeroFromGenerationOne": ("2^16 bind/free cycles over the wire within 150 s of wall clock",
-                                     ("the wrap was not observed",)),
-}
+# None today: WrapsToZeroFromGenerationOne's 2^16 bind/free cycles now reach the wrap over RoCEv2 too (~20 s of
+# the check's 150 s, test_widths.py WRAP_WALL_S).
+WIRE_INCONCLUSIVE: dict[str, tuple[str, tuple[str, ...]]] = {}
 # mutant -> (why a black box cannot see what it breaks, the phrase its check's pass states that with). Its check
 # passes from outside, its basis saying what it could not see; tests/test_mutants_kbtp.py catches it in-process.
 WIRE_UNSEEN: dict[str, tuple[str, str]] = {
@@ -102,23 +101,17 @@ WIRE_UNSEEN: dict[str, tuple[str, str]] = {
     "ExposesUnnamedRecordSlot": ("an STag no descriptor names cannot be enumerated by probing from outside",
                                  "cannot be enumerated from outside"),
 }
-# Served mutants whose run also fails on a rule they do not break, or misses a named check, over the wire: known and
-# open, each with what the served run shows. Xfails, not strict (whether a hang comes depends on the timing of the
-# run); an XPASS is reported (-rX).
-KNOWN_WRONG_BLAME: dict[str, str] = {
-    # test_late_bind_refused fails on its rule; test_bind_racing_the_timeout passes its outcome and reclaim-mark
-    # checks in its first interleaving (bind-race-0), and then, on the session reconnected after it (A.1), an
-    # ALLOC_STORE of the quota cycle never completes: KBTP-RING-NO-LOSS. That check has no hang diagnosis, and what
-    # it reads cannot tell a block lost to a BIND accepted for a reclaimed ticket from a ring that loses blocks
-    "BindsAbandonedTicket": "test_bind_racing_the_timeout blames KBTP-RING-NO-LOSS (a quota-cycle hang after the "
-                            "race), not KBTP-TICKET-ABANDONED",
-    # its test_rule_on_every_path hangs all blame KBTP-VAL-NO-EFFECT (the later ones by the block the first refusal
-    # stranded in the same process, conformance/kbtp/hangs.py), but by test_field_value_classes the served process
-    # refuses HELLO (Status 5) though its declared geometry has room (the sessions whose allocations wait on the
-    # stranded ticket, still held, by all appearances), so that named check is inconclusive over the wire
-    # (in-process each check has a fresh target and it fails on its rule)
-    "OversizeAllocStrandsTicket": "test_field_value_classes inconclusive: the served process refuses HELLO (Status "
-                                  "5) after test_rule_on_every_path's hangs on the stranded ticket",
+# mutant -> (its named check, why): over the wire that check cannot open a session once an earlier check of the same
+# run has failed on the mutant's rule and left the served process holding the sessions whose allocations hang; it is
+# inconclusive naming that earlier check (conformance/kbtp/hangs.py open_session), never a pass, and the earlier check
+# must have failed on the mutant's rule. In-process each check has a fresh target and catches it.
+AFTER_EARLIER: dict[str, tuple[str, str]] = {
+    # test_rule_on_every_path's refused ALLOC_STOREs each strand a ticket of the shared ring, the later allocations
+    # of three of its cases wait on it for ever, and the served process keeps those sessions (the harness closes
+    # their connections, the target refuses their GOODBYE's HELLO as still active): the shared ring's three sessions
+    # (quota 2 of 6 blocks) are taken, so every HELLO of test_field_value_classes is refused NO_SPACE
+    "OversizeAllocStrandsTicket": ("test_field_value_classes", "test_rule_on_every_path's hung sessions hold the "
+                                                               "shared ring's room: its HELLOs are refused (Status 5)"),
 }
 # mutant -> why it is not served at all (none today: a mutant that cannot be served is first made servable).
 UNSERVABLE: dict[str, str] = {}
@@ -143,11 +136,8 @@ def _cases() -> list[tuple[str, str]]:
 
 
 def _marks(name: str, wire: str) -> list[pytest.MarkDecorator]:
-    marks = [pytest.mark.skipif(not FULL and (name, wire) not in SAMPLE, reason="outside the default run's sample; "
-                                "KVCONFORM_SERVED_MUTANTS_FULL=1 (tox -e served-mutants) runs it")]
-    if name in KNOWN_WRONG_BLAME:
-        marks.append(pytest.mark.xfail(strict=False, raises=AssertionError, reason=KNOWN_WRONG_BLAME[name]))
-    return marks
+    return [pytest.mark.skipif(not FULL and (name, wire) not in SAMPLE, reason="outside the default run's sample; "
+                               "KVCONFORM_SERVED_MUTANTS_FULL=1 (tox -e served-mutants) runs it")]
 
 
 def _pics_value(m: Mutant, key: str) -> str | None:
@@ -214,6 +204,16 @@ def _judge(name: str, m: Mutant, wire: str, run: object) -> None:
         assert not seen, f"{name} over {wire}: expected caught or a pass stating {phrase!r} ({why}), got {verdicts}"
         return
     caught = {k.split("[", 1)[0] for k, b in failed.items() if b == m.requirement}
+    if name in AFTER_EARLIER and caught and AFTER_EARLIER[name][0] not in caught:
+        held, why = AFTER_EARLIER[name]
+        earlier = [k for k, b in failed.items() if b == m.requirement]
+        runs = [t for t in doc["tests"] if t["nodeid"].split("::")[-1].split("[", 1)[0] == held]
+        named = [t for t in runs if t["verdict"] == "inconclusive" and hangs.HELD_BY_EARLIER in t.get("message", "")
+                 and any(e in t["message"] for e in earlier)]
+        assert named and all(t in named or t["verdict"] == "not-applicable" for t in runs), (
+            f"{name} over {wire}: {held} expected caught or inconclusive naming an earlier check that failed on "
+            f"{m.requirement} ({why}), got {verdicts}\n{output}")
+        caught.add(held)
     # a named check not applicable to the served geometry or binding is no miss when another named one fails on it
     na = {k.split("[", 1)[0] for k, (v, _, _) in verdicts.items() if v == "not-applicable"}
     missed = [c for c in m.checks if c not in caught and not (caught and c in na)]
@@ -255,9 +255,10 @@ def test_exclusions_are_pinned() -> None:
     assert set(WIRE_INCONCLUSIVE) <= set(kbtp_mutants.MUTANTS)
     # each reason is one tests/clean_runs.py documents as unobservable over a wire (or on a slow target)
     assert all(why and set(reasons) <= {*WIRE, *SLOW_TARGET} for why, reasons in WIRE_INCONCLUSIVE.values())
-    assert not set(KNOWN_WRONG_BLAME) & {n for n, _ in SAMPLE}
-    assert len(KNOWN_WRONG_BLAME) == 2, "a new wrong blame over the wire: fix the check, do not list it here"
-    assert len(WIRE_INCONCLUSIVE) == 1, "a new wire-inconclusive mutant: make it observable, or say why here"
+    assert all(c in kbtp_mutants.MUTANTS[n].checks and why for n, (c, why) in AFTER_EARLIER.items())
+    assert len(AFTER_EARLIER) == 1, "a new check a served mutant's earlier catch keeps from running: say why here"
+    assert not set(AFTER_EARLIER) & (set(WIRE_INCONCLUSIVE) | set(WIRE_UNSEEN))
+    assert len(WIRE_INCONCLUSIVE) == 0, "a new wire-inconclusive mutant: make it observable, or say why here"
     assert set(WIRE_UNSEEN) <= set(kbtp_mutants.MUTANTS) and not set(WIRE_UNSEEN) & set(WIRE_INCONCLUSIVE)
     assert len(WIRE_UNSEEN) == 1, "a new mutant a black box cannot see: make it observable, or say why here"
     for name, reason in UNSERVABLE.items():

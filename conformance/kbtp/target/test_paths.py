@@ -279,7 +279,7 @@ def _judge(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
     bs = kbtp_target.params.block_size
 
     def scenario() -> Gen:
-        ack = yield from bed.open(a)
+        ack = yield from hangs.open_session(bed, a, kbtp_target)
         q = ack.allocation_quota
         if len(case.needs) > q or (case.allocates and q < 1):
             not_applicable(f"Allocation Quota {q}: the case needs {len(case.needs)} bound handle(s)")

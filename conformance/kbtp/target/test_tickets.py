@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kvconform import evidence
-from kvconform.conformance.kbtp import expect
+from kvconform.conformance.kbtp import expect, hangs
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
@@ -23,6 +23,10 @@ from kvconform.verdicts import check, check_one_of, inconclusive, not_applicable
 DA = Features.DIRECT_ALLOC
 UNSEALED_OK = int(RequestFlags.ALLOW_UNSEALED)
 R_SLOT = "KBTP-RING-ALLOC-WAIT"  # the ticket's slot shows its block
+R_ABANDONED = "KBTP-TICKET-ABANDONED"
+# what a BIND accepted for an abandoned ticket leaves in a target that keeps its rings between checks (hangs.lost_block)
+BOUND_AND_RECLAIMED = ("this target process accepted a BIND for a ticket withheld past the Ticket Timeout, whose block "
+                       "the reclaim returns to the ring")
 
 
 def _open(bed: Bed, ini: HarnessInitiator) -> Gen:
@@ -92,6 +96,8 @@ def test_late_bind_refused(kbtp_target: TargetUnderTest, seed: int) -> None:
         if not a.broken:  # the late BIND first: the connection may not survive the write attempt below
             r = yield from a.bind(a.handle(1), t1, 24, b1, req="KBTP-TICKET-ABANDONED", allow_end=True)
             outcome = "connection ended" if isinstance(r, Ended) else expect.status_name(r.status)
+            if outcome == "OK":
+                hangs.lost_block(kbtp_target, R_ABANDONED, BOUND_AND_RECLAIMED)
             check_one_of(outcome, {"TICKET_ABANDONED", "connection ended"}, what="BIND after the Ticket Timeout",
                          req="KBTP-TICKET-ABANDONED")
         reached = False
@@ -166,10 +172,12 @@ def test_unbound_tickets_count_in_usage(kbtp_target: TargetUnderTest, seed: int)
 
 @pytest.mark.req("KBTP-TICKET-ABANDONED", "KBTP-RING-NO-LOSS", "KBTP-QUOTA-RELEASE", "KBTP-HELLO-FIRST",
                  "KBTP-RDMAP-ATOMICS", "KBTP-RING-ALLOC-WAIT", "KBTP-LOAD-COMPLETE", "KBTP-FREE-RETURN")
+@hangs.diagnosed_sharing
 def test_bind_racing_the_timeout(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """A BIND sent around the Ticket Timeout, under seeded interleavings: it binds (OK) or is refused
     TICKET_ABANDONED (or the connection ends), never both, and either way no block is lost or handed out
-    twice."""
+    twice. A block lost or handed out twice is blamed on the ring rule the hang diagnosis names, or, on a target in
+    another process, on a BIND an earlier check saw accepted for an abandoned ticket (conformance/kbtp/hangs.py)."""
     kbtp_target.require(DA)
     runs = max(4, kbtp_target.interleavings // 5)
     outcomes: dict[str, int] = {}
@@ -202,13 +210,19 @@ def _bind_race(kbtp_target: TargetUnderTest, seed: int, i: int) -> str:
         check_one_of(outcome, {"OK", "TICKET_ABANDONED", "connection ended"}, what="BIND racing the Ticket Timeout",
                      req="KBTP-TICKET-ABANDONED")
         if outcome == "OK" and not a.broken:
-            # A reclaim leaves its mark: the block went back with Tail ticket q (nothing was freed before), so
-            # a slot showing Sequence q means the ticket was reclaimed, and its BIND must not have been accepted.
+            # A reclaim leaves its mark: the block went back with Tail ticket u = t + q (the partition's q blocks
+            # were free when the session took its first Head ticket t, and nothing was freed since; on a fresh
+            # target t is 0, on a target in another process the partition may have served earlier sessions), so a
+            # slot showing Sequence u means the ticket was reclaimed, and its BIND must not have been accepted.
             da = a.da
-            mark = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * (q % da.ring.count),
+            u = (t + q) % TICKET_MODULUS
+            mark = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * (u % da.ring.count),
                                           req="KBTP-TICKET-ABANDONED")
-            check(mark is None or mark[0] != q, f"the BIND completed OK, but ticket {t} had been reclaimed: slot "
-                  f"{q % da.ring.count} shows Tail ticket {q} (the reclaim's return of the block)",
+            reclaimed = mark is not None and mark[0] == u
+            if reclaimed:
+                hangs.lost_block(kbtp_target, R_ABANDONED, BOUND_AND_RECLAIMED)
+            check(not reclaimed, f"the BIND completed OK, but ticket {t} had been reclaimed: slot "
+                  f"{u % da.ring.count} shows Tail ticket {u} (the reclaim's return of the block)",
                   req="KBTP-TICKET-ABANDONED", seen=mark)
         user = (yield from bed.reconnect(a)) if a.broken else a
         lr, got = yield from user.load(ack.handle_base, 64, flags=UNSEALED_OK)
