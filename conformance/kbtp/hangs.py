@@ -259,6 +259,8 @@ def _probe(target: TargetUnderTest, seed: int, probes: tuple[Callable[[TargetUnd
                 finding = probe(target, seed)
             except (Inconclusive, NotApplicable, TargetUnavailable) as exc:
                 finding = Finding(None, f"{probe.__name__.strip('_')}: not observed ({exc})")
+            except pytest.skip.Exception as exc:  # `inconclusive` under pytest: the probe's, not the check's verdict
+                finding = Finding(None, f"{probe.__name__.strip('_')}: not observed ({exc.msg})")
             except Violation as pv:
                 finding = Finding(None, f"{probe.__name__.strip('_')}: the probe itself failed ({pv})")
             if finding.rule is not None:

@@ -290,3 +290,16 @@ def test_a_session_refused_after_an_earlier_check_lost_a_block_is_inconclusive_n
     finally:
         activate_check(previous)
         hangs._lost.pop(id(target), None)
+
+
+def test_a_probe_that_cannot_observe_leaves_the_hang_the_checks_own() -> None:
+    """A probe ended inconclusive (under pytest, a skip) is a finding of nothing: the check that hung still fails,
+    it does not end inconclusive itself."""
+    def blind(target: Any, seed: int) -> hangs.Finding:
+        inconclusive("the probe's HELLO was refused")
+
+    try:
+        finding = hangs._probe(Any, 0, (blind,))  # type: ignore[arg-type]
+    except pytest.skip.Exception as exc:
+        pytest.fail(f"the probe's inconclusive ended the check: {exc.msg}")
+    assert finding.rule is None and "blind: not observed" in finding.text and "HELLO was refused" in finding.text
