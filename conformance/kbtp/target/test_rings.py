@@ -320,7 +320,7 @@ def _partition_ring(kbtp_target: TargetUnderTest, seed: int, f: int, n: int, ser
         if v.requirement == R_RING and seen.get("initial") and not seen.get("freed") and free_works:
             # No FetchAdd has advanced the Tail yet: the Slot Offset the first free gets is the Tail's initial one
             # (KBTP-RING-INIT); the wrap (KBTP-RING-WRAP) has not come into play
-            violation(f"{v.what}: the first FREE on the partition ring (F {f}, N {n}), observed at its "
+            violation(f"{v.what}; the first FREE on the partition ring (F {f}, N {n}), observed at its "
                       "initialisation (the Head's first FetchAdd returned Ticket 0), failed, while a FREE on the "
                       "target's shared ring completes: before any FetchAdd advanced it, the Tail's Slot Offset must "
                       f"be 16 * (F mod N) = {16 * (f % n)}", req=diagnose.INIT, seen=v.seen, expected=v.expected)
