@@ -15,8 +15,9 @@ kbtp.target.features declares among DIRECT_LOAD and ADDR_LE (none when none is d
   table entries is then little-endian, and the Block Handle and the descriptors' STag, Tagged Offset and Length of
   every later request are decoded little-endian.
 The table is kept in memory in the order the text gives: ALLOC_STORE writes Data Length and Block Offset, then
-(after a scheduling point, ``entry-state``) Flags and the next Generation; a mapped store its Data Length, then
-SEALED; FREE clears VALID and SEALED and increments the Generation before the Tail FetchAdd.
+Flags and the next Generation (in one step of its actor: the seeded interleavings of the blame tests stay those they
+were written for); a mapped store its Data Length, then SEALED; FREE clears VALID and SEALED and increments the
+Generation before the Tail FetchAdd.
 
 Where the text leaves a choice open it chooses differently from the reference, so a suite that reads the reference's
 choices as the rules fails it:
@@ -396,7 +397,6 @@ class _Running:
         e = self.table[r.handle]
         e.length, e.block = r.desc[2] if r.desc else 0, block  # the location before the state
         self._write_location(r.handle)
-        yield from pause("entry-state")
         e.flags, e.generation = F_VALID | (F_SEALED if r.flags & SEAL else 0), e.generation % 0xFFFF + 1
         self._write_state(r.handle)
         r.me.pending -= 1
