@@ -5,11 +5,13 @@ block 0 has Block Offset 0; the table 48 octets into its region).
 
 - A correct target passes clean with each declared subset of {DIRECT_LOAD, ADDR_LE}: every check passes or is not
   applicable, nothing inconclusive, and the DIRECT_LOAD checks did run.
-- A single-bug variant, table Block Offsets big-endian under ADDR_LE, fails only KBTP-ADDRLE-MEMORY over the whole run.
+- Each single-bug variant fails only the rule its bug breaks over the whole run: table Block Offsets big-endian under
+  ADDR_LE (KBTP-ADDRLE-MEMORY); a bind's Flags and Generation written before its Data Length and Block Offset
+  (KBTP-TABLE-BIND-ORDER, seen by DIRECT_LOAD readers racing a writer that frees and binds its handle again).
 - Its imports pin it to the semantic RDMA interface and the driver's TargetParams: nothing of the reference.
 
-The default run takes one clean point (DIRECT_LOAD and ADDR_LE, with a declared untrusted initiator, ~10 s) and the
-variant (~10 s); KVCONFORM_GRIDS_FULL=1 (tox -e grids) runs every point.
+The default run takes one clean point (DIRECT_LOAD and ADDR_LE, with a declared untrusted initiator) and both variants
+(~10 s each); KVCONFORM_GRIDS_FULL=1 (tox -e grids) runs every clean point.
 """
 
 from __future__ import annotations
@@ -66,18 +68,27 @@ def test_independent_target_passes_with_its_features(name: str, tmp_path: Path) 
     assert verdicts["test_malformed_request[status-in-request]"] == "pass", verdicts
 
 
+# variant -> (the one requirement its whole run may fail, the check that must see it)
+TABLE_BUGS = {
+    # Its first block is Block Offset 0, which reads the same both ways: the entry check binds the handle again until
+    # the Block Offset shows the byte order (once a false pass).
+    "BigEndianTableOffsets": ("KBTP-ADDRLE-MEMORY", "test_direct_load_entry"),
+    # A reader sees the new Generation VALID|SEALED with the entry's old location (once blamed on KBTP-DLOAD-VALIDITY,
+    # the invariant the order protects).
+    "StateBeforeLocation": ("KBTP-TABLE-BIND-ORDER", "test_direct_load_races_free"),
+}
+
+
 @pytest.mark.slow
 @covering(RUN_TIMEOUT_S)
-def test_independent_table_bug_fails_only_its_rule(tmp_path: Path) -> None:
-    """Table entries' Block Offsets big-endian while HELLO_ACK sets ADDR_LE: the whole run fails KBTP-ADDRLE-MEMORY
-    alone, in the check that reads a bound entry. Its first block is Block Offset 0, which reads the same both ways:
-    the check binds the handle again until the Block Offset shows the byte order (once a false pass)."""
-    rule = "KBTP-ADDRLE-MEMORY"
-    run = run_suite("kbtp-target", TARGET + "BigEndianTableOffsets", tmp_path, pics=(BOTH,), timeout=RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", sorted(TABLE_BUGS))
+def test_independent_table_bug_fails_only_its_rule(name: str, tmp_path: Path) -> None:
+    rule, seen_by = TABLE_BUGS[name]
+    run = run_suite("kbtp-target", TARGET + name, tmp_path, pics=(BOTH,), timeout=RUN_TIMEOUT_S)
     assert run.coverage, run.output
     blamed = {t["nodeid"].split("::")[-1]: t.get("blamed") for t in run.coverage["tests"] if t["verdict"] == "fail"}
-    assert blamed and set(blamed.values()) == {rule}, f"{blamed}\n{run.output}"
-    assert "test_direct_load_entry" in blamed, blamed
+    assert blamed and set(blamed.values()) == {rule}, f"{name}: {blamed}\n{run.output}"
+    assert seen_by in blamed, blamed
     assert not [t for t in run.coverage["tests"] if t["verdict"] == "inconclusive"], run.coverage["tests"]
     failed = {r["id"] for role in run.coverage["protocols"]["kbtp"]["roles"].values()
               for r in role["requirements"] if r["verdict"] == "fail"}

@@ -1595,5 +1595,7 @@ UNMUTATED_CHECKS: dict[str, str] = {
         "its invariant (a consistent direct load reads the data of its Generation) breaks only through another "
         "rule, each with its focused check and mutant: the entry written before the data (EntryBeforeData, "
         "test_entry_written_after_data), the block returned before the entry changes (FreeReturnsBeforeEntryUpdate, "
-        "test_free_updates_entry_before_ring), a sealed block changed (StoresIntoSealed)"),
+        "test_free_updates_entry_before_ring), a sealed block changed (StoresIntoSealed); the entry's state written "
+        "before its location it judges itself (KBTP-TABLE-BIND-ORDER), shown by the independent target's "
+        "StateBeforeLocation (tests/kbtp/test_independent_target.py)"),
 }
