@@ -40,6 +40,8 @@ TARGET_GRID: dict[str, tuple[str, ...]] = {
     "F-eq-N-8": (pool(24, 8, 8),),
     "F-lt-N-small-blocks": (pool(8, 5, 8, block_size=512), "kbtp.target.features=[DIRECT_LOAD, ADDR_LE]"),
     "one-initiator": ("kbtp.target.max_initiators=1",),
+    # no inline data at all: every store by RDMA Read, the text's inline example not applicable
+    "max-inline-0": ("kbtp.target.max_inline=0",),
     "two-initiators-quota-3": ("kbtp.target.max_initiators=2", "kbtp.target.quota=3"),
     "three-initiators-quota-1": ("kbtp.target.max_initiators=3", "kbtp.target.quota=1"),
     "no-feature": ("kbtp.target.features=[]",),

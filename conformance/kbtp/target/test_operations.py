@@ -43,8 +43,11 @@ PRIVATE_STATUS = range(0xC000, 0x10000)
 
 def _example_request(a: HarnessInitiator) -> tuple[bytes, int]:
     """The text's 48 octets, with handle 0x4001 rebased into the session's range when it does not hold it,
-    and (under ADDR_LE, which the example predates) the Block Handle and descriptor little-endian."""
+    and (under ADDR_LE, which the example predates) the Block Handle and descriptor little-endian. Its 8 octets of
+    inline data need a Max Inline of at least 8 (not applicable below)."""
     ack = a.ack
+    if ack.max_inline < 8:
+        not_applicable(f"the target's Max Inline is {ack.max_inline}: the example's 8 octets of inline data exceed it")
     request, handle = EXAMPLE_ALLOC_STORE, 0x4001
     if not ack.handle_base <= handle < ack.handle_base + ack.handle_count:
         handle = ack.handle_base + 1
