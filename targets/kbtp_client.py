@@ -66,7 +66,7 @@ from kvconform.rdma import (
     Completion as WorkCompletion,
 )
 from kvconform.rdma.runtime import PostingEndpoint
-from kvconform.verdicts import HarnessBug, check, current_check, violation
+from kvconform.verdicts import HarnessBug, check, current_check, not_applicable, violation
 
 Gen = Generator[Command, Any, Any]
 __all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "decode_entry",
@@ -148,6 +148,11 @@ class Session:
         return self.ack.handle_count
 
     def handle(self, i: int) -> int:
+        """Handle ``i`` of the range; a check that needs more handles than the target's Handle Count (which PICS
+        kbtp.target.handle_count declares and HELLO_ACK advertises) does not apply to it."""
+        if not 0 <= i < self.ack.handle_count:
+            not_applicable(f"the check uses handle {i} of the initiator's range, and the target's Handle Count is "
+                           f"{self.ack.handle_count}")
         return self.ack.handle_base + i
 
 

@@ -50,7 +50,7 @@ def _example_request(a: HarnessInitiator) -> tuple[bytes, int]:
         not_applicable(f"the target's Max Inline is {ack.max_inline}: the example's 8 octets of inline data exceed it")
     request, handle = EXAMPLE_ALLOC_STORE, 0x4001
     if not ack.handle_base <= handle < ack.handle_base + ack.handle_count:
-        handle = ack.handle_base + 1
+        handle = ack.handle_base + min(1, ack.handle_count - 1)
         request = request[:12] + struct.pack(">Q", handle) + request[20:]
     if a.addr_le:
         evidence.note("target set ADDR_LE: the example's Block Handle and Data Descriptor re-encoded little-endian")
