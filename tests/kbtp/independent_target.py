@@ -2,7 +2,8 @@
 
 It shares no code with the reference target (kvconform.kbtp.target) nor with the codec (kvconform.kbtp.messages):
 its parsing and encoding are the text's field lists, written again with ``struct``. It runs on the harness's
-emulated fabric through the semantic interface (kvconform.rdma) like any other ``python:`` target.
+emulated fabric through the semantic interface (kvconform.rdma) like any other ``python:`` target, and in a process
+of its own over a wire (``ServedIndependentTarget``).
 
 A software target serving one shared free-block ring. Of the optional features it offers those PICS
 kbtp.target.features declares among DIRECT_LOAD and ADDR_LE (none when none is declared: HELLO_ACK Features 0):
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.rdma import Access, Command, Connection, ConnState, Fabric, Node, Op, pause, wait_completion, wait_until
-from kvconform.targets.kbtp import TargetParams
+from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
 
 Steps = Generator[Command, Any, Any]
 
@@ -475,6 +476,15 @@ class IndependentTarget:
 
     def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
         return self.running_class(fabric, node, params, self.ring_class)
+
+
+class ServedIndependentTarget(ReferenceTargetDriver):
+    """The same target in a process of its own (``kvconform serve kbtp-target --driver-class
+    tests.kbtp.independent_target:ServedIndependentTarget``, which takes a subclass of the reference's driver): only
+    ``start`` is used, and it is this module's, so the harness judges it as a black box over a wire."""
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:  # type: ignore[override]
+        return IndependentTarget().start(fabric, node, params)
 
 
 # ---- one ring bug each (the blame tests) --------------------------------------------------------------------

@@ -8,10 +8,12 @@ block 0 has Block Offset 0; the table 48 octets into its region).
 - Each single-bug variant fails only the rule its bug breaks over the whole run: table Block Offsets big-endian under
   ADDR_LE (KBTP-ADDRLE-MEMORY); a bind's Flags and Generation written before its Data Length and Block Offset
   (KBTP-TABLE-BIND-ORDER, seen by DIRECT_LOAD readers racing a writer that frees and binds its handle again).
-- Its imports pin it to the semantic RDMA interface and the driver's TargetParams: nothing of the reference.
+- In a process of its own (``kvconform serve kbtp-target --driver-class ...ServedIndependentTarget``), judged as a
+  black box over iWARP and RoCEv2, it passes clean too (the entry-order witness, the churn of its shared ring).
+- Its imports pin it to the semantic RDMA interface and the driver interface: nothing of the reference.
 
 The default run takes one clean point (DIRECT_LOAD and ADDR_LE, with a declared untrusted initiator) and both variants
-(~10 s each); KVCONFORM_GRIDS_FULL=1 (tox -e grids) runs every clean point.
+(~10 s each); KVCONFORM_GRIDS_FULL=1 (tox -e grids) runs every clean point and the served ones (~30 s each).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.clean_runs import assert_clean
+from tests.clean_runs import WIRE, assert_clean
 from tests.lanes import grid_point
 from tests.mutants.runner import Run, run_suite
+from tests.served import served
 from tests.spawn import covering
 
 TARGET = "python:tests.kbtp.independent_target:"
@@ -69,6 +72,25 @@ def test_independent_target_passes_with_its_features(name: str, tmp_path: Path) 
     assert verdicts["test_malformed_request[status-in-request]"] == "pass", verdicts
 
 
+SERVED = "tests.kbtp.independent_target:ServedIndependentTarget"
+PROFILE = {"roce": "ib-rc", "iwarp": "rdmap-7306"}
+
+
+@pytest.mark.slow
+@covering(RUN_TIMEOUT_S)
+@pytest.mark.parametrize("wire", [grid_point(w, id=w, sampled=False) for w in PROFILE])
+def test_independent_target_passes_as_a_process(wire: str, tmp_path: Path) -> None:
+    with served("kbtp-target", "--binding", wire, "--port", "0", "--udp-port", "0", "--profile", PROFILE[wire],
+                "--features=DIRECT_LOAD,ADDR_LE", "--driver-class", SERVED) as address:
+        run = run_suite("kbtp-target", f"kbtp+{wire}://{address}", tmp_path,
+                        pics=(BOTH, f"kbtp.target.binding={PROFILE[wire]}"), timeout=RUN_TIMEOUT_S)
+    what = f"kbtp-target against the independent target as a process over {wire}"
+    assert_clean(run, what, reasons=WIRE, least_passed=80)
+    assert run.code == 0, f"{what}: exit {run.code}\n{run.output}"
+    verdicts = _verdicts(run)
+    assert {c: verdicts[c] for c in DIRECT_LOAD_CHECKS} == dict.fromkeys(DIRECT_LOAD_CHECKS, "pass"), verdicts
+
+
 # variant -> (the one requirement its whole run may fail, the check that must see it)
 TABLE_BUGS = {
     # Its first block is Block Offset 0, which reads the same both ways: the entry check binds the handle again until
@@ -98,12 +120,13 @@ def test_independent_table_bug_fails_only_its_rule(name: str, tmp_path: Path) ->
 
 
 def test_it_shares_no_protocol_code_with_the_reference() -> None:
-    """Its encoding and logic are its own: of kvconform it imports the semantic RDMA interface and the driver's
-    TargetParams (whose ``features`` it reads as an int), nothing of the reference's codec, target, table or ring."""
+    """Its encoding and logic are its own: of kvconform it imports the semantic RDMA interface, the driver's
+    TargetParams (whose ``features`` it reads as an int) and the reference's driver as the base its served shim must
+    have (only ``start``, its own, is used), nothing of the reference's codec, target, table or ring."""
     tree = ast.parse((Path(__file__).parent / "independent_target.py").read_text())
     imported = {(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 for alias in node.names if node.module and node.module.startswith("kvconform")}
     assert {m for m, _ in imported} <= {"kvconform.rdma", "kvconform.targets.kbtp"}, imported
-    assert {n for m, n in imported if m == "kvconform.targets.kbtp"} == {"TargetParams"}
+    assert {n for m, n in imported if m == "kvconform.targets.kbtp"} == {"TargetParams", "ReferenceTargetDriver"}
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import) and any(
         a.name.startswith("kvconform") for a in n.names)]
