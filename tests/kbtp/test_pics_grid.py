@@ -46,6 +46,7 @@ TARGET_GRID: dict[str, tuple[str, ...]] = {
     # fault); 1: the text's example rebased into the range
     "handle-count-1": ("kbtp.target.handle_count=1",),
     "handle-count-4": ("kbtp.target.handle_count=4",),
+    "blocks-of-64": (pool(22, 6, 8, block_size=64),),  # test data no longer than a block
     "two-initiators-quota-3": ("kbtp.target.max_initiators=2", "kbtp.target.quota=3"),
     "three-initiators-quota-1": ("kbtp.target.max_initiators=3", "kbtp.target.quota=1"),
     "no-feature": ("kbtp.target.features=[]",),

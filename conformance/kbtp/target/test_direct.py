@@ -66,7 +66,7 @@ def test_direct_load_entry(kbtp_target: TargetUnderTest, seed: int) -> None:
     kbtp_target.require(DL)
     bed = kbtp_target.bed(seed, label="direct-load-entry")
     a = bed.initiator("A")
-    data = b"direct-load!" * 10
+    data = (b"direct-load!" * 10)[:kbtp_target.params.block_size]  # within any declared Block Size
 
     def scenario() -> Gen:
         yield from _open(bed, a, DL)
@@ -118,7 +118,7 @@ def test_direct_load_block(kbtp_target: TargetUnderTest, seed: int) -> None:
     p = kbtp_target.params
     bed = kbtp_target.bed(seed, label="direct-load-block")
     a = bed.initiator("A")
-    data = b"direct-block" * 10
+    data = (b"direct-block" * 10)[:p.block_size]
 
     def scenario() -> Gen:
         yield from _open(bed, a, DL)
@@ -157,7 +157,7 @@ def test_direct_load_stags_are_read_only(which: str, kbtp_target: TargetUnderTes
     kbtp_target.require(DL)
     bed = kbtp_target.bed(seed, label=f"readonly-{which}")
     a = bed.initiator("A")
-    data = b"protected" * 4
+    data = (b"protected" * 4)[:kbtp_target.params.block_size]
 
     def scenario() -> Gen:
         yield from _open(bed, a, DL)

@@ -179,7 +179,7 @@ def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int)
 
     def writer() -> Gen:
         yield from bed.open(w, plan[0])
-        a = yield from w.alloc_store(w.handle(0), b"free me" * 4)
+        a = yield from w.alloc_store(w.handle(0), (b"free me" * 4)[:kbtp_target.params.block_size])
         expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="ALLOC_STORE")
         seen["gen"] = a.generation
         f = yield from w.free(w.handle(0))
@@ -811,7 +811,7 @@ def _direct_load_race(kbtp_target: TargetUnderTest, seed: int, i: int) -> int:
         yield from bed.open(w, plan[0])
         h = w.handle(0)
         for k in range(4):
-            data = bytes([0xA0 + k]) * (48 + 8 * k)
+            data = bytes([0xA0 + k]) * min(48 + 8 * k, p.block_size)  # within any declared Block Size
             # By RDMA Read, so the target's data write takes steps others can interleave with.
             src = w.buffer(len(data), Access.REMOTE_READ, data)
             a = yield from w.alloc_store(h, data, source=src)
