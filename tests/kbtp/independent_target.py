@@ -67,12 +67,18 @@ DIRECT_LOAD, ADDR_LE = 0x0001, 0x0008
 ONES = (1 << 64) - 1
 HEADER = struct.Struct(">BBHQQHH")  # Version, Opcode, Flags, Request ID, Block Handle, Generation, Status
 DESC = struct.Struct(">IQI")  # STag, Tagged Offset, Length (the Completion Descriptor's last field is reserved)
+DESC_LE = struct.Struct("<IQI")  # the same, as an initiator encodes it under ADDR_LE
 ENTRY_STATE = struct.Struct(">HH")  # a table entry's Flags, Generation (octets 0..3)
 ENTRY_LENGTH = struct.Struct(">I")  # its Data Length (octets 4..7); the Block Offset (8..15) follows per ADDR_LE
 ENTRY_SIZE = 16
 TABLE_LEAD = 48  # octets of the table's region before its first entry (this target's choice)
 HANDLE_BASE = 0x10000
 CREDITS = 8
+
+
+def next_generation(generation: int) -> int:
+    """Incremented by one, skipping zero (Generation never takes the value zero)."""
+    return generation % 0xFFFF + 1
 
 
 def masked_add(value: int, add: int, mask: int) -> int:
@@ -295,7 +301,7 @@ class _Running:
         if opcode != FREE:
             if len(raw) < off + 16:
                 return None
-            desc = struct.unpack_from("<IQI" if self.addr_le else ">IQI", raw, off)
+            desc = (DESC_LE if self.addr_le else DESC).unpack_from(raw, off)
             off += 16
         if flags & RECORD:
             if len(raw) < off + 16:
@@ -410,7 +416,7 @@ class _Running:
 
     def _unbind(self, me: Initiator, handle: int) -> Steps:
         e = self.table[handle]
-        e.flags, e.generation = 0, e.generation % 0xFFFF + 1  # the entry first, then the ring
+        e.flags, e.generation = 0, next_generation(e.generation)  # the entry first, then the ring
         self._write_state(handle)
         me.bound.discard(handle)
         yield from self._give_back(e.block)
@@ -436,7 +442,7 @@ class _Running:
         e = self.table[handle]
         e.length, e.block = length, block
         self._write_location(handle)
-        e.flags, e.generation = flags, e.generation % 0xFFFF + 1
+        e.flags, e.generation = flags, next_generation(e.generation)
         self._write_state(handle)
         yield from ()
 
@@ -584,7 +590,7 @@ class BigEndianTableOffsets(IndependentTarget):
 class _StateBeforeLocation(_Running):
     def _bind_entry(self, handle: int, length: int, block: int, flags: int) -> Steps:
         e = self.table[handle]
-        e.flags, e.generation = flags, e.generation % 0xFFFF + 1
+        e.flags, e.generation = flags, next_generation(e.generation)
         self._write_state(handle)
         yield from pause("entry-location")  # a reader may see VALID with the entry's old location
         e.length, e.block = length, block
