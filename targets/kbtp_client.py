@@ -37,6 +37,7 @@ from kvconform.kbtp.messages import (
     AllocStore,
     Bind,
     Completion,
+    CompletionDescriptor,
     DataDescriptor,
     DirectAlloc,
     DirectLoad,
@@ -65,7 +66,7 @@ from kvconform.rdma import (
     Completion as WorkCompletion,
 )
 from kvconform.rdma.runtime import PostingEndpoint
-from kvconform.verdicts import HarnessBug, check, current_check, violation
+from kvconform.verdicts import HarnessBug, check, current_check, not_applicable, violation
 
 Gen = Generator[Command, Any, Any]
 __all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "decode_entry",
@@ -147,6 +148,11 @@ class Session:
         return self.ack.handle_count
 
     def handle(self, i: int) -> int:
+        """Handle ``i`` of the range; a check that needs more handles than the target's Handle Count (which PICS
+        kbtp.target.handle_count declares and HELLO_ACK advertises) does not apply to it."""
+        if not 0 <= i < self.ack.handle_count:
+            not_applicable(f"the check uses handle {i} of the initiator's range, and the target's Handle Count is "
+                           f"{self.ack.handle_count}")
         return self.ack.handle_base + i
 
 
@@ -336,17 +342,25 @@ class HarnessInitiator:
     def enc(self, msg: Any) -> bytes:
         return bytes(msg.encode_raw(addr_le=self.addr_le))
 
+    def alloc_store_msg(self, handle: int, data: bytes, *, request_id: int, flags: int = RequestFlags.SEAL,
+                        generation: int = 0, source: Region | None = None,
+                        completion: CompletionDescriptor | None = None) -> AllocStore:
+        """An ALLOC_STORE of ``data``: inline when it fits the session's Max Inline and no source is given, else by
+        RDMA Read (from ``source``, or a fresh buffer holding ``data``); RECORD set when ``completion`` is given."""
+        max_inline = self.session.ack.max_inline if self.session else 0
+        if source is None and len(data) <= max_inline:
+            return AllocStore.with_inline(data, flags=flags, request_id=request_id, handle=handle,
+                                          generation=generation, completion=completion)
+        src = source or self.buffer(len(data), data=data)
+        return AllocStore(request_id=request_id, handle=handle, generation=generation, completion=completion,
+                          flags=flags | (RequestFlags.RECORD if completion is not None else 0),
+                          data=self.descriptor(src, len(data)))
+
     def alloc_store(self, handle: int, data: bytes, *, flags: int = RequestFlags.SEAL, generation: int = 0,
                     source: Region | None = None, req: str = R_ALLOC, allow_end: bool = False) -> Gen:
         """ALLOC_STORE of ``data``: inline when it fits Max Inline and no source is given, else by RDMA Read."""
         rid = self.next_id()
-        max_inline = self.session.ack.max_inline if self.session else 0
-        if source is None and len(data) <= max_inline:
-            msg: Any = AllocStore.with_inline(data, flags=flags, request_id=rid, handle=handle, generation=generation)
-        else:
-            src = source or self.buffer(len(data), data=data)
-            msg = AllocStore(request_id=rid, handle=handle, generation=generation, flags=flags,
-                             data=self.descriptor(src, len(data)))
+        msg = self.alloc_store_msg(handle, data, request_id=rid, flags=flags, generation=generation, source=source)
         reply = yield from self.call(self.enc(msg), req=req, allow_end=allow_end,
                                      what=f"COMPLETION of ALLOC_STORE {rid} (handle {handle:#x}, {len(data)} octets)")
         return reply

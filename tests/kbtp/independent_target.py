@@ -2,24 +2,44 @@
 
 It shares no code with the reference target (kvconform.kbtp.target) nor with the codec (kvconform.kbtp.messages):
 its parsing and encoding are the text's field lists, written again with ``struct``. It runs on the harness's
-emulated fabric through the semantic interface (kvconform.rdma) like any other ``python:`` target.
+emulated fabric through the semantic interface (kvconform.rdma) like any other ``python:`` target, and in a process
+of its own over a wire (``ServedIndependentTarget``).
 
-A software target serving one shared free-block ring, no optional feature (HELLO_ACK Features 0). Where the
-text leaves a choice open it chooses differently from the reference, so a suite that reads the reference's
+A software target serving one shared free-block ring. Of the optional features it offers those PICS
+kbtp.target.features declares among DIRECT_LOAD and ADDR_LE (none when none is declared: HELLO_ACK Features 0):
+- DIRECT_LOAD: the block table lives in a registered memory region the initiator may RDMA-read (16-octet entries
+  {Flags, Generation, Data Length, Block Offset}, the entry of handle h at Table Offset + 16 * (h - Table Base
+  Handle)), and so does the pool; HELLO_ACK carries the Table descriptor, the Table Base Handle, 8 reserved octets
+  and the Pool descriptor only when the initiator requested DIRECT_LOAD and is trusted (not listed in PICS
+  kbtp.target.untrusted_initiators: "A target MUST offer them only to initiators it trusts");
+- ADDR_LE: set in every HELLO_ACK (the text makes it the target's choice, not the initiator's); the Block Offset of
+  table entries is then little-endian, and the Block Handle and the descriptors' STag, Tagged Offset and Length of
+  every later request are decoded little-endian.
+The table is kept in memory in the order the text gives: ALLOC_STORE writes Data Length and Block Offset, then
+Flags and the next Generation (in one step of its actor: the seeded interleavings of the blame tests stay those they
+were written for); a mapped store its Data Length, then SEALED; FREE clears VALID and SEALED and increments the
+Generation before the Tail FetchAdd.
+
+Where the text leaves a choice open it chooses differently from the reference, so a suite that reads the reference's
 choices as the rules fails it:
 - ALLOC_STORE checks the quota first, then the handle range, the entry, the Generation and the length; STORE
   checks the entry (VALID, SEALED) before the handle's owner; LOAD the Generation before VALID;
 - a HELLO carrying the Initiator ID of an active session ends that connection (no HELLO_ACK);
 - a request whose Status is not zero is served all the same (the rule binds the initiator);
 - handle ranges start at 0x10000 and entries at Generation 1; the retention time is unbounded;
-- BIND (no DIRECT_ALLOC is offered) completes MALFORMED.
+- BIND (no DIRECT_ALLOC is offered) completes MALFORMED;
+- the pool is registered zero-based: the first block's Block Offset is 0;
+- the table does not start its region: a Table descriptor's Tagged Offset is 48 octets into a region that is
+  not zero-based (the first 48 octets are zero);
+- the table has an entry for exactly the handles of the ranges it hands out (Count = max_initiators * Handle
+  Count), every one starting at Generation 1, Flags 0.
 
 For the harness's scripted race checks it follows the race-point convention the harness documents: the actor
 serving connection C is ``target@C``; an allocation pauses at ``read-slot.shared.<ticket>`` after its Head
 FetchAdd, a free at ``tail.shared`` before its Tail FetchAdd.
 
-The variants at the end break one ring rule each, for the blame tests (tests/kbtp/test_verdicts.py,
-tests/kbtp/test_ring_blame.py).
+The variants at the end break one rule each, for the blame tests (tests/kbtp/test_verdicts.py,
+tests/kbtp/test_ring_blame.py, tests/kbtp/test_independent_target.py).
 """
 
 from __future__ import annotations
@@ -31,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.rdma import Access, Command, Connection, ConnState, Fabric, Node, Op, pause, wait_completion, wait_until
-from kvconform.targets.kbtp import TargetParams
+from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
 
 Steps = Generator[Command, Any, Any]
 
@@ -43,11 +63,22 @@ OK, INVALID_HANDLE, STALE_GENERATION, NOT_VALID, ALREADY_BOUND, NO_SPACE, SEALED
 INLINE, SEAL, RECORD, INVALIDATE, ALLOW_UNSEALED = 0x01, 0x02, 0x04, 0x08, 0x10
 F_VALID, F_SEALED = 0x0001, 0x0002
 RELEASE = 0x0001
+DIRECT_LOAD, ADDR_LE = 0x0001, 0x0008
 ONES = (1 << 64) - 1
 HEADER = struct.Struct(">BBHQQHH")  # Version, Opcode, Flags, Request ID, Block Handle, Generation, Status
 DESC = struct.Struct(">IQI")  # STag, Tagged Offset, Length (the Completion Descriptor's last field is reserved)
+DESC_LE = struct.Struct("<IQI")  # the same, as an initiator encodes it under ADDR_LE
+ENTRY_STATE = struct.Struct(">HH")  # a table entry's Flags, Generation (octets 0..3)
+ENTRY_LENGTH = struct.Struct(">I")  # its Data Length (octets 4..7); the Block Offset (8..15) follows per ADDR_LE
+ENTRY_SIZE = 16
+TABLE_LEAD = 48  # octets of the table's region before its first entry (this target's choice)
 HANDLE_BASE = 0x10000
 CREDITS = 8
+
+
+def next_generation(generation: int) -> int:
+    """Incremented by one, skipping zero (Generation never takes the value zero)."""
+    return generation % 0xFFFF + 1
 
 
 def masked_add(value: int, add: int, mask: int) -> int:
@@ -140,27 +171,26 @@ class SharedRing:
             self.flush(index, ticket, block)
 
 
-class IndependentTarget:
-    """kbtp-target driver (``python:tests.kbtp.independent_target:IndependentTarget``)."""
-
-    ring_class: type[SharedRing] = SharedRing
-
-    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
-        return _Running(fabric, node, params, self.ring_class)
-
-
 class _Running:
     """One started target: its pool, table and ring, serving every attached connection."""
 
     def __init__(self, fabric: Fabric, node: Node, p: TargetParams, ring_class: type[SharedRing]) -> None:
         self.fabric, self.node, self.p = fabric, node, p
-        self.pool = node.register(node.alloc(p.blocks * p.block_size), Access.LOCAL_WRITE)
+        self.offered = int(p.features) & (DIRECT_LOAD | ADDR_LE)
+        self.addr_le = bool(self.offered & ADDR_LE)
+        # Initiators may read the pool and the table only through the STags DIRECT_LOAD hands out.
+        remote = Access.REMOTE_READ if self.offered & DIRECT_LOAD else Access.NONE
+        self.pool = node.register(node.alloc(p.blocks * p.block_size), Access.LOCAL_WRITE | remote, zero_based=True)
         shared = p.shared_count
         slots = p.ring_slots or max(2, 1 << max(0, (shared - 1).bit_length()))
         blocks = [self.pool.to(i * p.block_size) for i in range(shared)]
         self.ring = ring_class(blocks, slots, fabric.profile.masked_atomics)
         self.entries = p.max_initiators * p.handle_count
         self.table = {HANDLE_BASE + i: Entry() for i in range(self.entries)}
+        self.table_mem = node.register(node.alloc(TABLE_LEAD + ENTRY_SIZE * self.entries), Access.LOCAL_WRITE | remote)
+        for h in self.table:
+            self._write_state(h)
+            self._write_location(h)
         self.initiators: dict[bytes, Initiator] = {}
         self.quotas = dict(p.quotas)
         self.wr = 1 << 40
@@ -194,6 +224,8 @@ class _Running:
             self._complete(conn, 0, 0, MALFORMED)
             return me, False
         version, opcode, flags, rid, handle, gen, _status = HEADER.unpack_from(raw)
+        if self.addr_le:  # the Block Handle of every message an initiator sends (zero in HELLO either way)
+            (handle,) = struct.unpack_from("<Q", raw, 12)
         if version != 1:
             self._complete(conn, rid, handle, MALFORMED)
             return me, False
@@ -249,8 +281,16 @@ class _Running:
                 return None, False
             known = self.initiators[iid] = Initiator(iid, free[0], quota)
         known.conn = conn
-        body = struct.pack(">HHIIIQII", 0, CREDITS, self.p.block_size, self.p.max_inline, known.quota, known.base,
-                           self.p.handle_count, self.p.ticket_timeout_ms)
+        (requested,) = struct.unpack_from(">H", raw, 24)
+        granted = self.offered & ADDR_LE  # the target's choice, whatever was requested
+        if iid not in self.p.untrusted_initiators:  # direct modes only to initiators it trusts
+            granted |= requested & self.offered & DIRECT_LOAD
+        body = struct.pack(">HHIIIQII", granted, CREDITS, self.p.block_size, self.p.max_inline, known.quota,
+                           known.base, self.p.handle_count, self.p.ticket_timeout_ms)
+        if granted & DIRECT_LOAD:  # Table descriptor, Table Base Handle, 8 reserved octets, Pool descriptor
+            body += DESC.pack(self.table_mem.stag, self.table_mem.to(TABLE_LEAD), self.entries)
+            body += struct.pack(">Q8x", HANDLE_BASE)
+            body += DESC.pack(self.pool.stag, self.pool.to(0), self.p.blocks)
         self._send(conn, HEADER.pack(1, HELLO_ACK, 0, 0, 0, 0, OK) + body)
         yield from ()
         return known, False
@@ -261,7 +301,7 @@ class _Running:
         if opcode != FREE:
             if len(raw) < off + 16:
                 return None
-            desc = DESC.unpack_from(raw, off)
+            desc = (DESC_LE if self.addr_le else DESC).unpack_from(raw, off)
             off += 16
         if flags & RECORD:
             if len(raw) < off + 16:
@@ -343,8 +383,10 @@ class _Running:
         if not ok:
             return False
         e.length = r.desc[2] if r.desc else 0
-        if r.flags & SEAL:
+        self.table_mem.write(self._entry_at(r.handle) + 4, ENTRY_LENGTH.pack(e.length))
+        if r.flags & SEAL:  # after the Data Length: a reader that sees SEALED sees the final length
             e.flags |= F_SEALED
+            self._write_state(r.handle)
         self._complete(r.conn, r.rid, r.handle, OK, e, e.length, e.block, self._invalidate(r))
         return True
 
@@ -355,13 +397,14 @@ class _Running:
         yield from wait_until(lambda: self.ring.holds(ticket, index), name=f"slot-wait.shared.{ticket}")
         block = self.ring.consume(index)
         ok = yield from self._data(r, block)
-        r.me.pending -= 1
         if not ok:
+            r.me.pending -= 1
             yield from self._give_back(block)
             return False
+        yield from self._bind_entry(r.handle, r.desc[2] if r.desc else 0, block,
+                                    F_VALID | (F_SEALED if r.flags & SEAL else 0))
         e = self.table[r.handle]
-        e.length, e.block = r.desc[2] if r.desc else 0, block  # the location before the state
-        e.flags, e.generation = F_VALID | (F_SEALED if r.flags & SEAL else 0), e.generation % 0xFFFF + 1
+        r.me.pending -= 1
         r.me.bound.add(r.handle)
         self._complete(r.conn, r.rid, r.handle, OK, e, e.length, block, self._invalidate(r))
         return True
@@ -373,7 +416,8 @@ class _Running:
 
     def _unbind(self, me: Initiator, handle: int) -> Steps:
         e = self.table[handle]
-        e.flags, e.generation = 0, e.generation % 0xFFFF + 1  # the entry first, then the ring
+        e.flags, e.generation = 0, next_generation(e.generation)  # the entry first, then the ring
+        self._write_state(handle)
         me.bound.discard(handle)
         yield from self._give_back(e.block)
 
@@ -388,6 +432,34 @@ class _Running:
     def pool_position(self, block: int) -> int:
         return block - self.pool.to(0)
 
+    # ---- the table in memory (what DIRECT_LOAD readers see) -------------------------------------------------
+
+    def _entry_at(self, handle: int) -> int:
+        return TABLE_LEAD + ENTRY_SIZE * (handle - HANDLE_BASE)
+
+    def _bind_entry(self, handle: int, length: int, block: int, flags: int) -> Steps:
+        """Data Length and Block Offset, then Flags and the next Generation (one step of this actor)."""
+        e = self.table[handle]
+        e.length, e.block = length, block
+        self._write_location(handle)
+        e.flags, e.generation = flags, next_generation(e.generation)
+        self._write_state(handle)
+        yield from ()
+
+    def _write_state(self, handle: int) -> None:
+        """Flags and Generation of the entry (octets 0..3)."""
+        e = self.table[handle]
+        self.table_mem.write(self._entry_at(handle), ENTRY_STATE.pack(e.flags, e.generation))
+
+    def _write_location(self, handle: int) -> None:
+        """Data Length and Block Offset of the entry (octets 4..15)."""
+        e = self.table[handle]
+        self.table_mem.write(self._entry_at(handle) + 4, ENTRY_LENGTH.pack(e.length) + self.offset_octets(e.block))
+
+    def offset_octets(self, block: int) -> bytes:
+        """A Block Offset as table entries hold it: little-endian under ADDR_LE, else network byte order."""
+        return block.to_bytes(8, "little" if self.addr_le else "big")
+
 
 @dataclass
 class Request:
@@ -400,6 +472,25 @@ class Request:
     gen: int
     desc: tuple[int, int, int] | None
     inline: bytes | None
+
+
+class IndependentTarget:
+    """kbtp-target driver (``python:tests.kbtp.independent_target:IndependentTarget``)."""
+
+    ring_class: type[SharedRing] = SharedRing
+    running_class: type[_Running] = _Running
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
+        return self.running_class(fabric, node, params, self.ring_class)
+
+
+class ServedIndependentTarget(ReferenceTargetDriver):
+    """The same target in a process of its own (``kvconform serve kbtp-target --driver-class
+    tests.kbtp.independent_target:ServedIndependentTarget``, which takes a subclass of the reference's driver): only
+    ``start`` is used, and it is this module's, so the harness judges it as a black box over a wire."""
+
+    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:  # type: ignore[override]
+        return IndependentTarget().start(fabric, node, params)
 
 
 # ---- one ring bug each (the blame tests) --------------------------------------------------------------------
@@ -478,5 +569,36 @@ class CrashesOnLoad(IndependentTarget):
     """The actor serving a connection raises on every LOAD (a crash while driven): checks waiting for a LOAD's
     completion fail on what says it completes (KBTP-LOAD-COMPLETE), not on a default requirement."""
 
-    def start(self, fabric: Fabric, node: Node, params: TargetParams) -> _Running:
-        return _CrashingOnLoad(fabric, node, params, self.ring_class)
+    running_class = _CrashingOnLoad
+
+
+# ---- one table bug each (tests/kbtp/test_independent_target.py; DIRECT_LOAD shows the table) ---------------------
+
+
+class _BigEndianOffsets(_Running):
+    def offset_octets(self, block: int) -> bytes:
+        return block.to_bytes(8, "big")  # network byte order even when HELLO_ACK set ADDR_LE
+
+
+class BigEndianTableOffsets(IndependentTarget):
+    """Table entries hold their Block Offset in network byte order while HELLO_ACK sets ADDR_LE (KBTP-ADDRLE-MEMORY:
+    "the Block Offset fields of table entries and ring slots are in little-endian byte order")."""
+
+    running_class = _BigEndianOffsets
+
+
+class _StateBeforeLocation(_Running):
+    def _bind_entry(self, handle: int, length: int, block: int, flags: int) -> Steps:
+        e = self.table[handle]
+        e.flags, e.generation = flags, next_generation(e.generation)
+        self._write_state(handle)
+        yield from pause("entry-location")  # a reader may see VALID with the entry's old location
+        e.length, e.block = length, block
+        self._write_location(handle)
+
+
+class StateBeforeLocation(IndependentTarget):
+    """A bind writes Flags and Generation before Data Length and Block Offset (KBTP-TABLE-BIND-ORDER: "when it binds
+    an entry, the target writes Data Length and Block Offset before Flags and Generation")."""
+
+    running_class = _StateBeforeLocation

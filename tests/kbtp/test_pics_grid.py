@@ -40,6 +40,13 @@ TARGET_GRID: dict[str, tuple[str, ...]] = {
     "F-eq-N-8": (pool(24, 8, 8),),
     "F-lt-N-small-blocks": (pool(8, 5, 8, block_size=512), "kbtp.target.features=[DIRECT_LOAD, ADDR_LE]"),
     "one-initiator": ("kbtp.target.max_initiators=1",),
+    # no inline data at all: every store by RDMA Read, the text's inline example not applicable
+    "max-inline-0": ("kbtp.target.max_inline=0",),
+    # ranges smaller than the handles a check uses: it does not apply (a handle past the range is not the target's
+    # fault); 1: the text's example rebased into the range
+    "handle-count-1": ("kbtp.target.handle_count=1",),
+    "handle-count-4": ("kbtp.target.handle_count=4",),
+    "blocks-of-64": (pool(22, 6, 8, block_size=64),),  # test data no longer than a block
     "two-initiators-quota-3": ("kbtp.target.max_initiators=2", "kbtp.target.quota=3"),
     "three-initiators-quota-1": ("kbtp.target.max_initiators=3", "kbtp.target.quota=1"),
     "no-feature": ("kbtp.target.features=[]",),

@@ -1490,7 +1490,9 @@ MUTANTS: dict[str, Mutant] = {
                                                                               "test_unbound_tickets_count_in_usage")),
     # kbtp-target: direct modes
     "WrongPoolCount": Mutant("kbtp-target", "KBTP-ACK-DLOAD-DESC", ("test_direct_load_descriptors",)),
-    "BigEndianTableUnderAddrLe": Mutant("kbtp-target", "KBTP-ADDRLE-MEMORY", ("test_direct_load_entry",)),
+    # the direct load of the block reads the entry's reversed Block Offset: the byte order, not the pool, is wrong
+    "BigEndianTableUnderAddrLe": Mutant("kbtp-target", "KBTP-ADDRLE-MEMORY",
+                                        ("test_direct_load_entry", "test_direct_load_block")),
     "TableHoldsBlockNumbers": Mutant("kbtp-target", "KBTP-POOL-BLOCKS", ("test_direct_load_block",)),
     "WritableTable": Mutant("kbtp-target", "KBTP-DLOAD-READONLY", ("test_direct_load_stags_are_read_only",)),
     "HeadMisaligned": Mutant("kbtp-target", "KBTP-ACK-HEAD-ALIGN", ("test_direct_alloc_descriptors",)),
@@ -1593,5 +1595,7 @@ UNMUTATED_CHECKS: dict[str, str] = {
         "its invariant (a consistent direct load reads the data of its Generation) breaks only through another "
         "rule, each with its focused check and mutant: the entry written before the data (EntryBeforeData, "
         "test_entry_written_after_data), the block returned before the entry changes (FreeReturnsBeforeEntryUpdate, "
-        "test_free_updates_entry_before_ring), a sealed block changed (StoresIntoSealed)"),
+        "test_free_updates_entry_before_ring), a sealed block changed (StoresIntoSealed); the entry's state written "
+        "before its location it judges itself (KBTP-TABLE-BIND-ORDER), shown by the independent target's "
+        "StateBeforeLocation (tests/kbtp/test_independent_target.py)"),
 }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvconform import evidence
-from kvconform.conformance.kbtp import expect, hangs
+from kvconform.conformance.kbtp import diagnose, expect, hangs
 from kvconform.conformance.kbtp.prepared import KEPT_BINDING, PREPARED, prepare_handles
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Opcode, RequestFlags, Status
@@ -43,11 +43,14 @@ PRIVATE_STATUS = range(0xC000, 0x10000)
 
 def _example_request(a: HarnessInitiator) -> tuple[bytes, int]:
     """The text's 48 octets, with handle 0x4001 rebased into the session's range when it does not hold it,
-    and (under ADDR_LE, which the example predates) the Block Handle and descriptor little-endian."""
+    and (under ADDR_LE, which the example predates) the Block Handle and descriptor little-endian. Its 8 octets of
+    inline data need a Max Inline of at least 8 (not applicable below)."""
     ack = a.ack
+    if ack.max_inline < 8:
+        not_applicable(f"the target's Max Inline is {ack.max_inline}: the example's 8 octets of inline data exceed it")
     request, handle = EXAMPLE_ALLOC_STORE, 0x4001
     if not ack.handle_base <= handle < ack.handle_base + ack.handle_count:
-        handle = ack.handle_base + 1
+        handle = ack.handle_base + min(1, ack.handle_count - 1)
         request = request[:12] + struct.pack(">Q", handle) + request[20:]
     if a.addr_le:
         evidence.note("target set ADDR_LE: the example's Block Handle and Data Descriptor re-encoded little-endian")
@@ -507,12 +510,13 @@ def test_completion_after_data(kbtp_target: TargetUnderTest, session_seed: int) 
 
 @dataclass(frozen=True)
 class Malformed:
-    """A request that cannot be parsed: its octets (for handle h), the requirement that says so, and what the
-    target may answer instead of MALFORMED where the text allows another reading."""
+    """A request that cannot be parsed: its octets (for handle h, and whether the session's HELLO_ACK set ADDR_LE:
+    the Block Handle and descriptors then little-endian, as the initiator MUST encode them), the requirement that
+    says so, and what the target may answer instead of MALFORMED where the text allows another reading."""
 
     id: str
     req: str
-    raw: Callable[[int], bytes]
+    raw: Callable[[int, bool], bytes]
     also: frozenset[str] = frozenset()
 
 
@@ -524,18 +528,25 @@ def _load_desc(h: int) -> Load:
     return Load(request_id=99, handle=h, flags=UNSEALED_OK, data=DataDescriptor(0, 0, 8))
 
 
+def _handle_field(h: int, addr_le: bool) -> int:
+    """The value of the (big-endian) header field whose octets are handle ``h`` in the session's byte order."""
+    return diagnose.swapped(h) if addr_le else h
+
+
 MALFORMED = [
     # A header cut short cannot even name its Request ID: MALFORMED (echoing what it can) or the end.
     Malformed("truncated-header", "KBTP-STATUS-MALFORMED",
-              lambda h: bytes(KBTP(opcode=Opcode.LOAD, request_id=99, handle=h))[:17], frozenset({"connection ended"})),
+              lambda h, le: bytes(KBTP(opcode=Opcode.LOAD, request_id=99, handle=_handle_field(h, le)))[:17],
+              frozenset({"connection ended"})),
     Malformed("truncated-body", "KBTP-STATUS-MALFORMED",
-              lambda h: bytes(KBTP(request_id=99, handle=h) / KBTPLoad(data_length=8))[:30]),
-    Malformed("wrong-version", "KBTP-HDR-VERSION", lambda h: craft(_good(h), version=2)),
-    Malformed("version-zero", "KBTP-HDR-VERSION", lambda h: craft(_load_desc(h), version=0)),
-    Malformed("unknown-opcode", "KBTP-OPCODES", lambda h: header_only(0x7E, request_id=99, handle=h)),
+              lambda h, le: bytes(KBTP(request_id=99, handle=_handle_field(h, le)) / KBTPLoad(data_length=8))[:30]),
+    Malformed("wrong-version", "KBTP-HDR-VERSION", lambda h, le: craft(_good(h), addr_le=le, version=2)),
+    Malformed("version-zero", "KBTP-HDR-VERSION", lambda h, le: craft(_load_desc(h), addr_le=le, version=0)),
+    Malformed("unknown-opcode", "KBTP-OPCODES",
+              lambda h, le: header_only(0x7E, request_id=99, handle=_handle_field(h, le))),
     # "Status is zero in requests" binds the initiator; a target may refuse the request or serve it (a LOAD of
-    # an unbound handle: NOT_VALID).
-    Malformed("status-in-request", "KBTP-STATUS-MALFORMED", lambda h: craft(_load_desc(h), status=3),
+    # an unbound handle: NOT_VALID, which it can tell only when the handle is in the session's byte order).
+    Malformed("status-in-request", "KBTP-STATUS-MALFORMED", lambda h, le: craft(_load_desc(h), addr_le=le, status=3),
               frozenset({"NOT_VALID"})),
 ]
 
@@ -552,7 +563,7 @@ def test_malformed_request(case: Malformed, kbtp_target: TargetUnderTest, seed: 
     def scenario() -> Gen:
         yield from bed.open(a)
         h = a.handle(9)
-        reply = yield from a.call(case.raw(h), req=case.req, what=f"answer to the {case.id} request",
+        reply = yield from a.call(case.raw(h, a.addr_le), req=case.req, what=f"answer to the {case.id} request",
                                   allow_end="connection ended" in case.also)
         outcome = "connection ended" if isinstance(reply, Ended) else expect.status_name(reply.status)
         check_one_of(outcome, {"MALFORMED", *case.also}, what=f"answer to the {case.id} request", req=case.req)

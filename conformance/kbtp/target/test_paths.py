@@ -37,6 +37,7 @@ UNSEALED_OK = int(RequestFlags.ALLOW_UNSEALED)
 R_EFFECT = "KBTP-VAL-NO-EFFECT"
 GUARD = b"\xa5"  # octets of a LOAD buffer the target must not write
 OUTSIDE = 0x7FFF_0000_0000_0000  # a handle no initiator is authorised for (unless the range holds it)
+CASE_HANDLES = 7  # the cases use handles 0..6 of the range (own(), needs, refused_handle); the drain its top
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def _free(handle: Callable[[Ctx], int], generation: Callable[[Ctx], int]) -> Bui
 
 
 def own(i: int) -> Callable[[Ctx], int]:
+    """Handle ``i`` (< CASE_HANDLES) of the range."""
     return lambda c: c.a.handle(i)
 
 
@@ -283,6 +285,9 @@ def _judge(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
         q = ack.allocation_quota
         if len(case.needs) > q or (case.allocates and q < 1):
             not_applicable(f"Allocation Quota {q}: the case needs {len(case.needs)} bound handle(s)")
+        if ack.handle_count < CASE_HANDLES + q + 1:
+            not_applicable(f"Handle Count {ack.handle_count}: the cases' handles (the first {CASE_HANDLES} of the "
+                           f"range) and the {q + 1} the quota drain takes from its top would overlap")
         control = [a.handle(ack.handle_count - 1 - i) for i in range(q)] if case.expected != Status.OK else []
         if control:
             # Control: the whole quota cycles the ring before any refusal. A ring that loses blocks by itself

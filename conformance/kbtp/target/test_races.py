@@ -179,7 +179,7 @@ def test_free_updates_entry_before_ring(kbtp_target: TargetUnderTest, seed: int)
 
     def writer() -> Gen:
         yield from bed.open(w, plan[0])
-        a = yield from w.alloc_store(w.handle(0), b"free me" * 4)
+        a = yield from w.alloc_store(w.handle(0), (b"free me" * 4)[:kbtp_target.params.block_size])
         expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="ALLOC_STORE")
         seen["gen"] = a.generation
         f = yield from w.free(w.handle(0))
@@ -777,13 +777,14 @@ def _entry_order_black_box(kbtp_target: TargetUnderTest, seed: int, plan: list[F
 
 
 @pytest.mark.req("KBTP-DLOAD-VALIDITY", "KBTP-GEN-CHANGES", "KBTP-HELLO-FIRST", "KBTP-QUOTA-ALLOC-BOUNDED",
-                 "KBTP-FREE-RETURN")
+                 "KBTP-FREE-RETURN", "KBTP-TABLE-BIND-ORDER")
 @hangs.diagnosed
 def test_direct_load_races_free(kbtp_target: TargetUnderTest, session_seed: int) -> None:
     """A DIRECT_LOAD reader (entry, block, entry) races a writer that frees and re-allocates its handle
     while another initiator (when the declared geometry has room for it) churns the ring: whenever both
-    entry reads show the same Generation with VALID and SEALED, the block read between them holds exactly
-    the data stored under that Generation."""
+    entry reads show the same Generation with VALID and SEALED, the first showed the Data Length and Block Offset
+    that Generation's ALLOC_STORE completed with (else the entry's state was written before its location), and the
+    block read between them holds exactly the data stored under that Generation."""
     kbtp_target.require(DL)
     runs = max(2, kbtp_target.interleavings // 5)
     consistent = sum(_direct_load_race(kbtp_target, session_seed * 100_000 + 50_000 + i, i) for i in range(runs))
@@ -802,19 +803,21 @@ def _direct_load_race(kbtp_target: TargetUnderTest, seed: int, i: int) -> int:
     w, r = bed.initiator("W"), bed.initiator("R")
     c = bed.initiator("C") if len(plan) > 2 else None
     stored: dict[int, bytes] = {}  # Generation -> data stored under it (handle of W)
-    seen: list[tuple[int, bytes]] = []  # (generation, block octets) of consistent direct loads
+    located: dict[int, tuple[int, int]] = {}  # Generation -> (octets stored, Block Offset of the COMPLETION)
+    seen: list[tuple[Any, bytes]] = []  # (first entry read, block octets) of consistent direct loads
     done = {"w": False}
 
     def writer() -> Gen:
         yield from bed.open(w, plan[0])
         h = w.handle(0)
         for k in range(4):
-            data = bytes([0xA0 + k]) * (48 + 8 * k)
+            data = bytes([0xA0 + k]) * min(48 + 8 * k, p.block_size)  # within any declared Block Size
             # By RDMA Read, so the target's data write takes steps others can interleave with.
             src = w.buffer(len(data), Access.REMOTE_READ, data)
             a = yield from w.alloc_store(h, data, source=src)
             expect.status_is(a, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"W ALLOC_STORE {k}")
             stored[a.generation] = data
+            located[a.generation] = (len(data), a.block_offset)
             for _ in range(20):  # stay bound a while, so direct loads of this binding can complete
                 yield from pause("W-bound")
             f = yield from w.free(h)
@@ -848,16 +851,22 @@ def _direct_load_race(kbtp_target: TargetUnderTest, seed: int, i: int) -> int:
             e2 = yield from r.read_entry(h, req="KBTP-DLOAD-VALIDITY")
             if wc.ok and e2 is not None and e2[1] == e1[1] and e2[0] & EntryFlags.VALID and \
                     e2[0] & EntryFlags.SEALED:
-                seen.append((e1[1], block))
+                seen.append((e1, block))
 
     actors = {"W": writer(), "R": reader()}
     if c is not None:
         actors["C"] = churn(c)
     bed.run(**actors)
-    for gen, block in seen:
+    for entry, block in seen:
+        gen, where = entry[1], (entry[2], entry[3])
         want = stored.get(gen)
         check(want is not None, f"interleaving {i}: a consistent direct load showed Generation {gen}, under which "
               f"nothing was stored [{bed.replay_hint()}]", req="KBTP-GEN-CHANGES")
+        check(where == located[gen], f"interleaving {i}: a direct load's entry reads both showed Generation {gen} "
+              f"VALID|SEALED, the first with Data Length {where[0]}, Block Offset {where[1]:#x}, not the "
+              f"{located[gen][0]} octets stored and the Block Offset {located[gen][1]:#x} its ALLOC_STORE completed "
+              f"with: the entry's Flags and Generation were written before its location [{bed.replay_hint()}]",
+              req="KBTP-TABLE-BIND-ORDER", seen=where, expected=located[gen])
         check(block == want, f"interleaving {i}: a direct load with both entry reads at Generation {gen} "
               f"(VALID, SEALED) read {block[:8].hex()}..., stored was {want[:8].hex() if want else None}"
               f"... [{bed.replay_hint()}]", req="KBTP-DLOAD-VALIDITY")

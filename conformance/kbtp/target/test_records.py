@@ -11,7 +11,7 @@ import pytest
 from kvconform.conformance.kbtp import expect
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
-from kvconform.kbtp.messages import AllocStore, CompletionDescriptor, Load
+from kvconform.kbtp.messages import CompletionDescriptor, Load
 from kvconform.rdma import Access, Binding, Op, Region
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator, Reply
 from kvconform.verdicts import Violation, check, not_applicable
@@ -32,8 +32,8 @@ def test_record_flag_without_the_feature(kbtp_target: TargetUnderTest, seed: int
               req="KBTP-COMP-RECORD-BINDING", seen=Features(ack.features))
         slot = a.buffer(24, Access.REMOTE_WRITE)
         slot.write(0, b"\x5a" * 24)
-        msg = AllocStore.with_inline(b"rec?", flags=RequestFlags.SEAL | RequestFlags.RECORD, request_id=11,
-                                     handle=a.handle(0), completion=CompletionDescriptor(slot.stag, slot.to(0)))
+        msg = a.alloc_store_msg(a.handle(0), b"rec?", request_id=11, completion=CompletionDescriptor(slot.stag,
+                                                                                                    slot.to(0)))
         a.send(a.enc(msg))
         got = yield from a.receive_any(req="KBTP-COMP-SEND", what="completion of the ALLOC_STORE with RECORD")
         check(isinstance(got, Reply), "a completion record was written although RECORD_COMPLETION was not granted",
@@ -79,8 +79,7 @@ def test_completion_records(kbtp_target: TargetUnderTest, seed: int) -> None:
         area.write(0, b"\xa5" * 64)
         cd = CompletionDescriptor(area.stag, area.to(16))  # the slot is octets 16-39 of the area
         h = a.handle(0)
-        a.send(a.enc(AllocStore.with_inline(data, flags=RequestFlags.SEAL | RequestFlags.RECORD, request_id=21,
-                                            handle=h, completion=cd)))
+        a.send(a.enc(a.alloc_store_msg(h, data, request_id=21, completion=cd)))
         wc = yield from _record(a, area, "completion record of ALLOC_STORE 21")
         check(not isinstance(wc, Reply), "ALLOC_STORE with RECORD completed by a COMPLETION message, not a record",
               req="KBTP-COMP-RECORD", seen="COMPLETION", expected="a completion record")

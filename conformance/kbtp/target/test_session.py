@@ -182,7 +182,7 @@ def test_goodbye_keeps_bindings(kbtp_target: TargetUnderTest, seed: int) -> None
     handle range with the bindings intact."""
     bed = kbtp_target.bed(seed, label="retention")
     a = bed.initiator("A")
-    data = b"retained block " * 5
+    data = (b"retained block " * 5)[:kbtp_target.params.block_size]  # within any declared Block Size
 
     def scenario() -> Gen:
         ack1 = yield from bed.open(a)
@@ -215,7 +215,7 @@ def test_goodbye_release_frees_everything(kbtp_target: TargetUnderTest, seed: in
         if q == 0:
             not_applicable("Allocation Quota 0: nothing can be bound")
         for i in range(q):
-            reply = yield from a.alloc_store(a.handle(i), bytes([i]) * 32)
+            reply = yield from a.alloc_store(a.handle(i), bytes([i]) * min(32, kbtp_target.params.block_size))
             expect.status_is(reply, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE {i + 1} of {q}")
         a.goodbye(release=True)
         again, ack2 = yield from _reconnect(bed, a, "A2")
@@ -224,7 +224,7 @@ def test_goodbye_release_frees_everything(kbtp_target: TargetUnderTest, seed: in
         lr, _ = yield from again.load(ack1.handle_base, 32, flags=RequestFlags.ALLOW_UNSEALED)
         expect.status_is(lr, Status.NOT_VALID, req="KBTP-GOODBYE-RELEASE", what="LOAD after GOODBYE RELEASE")
         for i in range(ack2.allocation_quota):
-            reply = yield from again.alloc_store(again.handle(10 + i), b"x" * 16)
+            reply = yield from again.alloc_store(again.handle(10 + i), b"x" * min(16, kbtp_target.params.block_size))
             expect.status_is(reply, Status.OK, req="KBTP-QUOTA-RELEASE",
                              what=f"ALLOC_STORE {i + 1} of {ack2.allocation_quota} after RELEASE")
 

@@ -21,7 +21,7 @@ import pytest
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect, hangs
 from kvconform.fixtures.kbtp import TargetUnderTest
-from kvconform.kbtp.constants import RequestFlags, Status
+from kvconform.kbtp.constants import Status
 from kvconform.kbtp.messages import AllocStore, Free
 from kvconform.targets.kbtp_client import RECV_DEPTH, Ended, Gen, HarnessInitiator
 from kvconform.verdicts import check, inconclusive, not_applicable
@@ -40,6 +40,8 @@ def _batch(a: HarnessInitiator, h: int, cycles: int, depth: int) -> Gen:
     """``cycles`` ALLOC_STORE + FREE pairs of handle ``h``, ``depth`` requests in flight (in order on one
     connection, so each FREE follows its ALLOC_STORE); the Generations their completions carry, in order."""
     seen: list[int] = []
+    # inline when Max Inline allows one octet, else by RDMA Read from one buffer
+    source = None if a.ack.max_inline >= 1 else a.buffer(1, data=b"g")
     sent = 0
     total = 2 * cycles
     outstanding = 0
@@ -47,8 +49,7 @@ def _batch(a: HarnessInitiator, h: int, cycles: int, depth: int) -> Gen:
         while sent < total and outstanding < depth:
             rid = a.next_id()
             if sent % 2 == 0:
-                msg: AllocStore | Free = AllocStore.with_inline(b"g", flags=int(RequestFlags.SEAL), request_id=rid,
-                                                                handle=h)
+                msg: AllocStore | Free = a.alloc_store_msg(h, b"g", request_id=rid, source=source)
             else:
                 msg = Free(request_id=rid, handle=h)
             a.send(a.enc(msg), signaled=False)
