@@ -17,16 +17,16 @@ PREPARED: dict[int, tuple[bytes, int]] = {0: (b"0" * 16, int(RequestFlags.SEAL))
 KEPT_BINDING = "KBTP-GOODBYE-RELEASE"
 
 
-def prepare_handles(kbtp_target: TargetUnderTest, a: HarnessInitiator, needs: tuple[int, ...] | list[int], *,
-                    first_use: bool = True) -> Gen:
+def prepare_handles(kbtp_target: TargetUnderTest, a: HarnessInitiator, needs: tuple[int, ...] | list[int]) -> Gen:
     """Bind the PREPARED handles a case needs (each within quota, so a stuck one is KBTP-QUOTA-ALLOC-BOUNDED's);
-    their Generations by handle index. ``first_use``: the session has not named these handles before, so an
-    ALREADY_BOUND shows a binding the target kept from an earlier session (``_kept_binding``)."""
+    their Generations by handle index. The session has named none of them before (the callers' other handles lie
+    elsewhere in the range), so an ALREADY_BOUND shows a binding the target kept from an earlier session
+    (``_kept_binding``)."""
     gens: dict[int, int] = {}
     for h in needs:
         data, flags = PREPARED[h]
         r = yield from a.alloc_store(a.handle(h), data, flags=flags)
-        if first_use and not isinstance(r, Ended) and r.status == Status.ALREADY_BOUND:
+        if not isinstance(r, Ended) and r.status == Status.ALREADY_BOUND:
             _kept_binding(kbtp_target, a, h)
         expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE of prepared handle {h}")
         gens[h] = r.generation

@@ -295,8 +295,7 @@ def _judge(case: Case, kbtp_target: TargetUnderTest, seed: int) -> None:
             # for what the refusal did.
             yield from _rounds(a, control, _ring_slots(kbtp_target),
                                "nothing yet (the control round before the refusal)", req="KBTP-QUOTA-ALLOC-BOUNDED")
-        gens = yield from prepare_handles(kbtp_target, a, case.needs,
-                                          first_use=not {a.handle(h) for h in case.needs} & set(control))
+        gens = yield from prepare_handles(kbtp_target, a, case.needs)
         c = Ctx(a, bs, ack.max_inline, gens[case.needs[0]] if case.needs else 0)
         dst = None
         if isinstance(case.build, tuple):
