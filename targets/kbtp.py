@@ -23,7 +23,7 @@ from kvconform.kbtp.config import TargetConfig
 from kvconform.kbtp.constants import EntryFlags, Features, Status
 from kvconform.kbtp.initiator import InitiatorError, ReferenceInitiator
 from kvconform.kbtp.target import ReferenceTarget
-from kvconform.rdma import PROFILES, ActorGen, Connection, Fabric, Node, Profile
+from kvconform.rdma import PROFILES, ActorGen, Binding, Connection, Fabric, Node, Profile
 from kvconform.rdma.fabric import wait_until
 from kvconform.verdicts import DriverError, TargetUnavailable
 
@@ -131,6 +131,29 @@ class TargetParams:
         if not self.features & Features.DIRECT_ALLOC or not (p.atomics and p.mw_type2):
             return 0
         return self.blocks - self.shared_count
+
+    @property
+    def grants(self) -> Features:
+        """The declared features a trusted initiator asking for all of them is granted: not DIRECT_ALLOC without
+        room for a partition of the quota ("a partition of the pool whose size equals the initiator's quota"), nor
+        RECORD_COMPLETION on RDMAP (KBTP-COMP-NO-RECORD-RDMAP)."""
+        granted = self.features
+        if self.partition_count < max(1, self.quota):
+            granted &= ~Features.DIRECT_ALLOC
+        if self.profile.binding is Binding.RDMAP:
+            granted &= ~Features.RECORD_COMPLETION
+        return Features(granted)
+
+    @property
+    def grant_optional(self) -> Features:
+        """Declared features granting which is the target's choice at this geometry: DIRECT_ALLOC at a quota of 0
+        (a partition of no block, so nothing a ticket could take)."""
+        return Features(self.grants & Features.DIRECT_ALLOC if self.quota == 0 else 0)
+
+    @property
+    def sure_grants(self) -> Features:
+        """The declared features a trusted initiator asking for them must be granted at this geometry."""
+        return Features(self.grants & ~self.grant_optional)
 
     def capacity(self) -> tuple[int, int]:
         """Initiators the declared geometry serves at once: (on the shared ring, on DIRECT_ALLOC partitions),

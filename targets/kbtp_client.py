@@ -155,6 +155,18 @@ class Session:
                            f"{self.ack.handle_count}")
         return self.ack.handle_base + i
 
+    def holds(self, octets: int, *, allocates: bool) -> None:
+        """A store the check means to succeed needs a block, and an allocation a quota, that can hold it: at a
+        declared geometry that has neither (PICS kbtp.target.pool.block_size, kbtp.target.quota, as HELLO_ACK
+        advertises them; their agreement with PICS is test_session's) the check does not apply, since a refusal
+        there is the geometry's, not the target's fault."""
+        if allocates and self.ack.allocation_quota == 0:
+            not_applicable("the check allocates, and the target's Allocation Quota is 0 (HELLO_ACK; PICS "
+                           "kbtp.target.quota): it lets this initiator allocate nothing")
+        if octets > self.ack.block_size:
+            not_applicable(f"the check stores {octets} octets, and the target's Block Size is {self.ack.block_size} "
+                           "(HELLO_ACK; PICS kbtp.target.pool.block_size)")
+
 
 def precise(named: str, fallback: str) -> str:
     """``named`` (the requirement the codec names for a field it refuses) when the running check cites it, so the
@@ -246,6 +258,12 @@ class HarnessInitiator:
     def handle(self, i: int) -> int:
         """Handle ``i`` of this client's range."""
         return self._session().handle(i)
+
+    def holds(self, octets: int, *, allocates: bool = True) -> None:
+        """Not applicable where this session's quota or Block Size cannot take a store of ``octets`` the check
+        means to succeed (``Session.holds``); ``refused=True`` on a request says the check means it refused."""
+        if self.session:
+            self.session.holds(octets, allocates=allocates)
 
     # ---- messages ---------------------------------------------------------------------------------
 
@@ -344,9 +362,13 @@ class HarnessInitiator:
 
     def alloc_store_msg(self, handle: int, data: bytes, *, request_id: int, flags: int = RequestFlags.SEAL,
                         generation: int = 0, source: Region | None = None,
-                        completion: CompletionDescriptor | None = None) -> AllocStore:
+                        completion: CompletionDescriptor | None = None, refused: bool = False) -> AllocStore:
         """An ALLOC_STORE of ``data``: inline when it fits the session's Max Inline and no source is given, else by
-        RDMA Read (from ``source``, or a fresh buffer holding ``data``); RECORD set when ``completion`` is given."""
+        RDMA Read (from ``source``, or a fresh buffer holding ``data``); RECORD set when ``completion`` is given.
+        Not applicable where the session's quota or Block Size cannot take it, unless the check means it
+        ``refused`` (``Session.holds``)."""
+        if not refused:
+            self.holds(len(data), allocates=True)
         max_inline = self.session.ack.max_inline if self.session else 0
         if source is None and len(data) <= max_inline:
             return AllocStore.with_inline(data, flags=flags, request_id=request_id, handle=handle,
@@ -357,16 +379,20 @@ class HarnessInitiator:
                           data=self.descriptor(src, len(data)))
 
     def alloc_store(self, handle: int, data: bytes, *, flags: int = RequestFlags.SEAL, generation: int = 0,
-                    source: Region | None = None, req: str = R_ALLOC, allow_end: bool = False) -> Gen:
+                    source: Region | None = None, req: str = R_ALLOC, allow_end: bool = False,
+                    refused: bool = False) -> Gen:
         """ALLOC_STORE of ``data``: inline when it fits Max Inline and no source is given, else by RDMA Read."""
         rid = self.next_id()
-        msg = self.alloc_store_msg(handle, data, request_id=rid, flags=flags, generation=generation, source=source)
+        msg = self.alloc_store_msg(handle, data, request_id=rid, flags=flags, generation=generation, source=source,
+                                   refused=refused)
         reply = yield from self.call(self.enc(msg), req=req, allow_end=allow_end,
                                      what=f"COMPLETION of ALLOC_STORE {rid} (handle {handle:#x}, {len(data)} octets)")
         return reply
 
     def store(self, handle: int, data: bytes, *, flags: int = RequestFlags.SEAL, generation: int = 0,
-              req: str = R_STORE) -> Gen:
+              req: str = R_STORE, refused: bool = False) -> Gen:
+        if not refused:
+            self.holds(len(data), allocates=False)
         rid = self.next_id()
         max_inline = self.session.ack.max_inline if self.session else 0
         if len(data) <= max_inline:
@@ -399,6 +425,9 @@ class HarnessInitiator:
 
     def bind(self, handle: int, ticket: int, data_length: int, block_offset: int, *, req: str = R_BIND,
              allow_end: bool = False) -> Gen:
+        """BIND of a block written through the partition: not applicable for a Data Length over a block (a refusal
+        for it is the geometry's; test_bind_refusals crafts that BIND itself)."""
+        self.holds(data_length, allocates=False)
         rid = self.next_id()
         msg = Bind(request_id=rid, handle=handle, ticket=ticket, data_length=data_length, block_offset=block_offset)
         reply = yield from self.call(self.enc(msg), req=req, allow_end=allow_end,
@@ -503,7 +532,9 @@ class HarnessInitiator:
         self._violation(f"{self.name}: {what}: still not there after {max_reads} reads", req=req)
 
     def write_block(self, block_offset: int, data: bytes, *, req: str) -> Gen:
-        """RDMA Write into the partition at ``block_offset`` (a Tagged Offset within the Pool STag)."""
+        """RDMA Write into the partition at ``block_offset`` (a Tagged Offset within the Pool STag); not applicable
+        when ``data`` is longer than a block (it would run into the next, or out of the partition)."""
+        self.holds(len(data), allocates=False)
         da = self._direct_alloc()
         wc = yield from self.rdma_write(da.partition.stag, block_offset, data, req=req, tag="block")
         return wc

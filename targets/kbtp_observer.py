@@ -31,7 +31,7 @@ from kvconform.targets.kbtp_bed import MAX_STEPS, make_fabric, require_owned_rac
 from kvconform.targets.kbtp_client import HarnessInitiator
 from kvconform.targets.kbtp_credits import PROBE_WAIT_S, CreditProbe
 from kvconform.targets.kbtp_order import OrderWitness, install
-from kvconform.verdicts import HarnessBug, TargetUnavailable, Violation, check, inconclusive
+from kvconform.verdicts import HarnessBug, TargetUnavailable, Violation, check, inconclusive, not_applicable
 
 START_GENERATION = 0xFFFE  # the first binding of every entry gets 0xFFFF (all ones), its free 1 (zero skipped)
 CREDIT_SLACK = 8  # receive buffers posted beyond the advertised Request Credits, to observe an overrun
@@ -293,6 +293,16 @@ class InitiatorBed:
         close = getattr(self.fabric, "close", None)
         if close is not None:
             close()
+
+    def allocates(self) -> None:
+        """Not applicable when the harness target's declared quota (PICS kbtp.target.quota) is 0: a scenario that
+        has the initiator bind a block cannot run, since a correct initiator then allocates nothing."""
+        if self.target_params.quota == 0:
+            not_applicable("PICS kbtp.target.quota is 0: the initiator under test can bind nothing")
+
+    def fit(self, data: bytes) -> bytes:
+        """``data`` cut to the harness target's Block Size: a scenario's store is not meant to be TOO_LARGE."""
+        return data[:self.target_params.block_size]
 
     def harness_client(self, name: str) -> HarnessInitiator:
         """A harness initiator on its own node, served by the same observing target (a second party)."""

@@ -1,11 +1,12 @@
 """The reference passes kbtp-target and kbtp-initiator across a grid of legal PICS (issue 10, "Checks derive
 validity from the declared geometry"), and its runs leave no cited requirement unasserted.
 
-The grid covers quotas 1..4; shared rings of 2 blocks and of N blocks (F == N) besides F < N; one to four
-initiators at once; each optional feature on and off (alone, all, none; RECORD_COMPLETION where the binding
-allows it); both bindings of kvconform.rdma.profiles that KBTP runs on (rdmap-7306, ib-rc). The race checks take
-their interleavings from PICS: the grid runs 4 (``kbtp.target.interleavings=4``) to keep CI time reasonable; the
-suites' own default (100) runs in the reference runs below and in tests/test_mutants_kbtp.py.
+The grid covers quotas 0..4; blocks of 1, 8 and 64 octets besides 4096; shared rings of 2 blocks and of N blocks
+(F == N) besides F < N; one to four initiators at once; each optional feature on and off (alone, all, none;
+RECORD_COMPLETION where the binding allows it); both bindings of kvconform.rdma.profiles that KBTP runs on
+(rdmap-7306, ib-rc). The race checks take their interleavings from PICS: the grid runs 4
+(``kbtp.target.interleavings=4``) to keep CI time reasonable; the suites' own default (100) runs in the reference
+runs below and in tests/test_mutants_kbtp.py.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ TARGET_GRID: dict[str, tuple[str, ...]] = {
     "handle-count-1": ("kbtp.target.handle_count=1",),
     "handle-count-4": ("kbtp.target.handle_count=4",),
     "blocks-of-64": (pool(22, 6, 8, block_size=64),),  # test data no longer than a block
+    # a check whose data a block cannot hold, or that must allocate at a quota of 0, does not apply (it once failed
+    # the reference: 66 checks TOO_LARGE at blocks of 8, 28 NO_SPACE at quota 0); DIRECT_ALLOC either way at quota 0
+    "blocks-of-8": (pool(22, 6, 8, block_size=8),),
+    "quota-0": ("kbtp.target.quota=0",),
     "two-initiators-quota-3": ("kbtp.target.max_initiators=2", "kbtp.target.quota=3"),
     "three-initiators-quota-1": ("kbtp.target.max_initiators=3", "kbtp.target.quota=1"),
     "no-feature": ("kbtp.target.features=[]",),
@@ -74,6 +79,9 @@ INITIATOR_GRID: dict[str, tuple[str, ...]] = {
     "ib-all": ("kbtp.initiator.binding=ib-rc", ALL_IB.replace("target", "initiator")),
     "ib-no-feature-quota-1": ("kbtp.initiator.binding=ib-rc", "kbtp.initiator.features=[]", "kbtp.target.quota=1"),
     "no-invalidate": ("kbtp.initiator.requests_invalidate=false",),
+    # the scenarios' data cut to the harness target's Block Size; nothing to bind at quota 0 (once 8 and 3 failures)
+    "blocks-of-1": (pool(22, 6, 8, block_size=1),),
+    "quota-0": ("kbtp.target.quota=0",),
 }
 # Geometries the initiator suite's scenarios once assumed away (stores of 2000 octets sent by RDMA Read, LOADs into
 # no more than a block): run whole with KVCONFORM_GRIDS_FULL=1 (tox -e grids); tests/kbtp/test_independent_initiator.py

@@ -24,7 +24,7 @@ from kvconform.rdma import masked_add, pause, wait_until
 from kvconform.rdma.scheduler import PctScheduler
 from kvconform.targets.kbtp_client import Gen
 from kvconform.targets.kbtp_observer import InitiatorBed, RemoteOp
-from kvconform.verdicts import HarnessBug, check, inconclusive, pass_basis, violation
+from kvconform.verdicts import HarnessBug, check, inconclusive, not_applicable, pass_basis, violation
 
 DL, DA = Features.DIRECT_LOAD, Features.DIRECT_ALLOC
 
@@ -36,6 +36,9 @@ def _hello(bed: InitiatorBed, feature: Features) -> Gen:
     if not granted & feature:
         hellos = [rec.message for rec in bed.messages() if isinstance(rec.message, Hello)]
         asked = bool(hellos) and bool(hellos[0].requested_features & feature)
+        if asked and not bed.target_params.sure_grants & feature:  # the harness target's declared geometry
+            not_applicable(f"the initiator requested {feature.name}, and the harness target's declared geometry does "
+                           f"not surely grant it ({bed.target_params.describe_capacity()})")
         inconclusive(f"the initiator did not obtain {feature.name} (granted {granted!r}), which PICS declares it "
                      "uses: " + (f"it requested it and the harness target did not grant it "
                                  f"({bed.target_params.describe_capacity()})" if asked else "it did not request it"))
@@ -97,7 +100,8 @@ def test_direct_load_sequence(kbtp_initiator: InitiatorUnderTest, seed: int) -> 
     bed = kbtp_initiator.bed(seed, label="direct-load-sequence")
     bed.witness_order()  # over a wire: the order of its reads is judged from the target's end
     ep = bed.endpoint
-    data = b"direct" * 20
+    data = bed.fit(b"direct" * 20)
+    bed.allocates()
 
     def scenario() -> Gen:
         yield from _hello(bed, DL)
@@ -350,7 +354,7 @@ def alloc_run(kbtp_initiator: InitiatorUnderTest, session_seed: int) -> AllocRun
         ack: HelloAck = bed.ack  # type: ignore[assignment]
         count["n"] = ack.direct_alloc.ring.count + 2  # type: ignore[union-attr]
         for i in range(count["n"]):
-            data = bytes([0x60 + i]) * (40 + i)
+            data = bed.fit(bytes([0x60 + i]) * (40 + i))
             r = yield from bed.op(ep.direct_alloc(ep.handle_base + i, data))
             statuses.append(int(r.status))
             yield from bed.op(ep.load(ep.handle_base + i, 4096, allow_unsealed=True))
@@ -421,7 +425,8 @@ def test_direct_alloc_write_then_bind(alloc_run: AllocRun) -> None:
         expect.equal(f"allocation {k}: BIND Ticket", bind.ticket, run.ticket(k), req="KBTP-BIND-LAYOUT")
         expect.equal(f"allocation {k}: BIND Block Offset (the written block)", bind.block_offset, writes[0].to,
                      req="KBTP-BIND-LAYOUT")
-        expect.equal(f"allocation {k}: BIND Data Length", bind.data_length, 40 + k, req="KBTP-BIND-LAYOUT")
+        expect.equal(f"allocation {k}: BIND Data Length", bind.data_length,
+                     len(run.bed.fit(bytes(40 + k))), req="KBTP-BIND-LAYOUT")
     run.bed.settle(req="KBTP-DALLOC-WRITE-THEN-BIND")
 
 
@@ -502,6 +507,8 @@ def test_direct_load_refuses_unsealed(kbtp_initiator: InitiatorUnderTest, seed: 
     bed = kbtp_initiator.bed(seed, label="direct-load-unsealed")
     ep = bed.endpoint
     h = {"handle": 0}
+    unsealed, sealed = bed.fit(b"unsealed" * 8), bed.fit(b"sealed" * 8)
+    bed.allocates()
 
     def scenario() -> Gen:
         yield from _hello(bed, DL)
@@ -509,16 +516,16 @@ def test_direct_load_refuses_unsealed(kbtp_initiator: InitiatorUnderTest, seed: 
         unbound = yield from bed.op(ep.direct_load(h["handle"], 4096))
         check(unbound.status != Status.OK, "a direct load of an unbound handle (entry not VALID) was accepted",
               req="KBTP-DLOAD-VALIDITY", seen=expect.status_name(unbound.status), expected="not OK")
-        r = yield from bed.op(ep.alloc_store(h["handle"], b"unsealed" * 8, seal=False))
+        r = yield from bed.op(ep.alloc_store(h["handle"], unsealed, seal=False))
         expect.status_is(r, Status.OK, req="KBTP-DLOAD-VALIDITY", what="ALLOC_STORE (unsealed)")
         d = yield from bed.op(ep.direct_load(h["handle"], 4096))
         check(d.status != Status.OK, "a direct load of an unsealed block (entry VALID, not SEALED) was accepted",
               req="KBTP-DLOAD-VALIDITY", seen=expect.status_name(d.status), expected="not OK")
-        r = yield from bed.op(ep.store(h["handle"], b"sealed" * 8, seal=True))
+        r = yield from bed.op(ep.store(h["handle"], sealed, seal=True))
         expect.status_is(r, Status.OK, req="KBTP-DLOAD-VALIDITY", what="STORE sealing the block")
         d = yield from bed.op(ep.direct_load(h["handle"], 4096))
         expect.status_is(d, Status.OK, req="KBTP-DLOAD-VALIDITY", what="direct load of the sealed block")
-        expect.equal("direct-loaded data of the sealed block", d.data, b"sealed" * 8, req="KBTP-DLOAD-VALIDITY")
+        expect.equal("direct-loaded data of the sealed block", d.data, sealed, req="KBTP-DLOAD-VALIDITY")
 
     bed.run_one(scenario())
     bed.settle(req="KBTP-DLOAD-VALIDITY")

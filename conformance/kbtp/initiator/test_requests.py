@@ -338,13 +338,13 @@ def test_quota_respected(kbtp_initiator: InitiatorUnderTest, seed: int) -> None:
         if q == 0:
             not_applicable("Allocation Quota 0")
         for i in range(q):
-            r = yield from bed.op(ep.alloc_store(ep.handle_base + i, b"q" * 8))
+            r = yield from bed.op(ep.alloc_store(ep.handle_base + i, bed.fit(b"q" * 8)))
             expect.status_is(r, Status.OK, req="KBTP-QUOTA-USAGE", what=f"allocation {i + 1} of {q}")
-        over = yield from bed.op(ep.alloc_store(ep.handle_base + q, b"over"))
+        over = yield from bed.op(ep.alloc_store(ep.handle_base + q, bed.fit(b"over")))
         check(over.status != Status.OK, "an allocation over quota completed OK", req="KBTP-QUOTA-INITIATOR")
         r = yield from bed.op(ep.free(ep.handle_base))
         expect.status_is(r, Status.OK, req="KBTP-QUOTA-USAGE", what="FREE")
-        r = yield from bed.op(ep.alloc_store(ep.handle_base + q, b"after free"))
+        r = yield from bed.op(ep.alloc_store(ep.handle_base + q, bed.fit(b"after free")))
         expect.status_is(r, Status.OK, req="KBTP-QUOTA-USAGE", what="allocation after a FREE")
 
     bed.run_one(scenario())
@@ -402,6 +402,7 @@ def _single_use_scenario(bed: InitiatorBed, *, goodbye: bool) -> Gen:
     ep = bed.endpoint
     t = bed.target_params
     big = b"S" * (_store_size(t) or min(2000, t.block_size))
+    bed.allocates()
     yield from _hello(bed)
     r = yield from bed.op(ep.alloc_store(ep.handle_base, big, seal=False))
     expect.status_is(r, Status.OK, req="KBTP-SEC-SINGLE-USE-STAG", what="ALLOC_STORE")
@@ -490,11 +491,12 @@ def test_request_credits(kbtp_initiator: InitiatorUnderTest, seed: int, credits:
         not_applicable("Allocation Quota 0: the initiator can bind nothing")
     handles = [ep.handle_base + i for i in range(q)]
     phases: list[dict[str, Gen]] = [
-        {f"alloc{i}": note(f"ALLOC_STORE {i}", ep.alloc_store(h, b"credit-%d" % i, seal=False))
+        {f"alloc{i}": note(f"ALLOC_STORE {i}", ep.alloc_store(h, bed.fit(b"credit-%d" % i), seal=False))
          for i, h in enumerate(handles)},
         {**{f"load{i}.{k}": note(f"LOAD {i}", ep.load(h, 64, allow_unsealed=True))
             for i, h in enumerate(handles) for k in range(2)},
-         **{f"store{i}": note(f"STORE {i}", ep.store(h, b"again-%d" % i, seal=False)) for i, h in enumerate(handles)}},
+         **{f"store{i}": note(f"STORE {i}", ep.store(h, bed.fit(b"again-%d" % i), seal=False))
+            for i, h in enumerate(handles)}},
         {f"free{i}": note(f"FREE {i}", ep.free(h)) for i, h in enumerate(handles)},
     ]
     for actors in phases:

@@ -44,8 +44,9 @@ PRIVATE_STATUS = range(0xC000, 0x10000)
 def _example_request(a: HarnessInitiator) -> tuple[bytes, int]:
     """The text's 48 octets, with handle 0x4001 rebased into the session's range when it does not hold it,
     and (under ADDR_LE, which the example predates) the Block Handle and descriptor little-endian. Its 8 octets of
-    inline data need a Max Inline of at least 8 (not applicable below)."""
+    inline data need a Max Inline of at least 8, a quota and a Block Size that take them (not applicable below)."""
     ack = a.ack
+    a.holds(8)
     if ack.max_inline < 8:
         not_applicable(f"the target's Max Inline is {ack.max_inline}: the example's 8 octets of inline data exceed it")
     request, handle = EXAMPLE_ALLOC_STORE, 0x4001
@@ -181,14 +182,15 @@ def _load(h: int, *, flags: int = 0, length: int = 64) -> Callable[[HarnessIniti
 
 def _store(h: int, *, length: int = 8) -> Callable[[HarnessInitiator, int, str], Gen]:
     def go(a: HarnessInitiator, gen: int, req: str) -> Gen:
-        reply = yield from a.store(a.handle(h) if h >= 0 else -h, b"s" * length, generation=gen, flags=SEAL, req=req)
+        reply = yield from a.store(a.handle(h) if h >= 0 else -h, b"s" * length, generation=gen, flags=SEAL, req=req,
+                                   refused=True)
         return reply
     return go
 
 
 def _alloc(h: int, *, length: int = 8) -> Callable[[HarnessInitiator, int, str], Gen]:
     def go(a: HarnessInitiator, gen: int, req: str) -> Gen:
-        reply = yield from a.alloc_store(a.handle(h) if h >= 0 else -h, b"a" * length, req=req)
+        reply = yield from a.alloc_store(a.handle(h) if h >= 0 else -h, b"a" * length, req=req, refused=True)
         return reply
     return go
 
@@ -203,7 +205,7 @@ def _free(h: int) -> Callable[[HarnessInitiator, int, str], Gen]:
 def _alloc_rdma(h: int, length: int) -> Callable[[HarnessInitiator, int, str], Gen]:
     def go(a: HarnessInitiator, gen: int, req: str) -> Gen:
         src = a.buffer(length, Access.REMOTE_READ, b"r" * length)
-        reply = yield from a.alloc_store(a.handle(h), b"r" * length, source=src, req=req)
+        reply = yield from a.alloc_store(a.handle(h), b"r" * length, source=src, req=req, refused=True)
         return reply
     return go
 
@@ -354,11 +356,11 @@ def test_sealed_block_is_immutable(kbtp_target: TargetUnderTest, seed: int) -> N
         r = yield from a.alloc_store(h, data, flags=SEAL)
         expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what="sealed ALLOC_STORE")
         for gen in (0, r.generation):
-            yield from a.store(h, b"inline overwrite", flags=0, generation=gen, req="KBTP-SEAL-IMMUTABLE")
+            yield from a.store(h, b"inline overwrite", flags=0, generation=gen, req="KBTP-SEAL-IMMUTABLE", refused=True)
             src = a.buffer(600, Access.REMOTE_READ, b"R" * 600)
             msg = AllocStore(request_id=a.next_id(), handle=h, flags=0, data=a.descriptor(src, 600))
             yield from a.call(a.enc(msg), req="KBTP-SEAL-IMMUTABLE", what="COMPLETION of ALLOC_STORE to a bound handle")
-            yield from a.store(h, b"R" * 600, flags=0, generation=gen, req="KBTP-SEAL-IMMUTABLE")
+            yield from a.store(h, b"R" * 600, flags=0, generation=gen, req="KBTP-SEAL-IMMUTABLE", refused=True)
         lr, got = yield from a.load(h, 1024)
         expect.status_is(lr, Status.OK, req="KBTP-SEAL-IMMUTABLE", what="LOAD of the sealed block")
         expect.equal("contents of the sealed block after the stores sent to it", got, data, req="KBTP-SEAL-IMMUTABLE")
@@ -482,6 +484,7 @@ def test_completion_after_data(kbtp_target: TargetUnderTest, session_seed: int) 
             # The buffer as it was when each COMPLETION was delivered: over a wire the harness may take the
             # COMPLETION and a Write sent after it in one turn of its loop, so reading it once the actor runs
             # would see data placed after the COMPLETION (a pass it did not see).
+            a.holds(bs)
             seen = a.at_delivery(dst, bs)
             # ALLOC_STORE then LOAD of the same handle, sent back to back: in-order processing means
             # the LOAD sees the stored block.

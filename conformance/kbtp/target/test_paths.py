@@ -244,7 +244,7 @@ def _rounds(a: HarnessInitiator, handles: list[int], slots: int, after: str, req
 def _over_quota(a: HarnessInitiator, h: int, quota: int, after: str) -> Gen:
     """One ALLOC_STORE over a full quota: NO_SPACE (or the session ended: the text lets the target end it), so
     the refusal released no usage. True when the session goes on."""
-    over = yield from a.alloc_store(h, b"one too many", req=R_EFFECT, allow_end=True)
+    over = yield from a.alloc_store(h, b"one too many"[:a.ack.block_size], req=R_EFFECT, allow_end=True, refused=True)
     outcome = "connection ended" if isinstance(over, Ended) else expect.status_name(over.status)
     check(outcome in ("NO_SPACE", "connection ended"), f"an ALLOC_STORE over the full quota of {quota} after "
           f"{after} (the refusal must not have released usage)", req=R_EFFECT, seen=outcome,

@@ -578,7 +578,7 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
     p = kbtp_target.params
     shared = p.shared_count
     if p.quota <= 0 or shared < p.quota:
-        inconclusive(f"the declared geometry (shared ring {shared}, quota {p.quota}) leaves no room for the race")
+        not_applicable(f"the declared geometry (shared ring {shared}, quota {p.quota}) leaves no room for the race")
     n_ini = max(1, min(p.max_initiators, shared // p.quota))
     runs = kbtp_target.interleavings
     features = p.features & ~DA

@@ -75,7 +75,7 @@ def test_shared_ring_geometries(geometry: tuple[int, int] | None, kbtp_target: T
         _shared_ring(kbtp_target, seed, f, n, reconfigure=True)
         return
     serves = f"shared ring F {declared[0]}, N {declared[1]} (PICS kbtp.target.pool)"
-    if not kbtp_target.has(Features.DIRECT_ALLOC) or p.partition_count < max(1, p.quota):
+    if not p.sure_grants & Features.DIRECT_ALLOC:
         not_applicable(f"the target serves one geometry, declared: {serves}, and no DIRECT_ALLOC partition; the "
                        f"point F {f}, N {n} ({boundary(f, n)}) is not it")
     if p.quota != f:

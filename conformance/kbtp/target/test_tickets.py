@@ -160,7 +160,7 @@ def test_unbound_tickets_count_in_usage(kbtp_target: TargetUnderTest, seed: int)
         for _ in range(q):
             t, s = yield from a.take_ticket()
             yield from a.await_slot(t, s, req=R_SLOT)
-        r = yield from a.alloc_store(a.handle(0), b"over", req="KBTP-QUOTA-USAGE")
+        r = yield from a.alloc_store(a.handle(0), b"over"[:ack.block_size], req="KBTP-QUOTA-USAGE", refused=True)
         expect.status_is(r, Status.NO_SPACE, req="KBTP-QUOTA-USAGE",
                          what=f"ALLOC_STORE with all {q} quota units held as unbound tickets")
         yield from sleep(ack.ticket_timeout_ms / 1000.0 * 2)

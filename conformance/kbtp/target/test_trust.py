@@ -53,14 +53,12 @@ def _judge_untrusted(ini: HarnessInitiator, ack: HelloAck, when: str) -> None:
 
 def _expected_direct(kbtp_target: TargetUnderTest) -> Features | None:
     """The direct features a trusted initiator asking for all must get: those declared (DIRECT_ALLOC when the
-    declared geometry has a partition for it); None when the features are not declared (a default is no claim)."""
+    declared geometry has a partition for it), less those the geometry leaves to the target (compared on neither
+    side); None when the features are not declared (a default is no claim)."""
     if not kbtp_target.features_declared:
         return None
     p = kbtp_target.params
-    want = p.features & DIRECT
-    if p.partition_count < max(1, p.quota):
-        want &= ~Features.DIRECT_ALLOC
-    return Features(want)
+    return Features(p.sure_grants & DIRECT)
 
 
 @pytest.mark.req("KBTP-DIRECT-TRUST", "KBTP-ACK-FEATURES", "KBTP-HELLO-FIRST")
@@ -97,6 +95,7 @@ def _trusted_then_untrusted(kbtp_target: TargetUnderTest, seed: int, uid: bytes,
     t_ack, u_ack = bed.run_one(scenario())
     if expected is not None:
         check_equal(f"HELLO_ACK direct features (offset 24) for trusted Initiator ID {tid.hex()} (octet {octet} of "
-                    f"an untrusted one flipped) vs PICS kbtp.target.features", Features(t_ack.features) & DIRECT,
+                    f"an untrusted one flipped) vs PICS kbtp.target.features",
+                    Features(t_ack.features & DIRECT & ~kbtp_target.params.grant_optional),
                     expected, req="KBTP-ACK-FEATURES")
     _judge_untrusted(untrusted, u_ack, f"after trusted {tid.hex()} opened its session")
