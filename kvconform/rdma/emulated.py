@@ -197,6 +197,9 @@ class EmuConnection(PostingEndpoint):
         self.engine.disconnect()
 
 
+MAX_CHUNKS = 4096  # steps one message's placement (or Read Response) takes at most
+
+
 def _chunks(length: int, size: int) -> Iterable[tuple[int, int]]:
     for off in range(0, length, size):
         yield off, min(size, length - off)
@@ -317,12 +320,18 @@ class EmuNic:
             msg.done = True
             return
         if model is PlacementModel.RDMAP:
-            chunks = list(_chunks(len(data), self.profile.chunk_bytes))
+            chunks = list(_chunks(len(data), self._chunk(len(data))))
             msg.left = len(chunks)
             for off, n in chunks:
                 self._add(f"{src.name}/{msg.wr.tag}:place@{off}", at.name, self._placer(at, msg, off, n), at.link)
         else:  # ib_psn_order: chunks in order, started when the message reaches the head (see _advance_inbound)
-            msg.left = -(-len(data) // self.profile.chunk_bytes)
+            msg.left = -(-len(data) // self._chunk(len(data)))
+
+    def _chunk(self, length: int) -> int:
+        """The placement / read-sampling granularity of a message of ``length`` octets: the profile's, but a message
+        takes at most MAX_CHUNKS steps (a 2 MiB KV block in 8-octet chunks would take 2^18 steps per transfer, more
+        than a whole run's step budget; up to 32 KiB at 8 octets nothing changes)."""
+        return max(self.profile.chunk_bytes, -(-length // MAX_CHUNKS))
 
     def _placer(self, at: EmuEngine, msg: _Msg, off: int, n: int) -> Callable[[], None]:
         def place() -> None:
@@ -340,7 +349,7 @@ class EmuNic:
                 self._add(
                     f"{at.peer.name}/{msg.wr.tag}:place@{nxt}",
                     at.name,
-                    self._placer(at, msg, nxt, min(self.profile.chunk_bytes, len(msg.wr.data) - nxt)),
+                    self._placer(at, msg, nxt, min(self._chunk(len(msg.wr.data)), len(msg.wr.data) - nxt)),
                     at.link,
                 )
 
@@ -363,7 +372,7 @@ class EmuNic:
                     self._add(
                         f"{at.peer.name}/{msg.wr.tag}:place@0",
                         at.name,
-                        self._placer(at, msg, 0, min(self.profile.chunk_bytes, len(msg.wr.data))),
+                        self._placer(at, msg, 0, min(self._chunk(len(msg.wr.data)), len(msg.wr.data))),
                         at.link,
                     )
                 if ordered:
@@ -456,7 +465,7 @@ class EmuNic:
                 self._add(
                     f"{req.name}/{wr.tag}:read@0",
                     at.name,
-                    self._reader(at, msg, 0, min(self.profile.chunk_bytes, wr.dst.length)),
+                    self._reader(at, msg, 0, min(self._chunk(wr.dst.length), wr.dst.length)),
                     at.link,
                 )
         else:
@@ -476,7 +485,7 @@ class EmuNic:
                 self._add(
                     f"{at.peer.name}/{wr.tag}:read@{nxt}",
                     at.name,
-                    self._reader(at, msg, nxt, min(self.profile.chunk_bytes, wr.dst.length - nxt)),
+                    self._reader(at, msg, nxt, min(self._chunk(wr.dst.length), wr.dst.length - nxt)),
                     at.link,
                 )
                 return

@@ -89,6 +89,12 @@ INITIATOR_GRID: dict[str, tuple[str, ...]] = {
 INITIATOR_GEOMETRIES: dict[str, tuple[str, ...]] = {
     "max-inline-4096": ("kbtp.target.max_inline=4096",),
     "blocks-of-256": (pool(22, 6, 8, block_size=256),),
+    "blocks-of-2MiB": (pool(22, 6, 8, block_size=2 << 20),),
+}
+# A serving engine's KV block (~30 s in-process): once 4 false failures (a 2 MiB transfer past the emulated fabric's
+# step budget; a 1 MiB "over the Block Size" store; a 1 MiB source for a legal Block Size length). With tox -e grids.
+TARGET_GEOMETRIES: dict[str, tuple[str, ...]] = {
+    "blocks-of-2MiB": (pool(22, 6, 8, block_size=2 << 20),),
 }
 
 
@@ -107,7 +113,9 @@ def _bad(run: Run) -> list[tuple[str, str, str]]:
                          [pytest.param("kbtp-target", p, id=f"target-{k}") for k, p in TARGET_GRID.items()]
                          + [pytest.param("kbtp-initiator", p, id=f"initiator-{k}") for k, p in INITIATOR_GRID.items()]
                          + [grid_point("kbtp-initiator", p, id=f"initiator-{k}", sampled=False)
-                            for k, p in INITIATOR_GEOMETRIES.items()])
+                            for k, p in INITIATOR_GEOMETRIES.items()]
+                         + [grid_point("kbtp-target", p, id=f"target-{k}", sampled=False)
+                            for k, p in TARGET_GEOMETRIES.items()])
 def test_reference_passes_the_legal_pics_grid(suite: str, pics: tuple[str, ...], tmp_path: Path) -> None:
     run = _run(suite, tmp_path, (*pics, FEW_INTERLEAVINGS))
     assert run.coverage, run.output

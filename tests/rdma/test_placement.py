@@ -23,6 +23,7 @@ from kvconform.rdma import (
     pause,
     wait_completion,
 )
+from kvconform.rdma.emulated import MAX_CHUNKS
 from tests.rdma.helpers import ALL_REMOTE, pair
 
 OLD_NEW = b"A" * 8 + b"B" * 8
@@ -189,6 +190,21 @@ def test_read_after_write_on_one_connection_sees_the_write() -> None:
         p.ic.post_read(p.local.sge(0, 16), p.mem.stag, p.mem.to(0))
         p.fab.run()
         assert p.local.read(0, 16) == OLD_NEW, seed
+
+
+@pytest.mark.parametrize("profile", [RDMAP_7306, IB_RC], ids=["rdmap", "ib"])
+def test_a_kv_block_of_2_mib_moves_in_a_bounded_number_of_steps(profile: Profile) -> None:
+    """A 2 MiB Write and Read (one KV block) take at most MAX_CHUNKS placement and read steps each, not 2^18 chunks
+    of 8 octets (which once ran a KBTP check past its whole step budget), and arrive whole."""
+    size = 2 << 20
+    p = pair(profile, seed=1)
+    data = bytes(range(256)) * (size // 256)
+    far = p.t.register(p.t.alloc(size), ALL_REMOTE)
+    back = p.i.register(p.i.alloc(size), Access.LOCAL_WRITE)
+    p.ic.post_write(data, far.stag, far.to(0))
+    p.ic.post_read(back.sge(0, size), far.stag, far.to(0))
+    result = p.fab.run(max_steps=4 * MAX_CHUNKS + 100)
+    assert result.reason == "quiescent" and far.read(0, size) == data and back.read(0, size) == data
 
 
 def test_fence_holds_a_send_until_the_read_completes() -> None:

@@ -319,6 +319,20 @@ def test_lost_packet_recovers_by_go_back_n() -> None:
     assert w.now == 0.0  # the NAK, not the timer, recovered
 
 
+def test_a_long_write_through_a_lossy_receiver_completes_by_partial_progress() -> None:
+    """Every fifth packet lost: each go-back-N round of a 40-packet Write gets four or five packets further, about
+    nine rounds with retry_count 3. A NAK's implied ACK inside the one message is progress, which reloads the retry
+    count (once RETRY_EXC_ERR after three rounds: a 2 MiB KV block through a receive queue that overflowed)."""
+    w = Wire(drop=lambda d, i, p: d == "ab" and i % 5 == 4, pmtu=256, retry_count=3)
+    mem = w.mb.region(40 * 256)
+    data = bytes(range(256)) * 40
+    w.a.post(wr(Op.RDMA_WRITE, 1, data=data, stag=mem.stag, to=mem.to(0)))
+    w.run()
+    assert [(c.wr_id, c.status) for c in w.wcs["a"]] == [(1, Status.SUCCESS)] and mem.read(0, len(data)) == data
+    naks = [p for p in w.sent["ba"] if p.aeth and p.aeth.kind is AethType.NAK]
+    assert len(naks) > 3  # more rounds than the retry count
+
+
 def test_lost_read_response_recovers_on_timeout() -> None:
     w = Wire(drop=lambda d, i, p: d == "ba" and i == 1, pmtu=256)  # the second READ response
     mem = w.mb.region(1024)

@@ -203,9 +203,12 @@ def _free(h: int) -> Callable[[HarnessInitiator, int, str], Gen]:
 
 
 def _alloc_rdma(h: int, length: int) -> Callable[[HarnessInitiator, int, str], Gen]:
+    """ALLOC_STORE by RDMA Read of ``length`` octets, or of one more than the Block Size where that is longer (a
+    KV block of 2 MiB takes 1 MiB)."""
     def go(a: HarnessInitiator, gen: int, req: str) -> Gen:
-        src = a.buffer(length, Access.REMOTE_READ, b"r" * length)
-        reply = yield from a.alloc_store(a.handle(h), b"r" * length, source=src, req=req, refused=True)
+        n = max(length, a.ack.block_size + 1)
+        src = a.buffer(n, Access.REMOTE_READ, b"r" * n)
+        reply = yield from a.alloc_store(a.handle(h), b"r" * n, source=src, req=req, refused=True)
         return reply
     return go
 

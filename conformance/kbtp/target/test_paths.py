@@ -86,7 +86,7 @@ def _store(op: str, path: str, handle: Callable[[Ctx], int], *, generation: Call
                 not_applicable(f"Max Inline {c.max_inline}: no inline path for {len(data)} octets")
             return cls.with_inline(data, flags=SEAL, request_id=rid, handle=handle(c), generation=gen)
         n = length(c) if length else len(data)
-        src = _src(c, data, room=min(n, room) if room else 0)
+        src = _src(c, data, room=min(n, max(room, c.block_size)) if room else 0)  # a legal length reads it all
         return cls(request_id=rid, handle=handle(c), generation=gen, flags=SEAL, data=c.a.descriptor(src, n))
     return build
 

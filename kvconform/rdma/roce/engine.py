@@ -173,6 +173,7 @@ class RoceEngine:
         self.completions: InOrderCompletions[_Req] = InOrderCompletions(name, self._wcs.append)
         self._wrs = self.completions.pending
         self._next_psn = local.psn
+        self._acked_psn = (local.psn - 1) & PSN_MASK  # the newest PSN an ACK (or a NAK's implied ACK) covered
         self._retries = retry_count
         self._rnr_left = rnr_retry
         self._ack_deadline: float | None = None
@@ -465,8 +466,13 @@ class RoceEngine:
         self._ack_deadline = self._now + self.ack_timeout_s if self._oldest() else None
 
     def _acked(self, psn: int) -> None:
-        """Everything up to ``psn`` is acknowledged: Sends and Writes there succeed (coalesced ACK, §4.6)."""
-        progress = False
+        """Everything up to ``psn`` is acknowledged: Sends and Writes there succeed (coalesced ACK, §4.6). An ACK
+        that covers packets not acknowledged before is progress, even inside one long message: the retry count
+        counts retries without progress, so a 2 MiB Write that a lossy receiver takes a hundred packets at a time
+        is not failed RETRY_EXC_ERR after seven rounds."""
+        progress = psn_diff(psn, self._acked_psn) > 0 and psn_diff(self._next_psn, psn) > 0
+        if progress:
+            self._acked_psn = psn
         for req in self._wrs:
             if not req.sent or psn_diff(req.last, psn) > 0:
                 break

@@ -208,6 +208,23 @@ class LinkSpec:
         return f"ether={self.local[0]}:{self.local[1]},{self.peer[0]}:{self.peer[1]}&address={self.address}"
 
 
+RECEIVE_BUFFER = 32 << 20  # octets of kernel receive queue a RoCEv2 datagram socket asks for (datagram_socket)
+SO_RCVBUFFORCE = 33  # Linux <asm-generic/socket.h>; the socket module does not name it
+
+
+def datagram_socket() -> socket.socket:
+    """A UDP socket for RoCEv2 with a receive queue that holds a whole burst: the peer's 2 MiB Write or Read
+    Response (a KV block) is some 2048 datagrams at PMTU 1024, which a NIC sends at line rate and a Python reader
+    drains far slower. With the default queue (~200 KiB) most of the burst is dropped, and go-back-N resends it,
+    to be dropped again. SO_RCVBUFFORCE needs CAP_NET_ADMIN; without it SO_RCVBUF is capped at net.core.rmem_max."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+    return sock
+
+
 class QemuSocketLink:
     """`EthernetHost` over a qemu socket netdev (``-netdev socket,udp=LOCAL,localaddr=PEER``): one frame per
     datagram, no framing. Looks like the wire fabric's UDP socket; ``recvfrom`` raises BlockingIOError when
@@ -216,7 +233,7 @@ class QemuSocketLink:
     def __init__(self, spec: LinkSpec) -> None:
         self.spec = spec
         self.host = EthernetHost(spec.address)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock = datagram_socket()
         try:
             self.sock.bind(spec.local)
         except OSError as exc:

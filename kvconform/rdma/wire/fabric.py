@@ -66,7 +66,7 @@ from kvconform.rdma.memory import atomic_misaligned, remote_invalidate_refusal, 
 from kvconform.rdma.profiles import Binding, Profile
 from kvconform.rdma.roce import oob
 from kvconform.rdma.roce.engine import RoceEngine
-from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink
+from kvconform.rdma.roce.ethernet import LinkSpec, QemuSocketLink, datagram_socket
 from kvconform.rdma.roce.qp import QpInfo
 from kvconform.rdma.runtime import EmuCQ, EmuNode, PostingEndpoint, RealTimeLoop, RuntimeFabric, gather
 from kvconform.rdma.scheduler import FifoScheduler
@@ -669,7 +669,7 @@ class WireFabric(RuntimeFabric):
             self._udp = QemuSocketLink(self.link)
             self._sel.register(self._udp, selectors.EVENT_READ, ("udp",))
         if self._udp is None:
-            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            udp = datagram_socket()
             # DF set, so Linux sends IPv4 Identification 0, which the ICRC covers (rdma-vm-testbed.md)
             udp.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
             udp.bind((self.host, self._udp_port_wanted))
