@@ -250,3 +250,25 @@ def test_serve_takes_the_link_only_with_roce(capsys: pytest.CaptureFixture[str])
     assert "--ether LOCAL,PEER and --ether-address IP go together, with --binding roce" in capsys.readouterr().err
     assert serve_kbtp_target(["--binding", "roce", "--ether", "127.0.0.1:2"]) == 2
     assert "go together" in capsys.readouterr().err
+
+
+def test_a_receive_queue_smaller_than_asked_is_recorded_for_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without CAP_NET_ADMIN (SO_RCVBUFFORCE refused: an option number the kernel does not know) the queue is
+    SO_RCVBUF's, capped at net.core.rmem_max; when that is less than asked, the report's meta says so."""
+    from kvconform.fixtures.kbtp import pytest_kvconform_report_meta
+    from kvconform.rdma.roce import ethernet
+
+    monkeypatch.setattr(ethernet, "SO_RCVBUFFORCE", 0x7FFF)
+    monkeypatch.setattr(ethernet, "short_queues", [])
+    monkeypatch.setattr("kvconform.fixtures.kbtp.short_queues", ethernet.short_queues)
+    monkeypatch.setattr(ethernet, "RECEIVE_BUFFER", 1 << 30)  # more than rmem_max anywhere tests run
+    with ethernet.datagram_socket() as sock:
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+    assert ethernet.short_queues == [got]
+
+    class Config:
+        def getoption(self, name: str, default: object = None) -> object:
+            return default
+
+    meta = pytest_kvconform_report_meta(Config(), None)  # type: ignore[arg-type]
+    assert meta is not None and meta["roce_receive_queue"].startswith(f"{got} octets, not the ")

@@ -210,6 +210,7 @@ class LinkSpec:
 
 RECEIVE_BUFFER = 32 << 20  # octets of kernel receive queue a RoCEv2 datagram socket asks for (datagram_socket)
 SO_RCVBUFFORCE = 33  # Linux <asm-generic/socket.h>; the socket module does not name it
+short_queues: list[int] = []  # receive queues (octets) this process got smaller than asked: reports say so
 
 
 def datagram_socket() -> socket.socket:
@@ -222,6 +223,9 @@ def datagram_socket() -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
     except OSError:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # Linux reports twice what it grants
+    if got < RECEIVE_BUFFER and got not in short_queues:
+        short_queues.append(got)
     return sock
 
 
