@@ -73,7 +73,6 @@ import struct
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Literal
 
 from kvconform.rdma import (
@@ -308,6 +307,10 @@ class Partition:
             self.seen.setdefault(self.next_unseen, now)
             self.next_unseen = (self.next_unseen + 1) % TICKETS
 
+    def unseen(self) -> bool:
+        """Whether a ticket was taken on the Head since the last look."""
+        return self.ring.head_ticket() != self.next_unseen
+
     @property
     def idle(self) -> bool:
         """No owner, nothing outstanding: every block is back in the ring."""
@@ -338,6 +341,7 @@ class _Running:
         self.ring = ring_class(node, "shared", blocks, slots, fabric.profile.masked_atomics, self.addr_le)
         self.ring_of: dict[int, SharedRing] = dict.fromkeys(blocks, self.ring)  # where each block returns to
         self.partitions: list[Partition] = []
+        self.reclaims = 0
         self.entries = p.max_initiators * p.handle_count
         self.table = {HANDLE_BASE + i: Entry() for i in range(self.entries)}
         self.table_mem = node.register(node.alloc(TABLE_LEAD + ENTRY_SIZE * self.entries), Access.LOCAL_WRITE | remote)
@@ -692,7 +696,7 @@ class _Running:
 
     def _watch(self, part: Partition) -> Steps:
         """Abandon every ticket of the partition not bound within the Ticket Timeout of this target first seeing
-        it (within one step of its FetchAdd: this actor wakes on every change of the Head)."""
+        it (within one step of its FetchAdd: this actor wakes whenever the Head shows a ticket it has not noted)."""
         timeout = self.p.ticket_timeout_ms / 1000.0
         while True:
             part.observe(self.fabric.now)
@@ -700,12 +704,9 @@ class _Running:
                 if self.fabric.now - seen >= timeout - 1e-9:
                     self._abandon(part, t)
             due = min(part.seen.values(), default=None)
-            yield from wait_until(partial(self._head_moved, part, part.next_unseen), name=f"timeout.{part.ring.name}",
+            # (against the live count, not a copy: a renewed ring's Head starts again from 0)
+            yield from wait_until(part.unseen, name=f"timeout.{part.ring.name}",
                                   timeout=None if due is None else max(0.0, due + timeout - self.fabric.now))
-
-    @staticmethod
-    def _head_moved(part: Partition, mark: int) -> bool:
-        return part.ring.head_ticket() != mark
 
     def _abandon(self, part: Partition, ticket: int) -> None:
         """A ticket not bound in time: first no RDMA Write of its initiator can reach the partition any more (this
@@ -715,7 +716,9 @@ class _Running:
         del part.seen[ticket]
         part.abandoned.add(ticket)
         part.reclaiming += 1
-        self.fabric.spawn(f"reclaim@{part.ring.name}.{ticket}", self._reclaim(part, ticket), daemon=True)
+        self.reclaims += 1  # (actor names are unique for the fabric's life; a renewed ring counts from 0 again)
+        self.fabric.spawn(f"reclaim@{part.ring.name}.{ticket}.{self.reclaims}", self._reclaim(part, ticket),
+                          daemon=True)
 
     def _fence(self, owner: Initiator) -> None:
         """End the connection of a session that holds a Partition STag (its session ends with it)."""
