@@ -946,3 +946,18 @@ class ReclaimsUnfenced(IndependentTarget):
     initiator can still reach the block"): a late RDMA Write of the initiator still lands in the block."""
 
     running_class = _ReclaimsUnfenced
+
+
+class _ForgetsAbandonedTickets(_Running):
+    def _bind(self, conn: Connection, me: Initiator, rid: int, handle: int, gen: int, raw: bytes) -> Steps:
+        if me.partition is not None:
+            me.partition.abandoned.clear()  # a later BIND of an abandoned ticket is refused as never taken
+        yield from super()._bind(conn, me, rid, handle, gen, raw)
+
+
+class ForgetsAbandonedTickets(IndependentTarget):
+    """A later BIND of an abandoned ticket is refused NOT_VALID, as a ticket never taken, not TICKET_ABANDONED
+    (KBTP-TICKET-ABANDONED: "rejects a later BIND for that ticket with status TICKET_ABANDONED"). The fence ended the
+    connection, so that BIND comes on the initiator's next session."""
+
+    running_class = _ForgetsAbandonedTickets
