@@ -122,7 +122,8 @@ def test_late_bind_refused(kbtp_target: TargetUnderTest, seed: int) -> None:
                  "KBTP-RING-ALLOC-WAIT")
 def test_reclaimed_ticket_comes_back(kbtp_target: TargetUnderTest, seed: int) -> None:
     """An abandoned ticket's block goes back to the ring with a new ticket (the Tail's next: it shows in that
-    ticket's slot) and its quota unit comes back: the whole quota allocates again."""
+    ticket's slot, read on the next session when the fence ended the connection) and its quota unit comes back: the
+    whole quota allocates again."""
     kbtp_target.require(DA)
     bed = kbtp_target.bed(seed, label="reclaim")
     a = bed.initiator("A")
@@ -136,18 +137,21 @@ def test_reclaimed_ticket_comes_back(kbtp_target: TargetUnderTest, seed: int) ->
         t, s = yield from a.take_ticket()
         block = yield from a.await_slot(t, s, req=R_SLOT)
         yield from sleep(ack.ticket_timeout_ms / 1000.0 * 2)
-        if not a.broken:
+        # A fence that ended the connection leaves the ring to the next session's Ring descriptor (same Initiator ID,
+        # same partition: its bindings and tickets are kept).
+        user = (yield from bed.reconnect(a, DA)) if a.broken else a
+        ring = user.ack.direct_alloc.ring if user.ack.direct_alloc is not None else None
+        if ring is None:  # KBTP-TICKET-RECLAIM stays not-reached: nothing of it was observed
+            evidence.note("the session after the fence was not granted DIRECT_ALLOC: its ring is not readable")
+        else:
             # Nothing was freed, so the reclaim's return takes the Tail ticket: q above the session's first Head
             # ticket (its partition's q blocks were free), q itself on a fresh target.
             u = (t + q) % TICKET_MODULUS
-            slot = yield from a.read_slot(da.ring.stag, da.ring.tagged_offset, RING_SLOT_SIZE * (u % n),
-                                          req="KBTP-TICKET-RECLAIM")
+            slot = yield from user.read_slot(ring.stag, ring.tagged_offset, RING_SLOT_SIZE * (u % n),
+                                             req="KBTP-TICKET-RECLAIM")
             if slot is not None:  # the Ring STag is gone when the fence invalidated every window
                 expect.equal(f"slot {u % n} (Tail ticket {u}) after the reclaim (Sequence, Block Offset)", slot,
                              (u, block), req="KBTP-TICKET-RECLAIM")
-        else:  # KBTP-TICKET-RECLAIM stays not-reached: nothing of it was observed
-            evidence.note("the target ended the connection to fence the ticket: the ring is not readable any more")
-        user = (yield from bed.reconnect(a)) if a.broken else a
         yield from _fill_quota(user, 10, q, "KBTP-QUOTA-RELEASE", "after the reclaim")
 
     bed.run_one(scenario())
