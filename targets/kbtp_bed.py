@@ -142,6 +142,15 @@ class Bed:
         inconclusive(f"{old.name}: reconnecting with the same Initiator ID was refused {attempts} times (last: "
                      f"{status}) after the old connection ended; the check needs the session to go on")
 
+    def room(self, features: Features = NO_FEATURES) -> Features:
+        """What a new session of this check asks for: ``features``, and DIRECT_ALLOC too once the sessions it opened
+        fill the shared ring (a target keeps the quotas served there within its blocks), so that a partition of
+        the rest of the pool serves it, as TargetUnderTest.sessions plans it."""
+        shared, partitions = self.params.capacity()
+        da = Features.DIRECT_ALLOC
+        on_shared = sum(1 for i in self.initiators if i.session is not None and not i.session.ack.features & da)
+        return Features(features | da) if on_shared >= shared and partitions else features
+
     def open(self, ini: HarnessInitiator, requested: Features = NO_FEATURES) -> Gen:
         """HELLO for a session the check needs: the HelloAck. A refusal is inconclusive, not a failure: the
         text lets a target refuse a session (the sum of quotas, its capacity), and this check cannot run

@@ -5,16 +5,28 @@ its parsing and encoding are the text's field lists, written again with ``struct
 emulated fabric through the semantic interface (kvconform.rdma) like any other ``python:`` target, and in a process
 of its own over a wire (``ServedIndependentTarget``).
 
-A software target serving one shared free-block ring. Of the optional features it offers those PICS
-kbtp.target.features declares among DIRECT_LOAD and ADDR_LE (none when none is declared: HELLO_ACK Features 0):
+A software target serving one shared free-block ring, and a ring of its own to each DIRECT_ALLOC initiator. Of the
+optional features it offers those PICS kbtp.target.features declares among DIRECT_LOAD, DIRECT_ALLOC and ADDR_LE
+(none when none is declared: HELLO_ACK Features 0):
 - DIRECT_LOAD: the block table lives in a registered memory region the initiator may RDMA-read (16-octet entries
   {Flags, Generation, Data Length, Block Offset}, the entry of handle h at Table Offset + 16 * (h - Table Base
   Handle)), and so does the pool; HELLO_ACK carries the Table descriptor, the Table Base Handle, 8 reserved octets
   and the Pool descriptor only when the initiator requested DIRECT_LOAD and is trusted (not listed in PICS
   kbtp.target.untrusted_initiators: "A target MUST offer them only to initiators it trusts");
+- DIRECT_ALLOC (on a binding with atomics and memory windows): a new trusted initiator that requests it gets a
+  partition of the pool of its quota (Allocation Quotas), while blocks are left for one (PICS pool: the blocks
+  beyond shared_blocks), else it is served on the shared ring without it. The partition has its own ring of N slots
+  and Head in registered memory; HELLO_ACK carries the Partition descriptor (a window bound to the connection,
+  write access, covering the partition only), the Ring descriptor (read access) and the Head descriptor (atomics).
+  Its ALLOC_STOREs are served from that ring too. BIND checks the ticket (not abandoned: TICKET_ABANDONED; taken and
+  not bound, its slot holding that Block Offset: NOT_VALID), then the handle, Data Length, entry and Generation as
+  every request, then the quota; it then consumes the slot and writes the entry VALID (not SEALED: BIND has no
+  flags) and completes. A ticket not bound within the Ticket Timeout of the target first seeing it on the Head is
+  abandoned; before its block is reclaimed (slot consumed, block back with a new Tail ticket, unit of usage
+  released) the target ends the connection of a session that holds a Partition STag;
 - ADDR_LE: set in every HELLO_ACK (the text makes it the target's choice, not the initiator's); the Block Offset of
-  table entries is then little-endian, and the Block Handle and the descriptors' STag, Tagged Offset and Length of
-  every later request are decoded little-endian.
+  table entries and ring slots is then little-endian, and the Block Handle and the descriptors' STag, Tagged Offset
+  and Length of every later request are decoded little-endian.
 The table is kept in memory in the order the text gives: ALLOC_STORE writes Data Length and Block Offset, then
 Flags and the next Generation (in one step of its actor: the seeded interleavings of the blame tests stay those they
 were written for); a mapped store its Data Length, then SEALED; FREE clears VALID and SEALED and increments the
@@ -27,16 +39,29 @@ choices as the rules fails it:
 - a HELLO carrying the Initiator ID of an active session ends that connection (no HELLO_ACK);
 - a request whose Status is not zero is served all the same (the rule binds the initiator);
 - handle ranges start at 0x10000 and entries at Generation 1; the retention time is unbounded;
-- BIND (no DIRECT_ALLOC is offered) completes MALFORMED;
-- the pool is registered zero-based: the first block's Block Offset is 0;
+- BIND without a partition completes MALFORMED; a BIND whose ticket was never taken, is bound already or whose slot
+  holds another Block Offset completes NOT_VALID, checked before the handle;
+- without DIRECT_ALLOC the pool is registered zero-based: the first block's Block Offset is 0 (with it, the Pool STag
+  and the Partition windows share Tagged Offsets, which windows take from addresses);
+- partitions are carved from the pool's first block on, the shared ring gets the last blocks;
+- a partition ring has N = max(4, 2^ceil(log2 F)) slots (F < N at the default quota 2); its slots are exposed through
+  a zero-based Ring STag, its Head (at octet 40 of the ring's buffer) through a non-zero-based Head STag of 8 octets,
+  both plain registrations kept across the initiator's reconnections (a released partition is initialized again, with
+  new STags, for the next initiator of its size);
+- of the two ways to fence an abandoned ticket it ends the connection (not the Partition STag alone): a reconnected
+  initiator finds its bindings, and DIRECT_ALLOC again on a fresh Partition STag;
+- Ticket Timeouts run from the moment the target sees the ticket on the Head (within one step of the FetchAdd);
 - the table does not start its region: a Table descriptor's Tagged Offset is 48 octets into a region that is
   not zero-based (the first 48 octets are zero);
 - the table has an entry for exactly the handles of the ranges it hands out (Count = max_initiators * Handle
   Count), every one starting at Generation 1, Flags 0.
 
 For the harness's scripted race checks it follows the race-point convention the harness documents: the actor
-serving connection C is ``target@C``; an allocation pauses at ``read-slot.shared.<ticket>`` after its Head
-FetchAdd, a free at ``tail.shared`` before its Tail FetchAdd.
+serving connection C is ``target@C``; an allocation pauses at ``read-slot.<ring>.<ticket>`` after its Head
+FetchAdd, a free at ``tail.<ring>`` before its Tail FetchAdd, and a slot write of a partition ring at
+``slot-seq.<ring>.<ticket>`` between its Block Offset and its Sequence (the shared ring writes both in one step, so
+the seeded interleavings of the blame tests stay those they were written for). ``<ring>`` is ``shared`` or
+``part<k>``, the k-th partition carved.
 
 The variants at the end break one rule each, for the blame tests (tests/kbtp/test_verdicts.py,
 tests/kbtp/test_ring_blame.py, tests/kbtp/test_independent_target.py).
@@ -48,9 +73,22 @@ import struct
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from kvconform.rdma import Access, Command, Connection, ConnState, Fabric, Node, Op, pause, wait_completion, wait_until
+from kvconform.rdma import (
+    Access,
+    Command,
+    Connection,
+    ConnState,
+    Fabric,
+    Node,
+    Op,
+    Region,
+    Window,
+    pause,
+    wait_completion,
+    wait_until,
+)
 from kvconform.targets.kbtp import ReferenceTargetDriver, TargetParams
 
 Steps = Generator[Command, Any, Any]
@@ -60,10 +98,11 @@ HELLO, HELLO_ACK, LOAD, STORE, ALLOC_STORE, FREE, BIND, COMPLETION, GOODBYE = (
     0x01, 0x02, 0x10, 0x11, 0x12, 0x13, 0x14, 0x20, 0x30)
 OK, INVALID_HANDLE, STALE_GENERATION, NOT_VALID, ALREADY_BOUND, NO_SPACE, SEALED, NOT_SEALED, TOO_LARGE, MALFORMED = (
     range(10))
+TICKET_ABANDONED = 11
 INLINE, SEAL, RECORD, INVALIDATE, ALLOW_UNSEALED = 0x01, 0x02, 0x04, 0x08, 0x10
 F_VALID, F_SEALED = 0x0001, 0x0002
 RELEASE = 0x0001
-DIRECT_LOAD, ADDR_LE = 0x0001, 0x0008
+DIRECT_LOAD, DIRECT_ALLOC, ADDR_LE = 0x0001, 0x0002, 0x0008
 ONES = (1 << 64) - 1
 HEADER = struct.Struct(">BBHQQHH")  # Version, Opcode, Flags, Request ID, Block Handle, Generation, Status
 DESC = struct.Struct(">IQI")  # STag, Tagged Offset, Length (the Completion Descriptor's last field is reserved)
@@ -74,6 +113,9 @@ ENTRY_SIZE = 16
 TABLE_LEAD = 48  # octets of the table's region before its first entry (this target's choice)
 HANDLE_BASE = 0x10000
 CREDITS = 8
+TAIL_AT, HEAD_AT, RING_SLOTS_AT, RING_SLOT = 8, 40, 64, 16  # a ring's buffer: Tail, Head, then the N slots
+BIND_BODY = struct.Struct(">IIQ")  # Ticket, Data Length, Block Offset
+TICKETS = 1 << 32
 
 
 def next_generation(generation: int) -> int:
@@ -110,33 +152,69 @@ class Initiator:
     conn: Connection | None = None
     bound: set[int] = field(default_factory=set)
     pending: int = 0
+    partition: Partition | None = None  # DIRECT_ALLOC: its own blocks and ring (else the shared ring)
+    window: Window | None = None  # the Partition STag of its current session, when DIRECT_ALLOC was granted
 
     def owns(self, handle: int, count: int) -> bool:
         return self.base <= handle < self.base + count
 
     @property
     def usage(self) -> int:
-        return len(self.bound) + self.pending
+        """Handles bound, target-executed allocations under way, and tickets taken and not bound (those abandoned
+        count until their reclaim)."""
+        tickets = len(self.partition.seen) + self.partition.reclaiming if self.partition else 0
+        return len(self.bound) + self.pending + tickets
 
 
 class SharedRing:
-    """N slots {Sequence, Block Offset} and the Head and Tail counters, worked by the target's CPU."""
+    """N slots {Sequence, Reserved, Block Offset} and the Head and Tail counters in the target's memory, worked by
+    its CPU. Layout of its buffer (this target's choice): Tail at octet 8, Head at octet 40, the slots from octet 64;
+    the Block Offset of a slot in the session byte order (little-endian under ADDR_LE), the counters in the node's."""
 
-    def __init__(self, blocks: list[int], slots: int, masked: bool) -> None:
-        self.n, self.masked = slots, masked
+    def __init__(self, node: Node, name: str, blocks: list[int], slots: int, masked: bool, addr_le: bool) -> None:
+        self.name, self.n, self.masked, self.addr_le = name, slots, masked, addr_le
         order = slots.bit_length() - 1
         self.add = 0x0000_0001_0000_0010 if masked else 0x0000_0001_0000_0000
         self.mask = (1 << 63) | (1 << 31) | (1 << (order + 3)) if masked else 0
-        f = len(blocks)
-        self.slots = [[s, blocks[s]] if s < f else [(s - slots) % (1 << 32), ONES] for s in range(slots)]
-        self.head = 0
-        self.tail = (f << 32) | (16 * (f % slots) if masked else 0)
+        self.mem = node.alloc(RING_SLOTS_AT + RING_SLOT * slots)
         self.deferred: dict[int, deque[tuple[int, int]]] = {}
+        self.initialize(blocks)
+
+    def initialize(self, blocks: list[int]) -> None:
+        """The text's Initialization: slot s < F {s, the s-th block}, s >= F {s - N, all ones}; Head {0, 0}, Tail
+        {F, 16 * (F mod N)}."""
+        f = len(blocks)
+        for s in range(self.n):
+            self.put(s, *((s, blocks[s]) if s < f else ((s - self.n) % (1 << 32), ONES)))
+        self.mem.write_u64(HEAD_AT, 0)
+        self.mem.write_u64(TAIL_AT, (f << 32) | (16 * (f % self.n) if self.masked else 0))
+        self.deferred.clear()
+
+    def slot(self, index: int) -> tuple[int, int]:
+        """(Sequence, Block Offset) of slot ``index``."""
+        (seq,) = struct.unpack_from(">I", self.mem.read(RING_SLOTS_AT + RING_SLOT * index, 4))
+        block = int.from_bytes(self.mem.read(RING_SLOTS_AT + RING_SLOT * index + 8, 8), self.order)
+        return seq, block
+
+    def put(self, index: int, seq: int | None = None, block: int | None = None) -> None:
+        at = RING_SLOTS_AT + RING_SLOT * index
+        if block is not None:
+            self.mem.write(at + 8, block.to_bytes(8, self.order))
+        if seq is not None:
+            self.mem.write(at, struct.pack(">I", seq % (1 << 32)))
+
+    @property
+    def order(self) -> Literal["little", "big"]:
+        return "little" if self.addr_le else "big"
+
+    def head_ticket(self) -> int:
+        return self.mem.read_u64(HEAD_AT) >> 32
 
     def fetch_add(self, which: str) -> tuple[int, int]:
-        """(ticket, slot index) from one FetchAdd on ``which`` ("head" or "tail")."""
-        old = getattr(self, which)
-        setattr(self, which, masked_add(old, self.add, self.mask))
+        """(ticket, slot index) from one FetchAdd on ``which`` ("head" or "tail") by the CPU, in one step."""
+        at = HEAD_AT if which == "head" else TAIL_AT
+        old = self.mem.read_u64(at)
+        self.mem.write_u64(at, masked_add(old, self.add, self.mask))
         ticket = old >> 32
         index = (old & 0xFFFF_FFFF) // 16 if self.masked else ticket % self.n
         return ticket, index
@@ -145,30 +223,98 @@ class SharedRing:
         """The slot a free of Tail ``ticket`` writes (``index``, the one its FetchAdd returned)."""
         return index
 
+    def index_of(self, ticket: int) -> int:
+        return ticket % self.n
+
     def holds(self, ticket: int, index: int) -> bool:
-        seq, block = self.slots[index]
+        seq, block = self.slot(index)
         return seq == ticket % (1 << 32) and block != ONES
 
-    def consume(self, index: int) -> int:
+    def consume(self, index: int) -> Steps:
         """Take the slot's block, mark it consumed, then write a free that waited on it."""
-        block = self.slots[index][1]
-        self.slots[index][1] = ONES
+        _, block = self.slot(index)
+        self.put(index, block=ONES)
         waiting = self.deferred.get(index)
         if waiting:
             u, freed = waiting.popleft()
-            self.flush(index, u, freed)
+            yield from self.flush(index, u, freed)
         return block
 
-    def flush(self, index: int, ticket: int, block: int) -> None:
-        self.slots[index][1] = block  # the Block Offset first, then the Sequence
-        self.slots[index][0] = ticket % (1 << 32)
+    def flush(self, index: int, ticket: int, block: int) -> Steps:
+        self.put(index, block=block)  # the Block Offset first, then the Sequence
+        yield from self.between_writes(ticket)
+        self.put(index, seq=ticket)
 
-    def give_back(self, ticket: int, index: int, block: int) -> None:
+    def between_writes(self, ticket: int) -> Steps:
+        """Nothing between a slot's two writes: nobody reads the shared ring (and its seeded interleavings stay
+        those the blame tests were written for)."""
+        yield from ()
+
+    def give_back(self, ticket: int, index: int, block: int) -> Steps:
         index = self.free_slot(ticket, index)
-        if self.slots[index][1] != ONES or self.deferred.get(index):
+        if self.slot(index)[1] != ONES or self.deferred.get(index):
             self.deferred.setdefault(index, deque()).append((ticket, block))
         else:
-            self.flush(index, ticket, block)
+            yield from self.flush(index, ticket, block)
+
+
+class PartitionRing(SharedRing):
+    """A DIRECT_ALLOC initiator's ring: the slots exposed read-only through a zero-based Ring STag, the Head through
+    an 8-octet non-zero-based Head STag that takes atomics (plain registrations of the initiator, kept across its
+    reconnections, replaced when the partition passes to another initiator); a race point between a slot's two
+    writes."""
+
+    def __init__(self, node: Node, name: str, blocks: list[int], slots: int, masked: bool, addr_le: bool) -> None:
+        super().__init__(node, name, blocks, slots, masked, addr_le)
+        self.node = node
+        self.ring_region, self.head_region = self.expose()
+
+    def expose(self) -> tuple[Region, Region]:
+        ring = self.node.register(self.mem, Access.LOCAL_WRITE | Access.REMOTE_READ, zero_based=True,
+                                  offset=RING_SLOTS_AT, length=RING_SLOT * self.n)
+        head = self.node.register(self.mem, Access.LOCAL_WRITE | Access.REMOTE_ATOMIC, offset=HEAD_AT, length=8)
+        return ring, head
+
+    def renew(self, blocks: list[int]) -> None:
+        """For another initiator: fresh STags over a ring initialized again (every block is back)."""
+        self.node.deregister(self.ring_region)
+        self.node.deregister(self.head_region)
+        self.initialize(blocks)
+        self.ring_region, self.head_region = self.expose()
+
+    def between_writes(self, ticket: int) -> Steps:
+        yield from pause(f"slot-seq.{self.name}.{ticket}")
+
+
+@dataclass
+class Partition:
+    """A DIRECT_ALLOC initiator's blocks and their ring; the tickets its initiator took on the Head and has not
+    bound (with the fabric time this target first saw each), those abandoned, the reclaims under way."""
+
+    blocks: list[int]
+    ring: PartitionRing
+    owner: Initiator | None = None
+    seen: dict[int, float] = field(default_factory=dict)
+    abandoned: set[int] = field(default_factory=set)
+    reclaiming: int = 0
+    next_unseen: int = 0
+
+    def observe(self, now: float) -> None:
+        """Note every ticket taken on the Head since the last look (the target's own are skipped as it takes
+        them)."""
+        head = self.ring.head_ticket()
+        while self.next_unseen != head:
+            self.seen.setdefault(self.next_unseen, now)
+            self.next_unseen = (self.next_unseen + 1) % TICKETS
+
+    def unseen(self) -> bool:
+        """Whether a ticket was taken on the Head since the last look."""
+        return self.ring.head_ticket() != self.next_unseen
+
+    @property
+    def idle(self) -> bool:
+        """No owner, nothing outstanding: every block is back in the ring."""
+        return self.owner is None and not self.seen and not self.reclaiming and not self.ring.deferred
 
 
 class _Running:
@@ -176,15 +322,26 @@ class _Running:
 
     def __init__(self, fabric: Fabric, node: Node, p: TargetParams, ring_class: type[SharedRing]) -> None:
         self.fabric, self.node, self.p = fabric, node, p
-        self.offered = int(p.features) & (DIRECT_LOAD | ADDR_LE)
+        self.offered = int(p.features) & (DIRECT_LOAD | DIRECT_ALLOC | ADDR_LE)
+        if not (fabric.profile.atomics and fabric.profile.mw_type2):  # FetchAdd on a Head; a window per connection
+            self.offered &= ~DIRECT_ALLOC
         self.addr_le = bool(self.offered & ADDR_LE)
         # Initiators may read the pool and the table only through the STags DIRECT_LOAD hands out.
         remote = Access.REMOTE_READ if self.offered & DIRECT_LOAD else Access.NONE
-        self.pool = node.register(node.alloc(p.blocks * p.block_size), Access.LOCAL_WRITE | remote, zero_based=True)
+        # A Partition STag is a window, whose Tagged Offsets are addresses, and a Block Offset is the same Tagged
+        # Offset through it as through the Pool STag: the pool is zero-based only without DIRECT_ALLOC.
+        direct = bool(self.offered & DIRECT_ALLOC)
+        access = Access.LOCAL_WRITE | remote | (Access.MW_BIND if direct else Access.NONE)
+        self.pool = node.register(node.alloc(p.blocks * p.block_size), access, zero_based=not direct)
+        # Partitions are carved from the pool's first block on; the shared ring's blocks are the last ones.
+        self.spare = p.blocks - p.shared_count if direct else 0
         shared = p.shared_count
         slots = p.ring_slots or max(2, 1 << max(0, (shared - 1).bit_length()))
-        blocks = [self.pool.to(i * p.block_size) for i in range(shared)]
-        self.ring = ring_class(blocks, slots, fabric.profile.masked_atomics)
+        blocks = [self.block(self.spare + i) for i in range(shared)]
+        self.ring = ring_class(node, "shared", blocks, slots, fabric.profile.masked_atomics, self.addr_le)
+        self.ring_of: dict[int, SharedRing] = dict.fromkeys(blocks, self.ring)  # where each block returns to
+        self.partitions: list[Partition] = []
+        self.reclaims = 0
         self.entries = p.max_initiators * p.handle_count
         self.table = {HANDLE_BASE + i: Entry() for i in range(self.entries)}
         self.table_mem = node.register(node.alloc(TABLE_LEAD + ENTRY_SIZE * self.entries), Access.LOCAL_WRITE | remote)
@@ -216,8 +373,17 @@ class _Running:
             me, done = yield from self._message(conn, me, raw, stage)
             if done:
                 break
-        if me is not None and me.conn is conn:
-            me.conn = None  # retained (for ever: a retention time of this target's choosing)
+        if me is not None:
+            self._end_session(me, conn)  # retained (for ever: a retention time of this target's choosing)
+
+    def _end_session(self, me: Initiator, conn: Connection) -> None:
+        """The session on ``conn`` is over: its Partition STag goes with it."""
+        if me.conn is not conn:
+            return
+        me.conn = None
+        if me.window is not None:
+            self.node.invalidate(me.window.stag)
+            me.window = None
 
     def _message(self, conn: Connection, me: Initiator | None, raw: bytes, stage: Any) -> Steps:
         if len(raw) < 24:
@@ -235,15 +401,15 @@ class _Running:
             self._complete(conn, rid, handle, MALFORMED)
             return me, False
         if opcode == GOODBYE:
+            self._end_session(me, conn)
             if flags & RELEASE:
                 for h in sorted(me.bound):
                     yield from self._unbind(me, h)
-                del self.initiators[me.iid]
-            me.conn = None
+                self._release(me)
             conn.disconnect()
             return None, True
         if opcode == BIND:
-            self._complete(conn, rid, handle, MALFORMED)
+            yield from self._bind(conn, me, rid, handle, gen, raw)
             return me, False
         body = self._body(raw, opcode, flags)
         if body is None:
@@ -270,30 +436,88 @@ class _Running:
         if known is not None and known.conn is not None:
             conn.disconnect()  # this target's way of rejecting an active Initiator ID
             return None, True
+        (requested,) = struct.unpack_from(">H", raw, 24)
+        trusted = iid not in self.p.untrusted_initiators  # direct modes only to initiators it trusts
         if known is None:
-            quota = self.quotas.get(iid, self.p.quota)
-            used = {i.base for i in self.initiators.values()}
-            free = [HANDLE_BASE + k * self.p.handle_count for k in range(self.p.max_initiators)]
-            free = [b for b in free if b not in used]
-            total = sum(i.quota for i in self.initiators.values()) + quota
-            if not free or total > self.p.shared_count:
+            known = self._admit(iid, trusted and bool(requested & self.offered & DIRECT_ALLOC))
+            if known is None:
                 self._send(conn, HEADER.pack(1, HELLO_ACK, 0, 0, 0, 0, NO_SPACE) + bytes(32))
                 return None, False
-            known = self.initiators[iid] = Initiator(iid, free[0], quota)
         known.conn = conn
-        (requested,) = struct.unpack_from(">H", raw, 24)
         granted = self.offered & ADDR_LE  # the target's choice, whatever was requested
-        if iid not in self.p.untrusted_initiators:  # direct modes only to initiators it trusts
-            granted |= requested & self.offered & DIRECT_LOAD
+        if trusted:
+            granted |= requested & self.offered & (DIRECT_LOAD | DIRECT_ALLOC)
+        if known.partition is None:
+            granted &= ~DIRECT_ALLOC
         body = struct.pack(">HHIIIQII", granted, CREDITS, self.p.block_size, self.p.max_inline, known.quota,
                            known.base, self.p.handle_count, self.p.ticket_timeout_ms)
         if granted & DIRECT_LOAD:  # Table descriptor, Table Base Handle, 8 reserved octets, Pool descriptor
             body += DESC.pack(self.table_mem.stag, self.table_mem.to(TABLE_LEAD), self.entries)
             body += struct.pack(">Q8x", HANDLE_BASE)
             body += DESC.pack(self.pool.stag, self.pool.to(0), self.p.blocks)
+        if granted & DIRECT_ALLOC:  # Partition (a window of this connection), Ring and Head descriptors
+            part = known.partition
+            assert part is not None
+            first = self.pool_position(part.blocks[0])
+            known.window = self.node.bind_window(self.pool, first, len(part.blocks) * self.p.block_size,
+                                                 Access.REMOTE_WRITE, conn)
+            body += DESC.pack(known.window.stag, known.window.to(0), len(part.blocks))
+            body += DESC.pack(part.ring.ring_region.stag, part.ring.ring_region.to(0), part.ring.n)
+            body += DESC.pack(part.ring.head_region.stag, part.ring.head_region.to(0), 1)
         self._send(conn, HEADER.pack(1, HELLO_ACK, 0, 0, 0, 0, OK) + body)
         yield from ()
         return known, False
+
+    def _admit(self, iid: bytes, direct: bool) -> Initiator | None:
+        """A new initiator: a free handle range and its quota, on a partition of its own when it asks for
+        DIRECT_ALLOC and one is left, else on the shared ring (whose quotas never add up past its blocks)."""
+        quota = self.quotas.get(iid, self.p.quota)
+        used = {i.base for i in self.initiators.values()}
+        free = [b for b in (HANDLE_BASE + k * self.p.handle_count for k in range(self.p.max_initiators))
+                if b not in used]
+        if not free:
+            return None
+        part = self._partition_for(quota) if direct and quota > 0 else None
+        if part is None:
+            shared = sum(i.quota for i in self.initiators.values() if i.partition is None)
+            if shared + quota > self.p.shared_count:
+                return None
+        known = self.initiators[iid] = Initiator(iid, free[0], quota, partition=part)
+        if part is not None:
+            part.owner = known
+        return known
+
+    def _partition_for(self, quota: int) -> Partition | None:
+        """An idle partition of ``quota`` blocks (its ring initialized again, behind new STags), else one carved
+        from the blocks no partition has yet, else None."""
+        for part in self.partitions:
+            if part.idle and len(part.blocks) == quota:
+                part.ring.renew(part.blocks)
+                part.abandoned.clear()
+                part.next_unseen = 0
+                return part
+        carved = sum(len(part.blocks) for part in self.partitions)
+        if carved + quota > self.spare:
+            return None
+        blocks = [self.block(carved + i) for i in range(quota)]
+        n = max(4, 1 << (quota - 1).bit_length())  # N = 2^n >= F: at least 4 (this target's choice)
+        ring = PartitionRing(self.node, f"part{len(self.partitions)}", blocks, n, self.fabric.profile.masked_atomics,
+                             self.addr_le)
+        part = Partition(blocks, ring)
+        self.partitions.append(part)
+        self.ring_of.update(dict.fromkeys(blocks, ring))
+        self.fabric.spawn(f"tickets@{ring.name}", self._watch(part), daemon=True)
+        return part
+
+    def _release(self, me: Initiator) -> None:
+        """GOODBYE with RELEASE, its handles unbound: its tickets are abandoned, its partition and range free."""
+        del self.initiators[me.iid]
+        part = me.partition
+        if part is not None:
+            part.observe(self.fabric.now)
+            for t in sorted(part.seen):
+                self._abandon(part, t)
+            part.owner = None
 
     def _body(self, raw: bytes, opcode: int, flags: int) -> tuple[tuple[int, int, int] | None, bytes | None] | None:
         """(Data Descriptor, inline data) after the header, or None when the body cannot be parsed."""
@@ -343,6 +567,8 @@ class _Running:
                       (e is not None and bool(e.flags & F_SEALED), SEALED), (not mine, INVALID_HANDLE),
                       (stale, STALE_GENERATION), (too_large, TOO_LARGE)]
         elif r.opcode == ALLOC_STORE:
+            if r.me.partition is not None:  # tickets taken on its Head count in its usage
+                r.me.partition.observe(self.fabric.now)
             checks = [(r.me.usage >= r.me.quota, NO_SPACE), (not mine, INVALID_HANDLE),
                       (e is not None and bool(e.flags & F_VALID), ALREADY_BOUND), (stale, STALE_GENERATION),
                       (too_large, TOO_LARGE)]
@@ -392,10 +618,16 @@ class _Running:
 
     def _alloc(self, r: Request, stage: Any) -> Steps:
         r.me.pending += 1
-        ticket, index = self.ring.fetch_add("head")
-        yield from pause(f"read-slot.shared.{ticket}")
-        yield from wait_until(lambda: self.ring.holds(ticket, index), name=f"slot-wait.shared.{ticket}")
-        block = self.ring.consume(index)
+        part = r.me.partition
+        ring = part.ring if part is not None else self.ring  # a DIRECT_ALLOC initiator's quota is its partition
+        if part is not None:  # the initiator's tickets so far are noted, this one is the target's
+            part.observe(self.fabric.now)
+        ticket, index = ring.fetch_add("head")
+        if part is not None:
+            part.next_unseen = (ticket + 1) % TICKETS
+        yield from pause(f"read-slot.{ring.name}.{ticket}")
+        yield from wait_until(lambda: ring.holds(ticket, index), name=f"slot-wait.{ring.name}.{ticket}")
+        block = yield from ring.consume(index)
         ok = yield from self._data(r, block)
         if not ok:
             r.me.pending -= 1
@@ -422,15 +654,97 @@ class _Running:
         yield from self._give_back(e.block)
 
     def _give_back(self, block: int) -> Steps:
-        yield from pause("tail.shared")
-        ticket, index = self.ring.fetch_add("tail")
-        self.ring.give_back(ticket, index, block)
+        """The block into the ring it was allocated from, with the next Tail ticket."""
+        ring = self.ring_of[block]
+        yield from pause(f"tail.{ring.name}")
+        ticket, index = ring.fetch_add("tail")
+        yield from ring.give_back(ticket, index, block)
+
+    # ---- DIRECT_ALLOC: BIND and the Ticket Timeout ------------------------------------------------------
+
+    def _bind(self, conn: Connection, me: Initiator, rid: int, handle: int, gen: int, raw: bytes) -> Steps:
+        """Verify the ticket (not abandoned, taken and not bound, its slot holding that Block Offset) before the
+        handle, its entry and the quota; then consume the slot and write the entry."""
+        part = me.partition
+        e = self.table.get(handle)
+        if len(raw) != 24 + BIND_BODY.size or part is None:  # (a session without a partition has no tickets)
+            self._complete(conn, rid, handle, MALFORMED, e)
+            return
+        ticket, length, block = BIND_BODY.unpack_from(raw, 24)
+        part.observe(self.fabric.now)
+        index = part.ring.index_of(ticket)
+        checks = [(ticket in part.abandoned, TICKET_ABANDONED),
+                  (ticket not in part.seen or not self.slot_holds(part.ring, ticket, index, block), NOT_VALID),
+                  (e is None or not me.owns(handle, self.p.handle_count), INVALID_HANDLE),
+                  (length > self.p.block_size, TOO_LARGE),
+                  (e is not None and bool(e.flags & F_VALID), ALREADY_BOUND),
+                  (gen != 0 and e is not None and gen != e.generation, STALE_GENERATION),
+                  (len(me.bound) + me.pending >= me.quota, NO_SPACE)]
+        status = next((status for failed, status in checks if failed), OK)
+        if status != OK:
+            self._complete(conn, rid, handle, status, e)
+            return
+        del part.seen[ticket]  # bound: no timeout can abandon it any more
+        me.bound.add(handle)
+        yield from part.ring.consume(index)
+        yield from self._bind_entry(handle, length, block, F_VALID)
+        self._complete(conn, rid, handle, OK, self.table[handle], length, block)
+
+    def slot_holds(self, ring: SharedRing, ticket: int, index: int, block: int) -> bool:
+        """Whether the slot of ``ticket`` holds ``block`` for it (KBTP-BIND-VERIFY)."""
+        return ring.holds(ticket, index) and ring.slot(index)[1] == block
+
+    def _watch(self, part: Partition) -> Steps:
+        """Abandon every ticket of the partition not bound within the Ticket Timeout of this target first seeing
+        it (within one step of its FetchAdd: this actor wakes whenever the Head shows a ticket it has not noted)."""
+        timeout = self.p.ticket_timeout_ms / 1000.0
+        while True:
+            part.observe(self.fabric.now)
+            for t, seen in sorted(part.seen.items()):
+                if self.fabric.now - seen >= timeout - 1e-9:
+                    self._abandon(part, t)
+            due = min(part.seen.values(), default=None)
+            # (against the live count, not a copy: a renewed ring's Head starts again from 0)
+            yield from wait_until(part.unseen, name=f"timeout.{part.ring.name}",
+                                  timeout=None if due is None else max(0.0, due + timeout - self.fabric.now))
+
+    def _abandon(self, part: Partition, ticket: int) -> None:
+        """A ticket not bound in time: first no RDMA Write of its initiator can reach the partition any more (this
+        target ends the connection of a session that holds a Partition STag), then its block is reclaimed."""
+        if part.owner is not None:
+            self._fence(part.owner)
+        del part.seen[ticket]
+        part.abandoned.add(ticket)
+        part.reclaiming += 1
+        self.reclaims += 1  # (actor names are unique for the fabric's life; a renewed ring counts from 0 again)
+        self.fabric.spawn(f"reclaim@{part.ring.name}.{ticket}.{self.reclaims}", self._reclaim(part, ticket),
+                          daemon=True)
+
+    def _fence(self, owner: Initiator) -> None:
+        """End the connection of a session that holds a Partition STag (its session ends with it)."""
+        if owner.conn is not None and owner.window is not None:
+            conn = owner.conn
+            self._end_session(owner, conn)
+            conn.disconnect()
+
+    def _reclaim(self, part: Partition, ticket: int) -> Steps:
+        """Consume the abandoned ticket's slot (once it holds its block), return the block with a new ticket, and
+        release the unit of usage."""
+        ring, index = part.ring, part.ring.index_of(ticket)
+        yield from wait_until(lambda: ring.holds(ticket, index), name=f"slot-wait.{ring.name}.{ticket}")
+        block = yield from ring.consume(index)
+        yield from self._give_back(block)
+        part.reclaiming -= 1
 
     def _invalidate(self, r: Request) -> int | None:
         return r.desc[0] if r.flags & INVALIDATE and r.desc is not None and r.desc[0] else None
 
     def pool_position(self, block: int) -> int:
         return block - self.pool.to(0)
+
+    def block(self, i: int) -> int:
+        """The Block Offset of the pool's ``i``-th block."""
+        return self.pool.to(i * self.p.block_size)
 
     # ---- the table in memory (what DIRECT_LOAD readers see) -------------------------------------------------
 
@@ -510,10 +824,11 @@ class SkipsASlot(IndependentTarget):
 
 
 class _ForgettingRing(SharedRing):
-    def consume(self, index: int) -> int:
-        block = self.slots[index][1]
-        self.slots[index][1] = ONES
+    def consume(self, index: int) -> Steps:
+        _, block = self.slot(index)
+        self.put(index, block=ONES)
         self.deferred.pop(index, None)  # a free that waited on this slot is dropped: its block is lost
+        yield from ()
         return block
 
 
@@ -531,10 +846,10 @@ class _LateWrappingRing(SharedRing):
             index = ticket % (2 * self.n)  # the Tail's Slot Offset wraps at twice the end of the ring
         return ticket, index
 
-    def give_back(self, ticket: int, index: int, block: int) -> None:
+    def give_back(self, ticket: int, index: int, block: int) -> Steps:
         if index >= self.n:
             return  # written past the last slot, outside the ring: the block is lost
-        super().give_back(ticket, index, block)
+        yield from super().give_back(ticket, index, block)
 
 
 class WrapsAtTwiceTheRing(IndependentTarget):
@@ -546,10 +861,10 @@ class WrapsAtTwiceTheRing(IndependentTarget):
 
 
 class _ForwardFilledRing(SharedRing):
-    def __init__(self, blocks: list[int], slots: int, masked: bool) -> None:
-        super().__init__(blocks, slots, masked)
-        for s in range(len(blocks), slots):  # the first lap's slots as if they held blocks again, from block 0
-            self.slots[s] = [s, blocks[s % len(blocks)]]
+    def initialize(self, blocks: list[int]) -> None:
+        super().initialize(blocks)
+        for s in range(len(blocks), self.n):  # the first lap's slots as if they held blocks again, from block 0
+            self.put(s, s, blocks[s % len(blocks)])
 
 
 class FillsEmptySlots(IndependentTarget):
@@ -572,7 +887,7 @@ class CrashesOnLoad(IndependentTarget):
     running_class = _CrashingOnLoad
 
 
-# ---- one table bug each (tests/kbtp/test_independent_target.py; DIRECT_LOAD shows the table) ---------------------
+# ---- one table bug each (tests/kbtp/test_independent_target.py; DIRECT_LOAD shows the table) -----------------------
 
 
 class _BigEndianOffsets(_Running):
@@ -602,3 +917,47 @@ class StateBeforeLocation(IndependentTarget):
     an entry, the target writes Data Length and Block Offset before Flags and Generation")."""
 
     running_class = _StateBeforeLocation
+
+
+# ---- one DIRECT_ALLOC bug each (tests/kbtp/test_independent_target.py) ----------------------------------------------
+
+
+class _BindsAnyOffset(_Running):
+    def slot_holds(self, ring: SharedRing, ticket: int, index: int, block: int) -> bool:
+        return ring.holds(ticket, index)  # the ticket's slot holds a block: not necessarily the one BIND names
+
+
+class BindsAnyOffset(IndependentTarget):
+    """BIND checks that the ticket's slot holds a block, not that it holds the Block Offset the BIND names
+    (KBTP-BIND-VERIFY: "the target verifies ... that the slot of the ticket holds that Block Offset"): a BIND
+    naming another Block Offset binds it."""
+
+    running_class = _BindsAnyOffset
+
+
+class _ReclaimsUnfenced(_Running):
+    def _fence(self, owner: Initiator) -> None:
+        pass  # the session keeps its connection and its Partition STag
+
+
+class ReclaimsUnfenced(IndependentTarget):
+    """An abandoned ticket's block is reclaimed while the session keeps its Partition STag and its connection
+    (KBTP-TICKET-RECLAIM-FENCE: "Before reclaiming its block, the target MUST ensure that no RDMA Write of the
+    initiator can still reach the block"): a late RDMA Write of the initiator still lands in the block."""
+
+    running_class = _ReclaimsUnfenced
+
+
+class _ForgetsAbandonedTickets(_Running):
+    def _bind(self, conn: Connection, me: Initiator, rid: int, handle: int, gen: int, raw: bytes) -> Steps:
+        if me.partition is not None:
+            me.partition.abandoned.clear()  # a later BIND of an abandoned ticket is refused as never taken
+        yield from super()._bind(conn, me, rid, handle, gen, raw)
+
+
+class ForgetsAbandonedTickets(IndependentTarget):
+    """A later BIND of an abandoned ticket is refused NOT_VALID, as a ticket never taken, not TICKET_ABANDONED
+    (KBTP-TICKET-ABANDONED: "rejects a later BIND for that ticket with status TICKET_ABANDONED"). The fence ended the
+    connection, so that BIND comes on the initiator's next session."""
+
+    running_class = _ForgetsAbandonedTickets

@@ -106,11 +106,15 @@ def test_default_mode_exposes_no_stag(kbtp_target: TargetUnderTest, seed: int) -
 
 def _all_admitted(kbtp_target: TargetUnderTest, seed: int, label: str) -> list[HelloAck]:
     """HELLO_ACKs of as many initiators as PICS says the target serves at once (those it admitted: it may
-    refuse some, keeping the sum of quotas within the pool)."""
+    refuse some, keeping the sum of quotas within the pool). Those the shared ring has no room for ask for
+    DIRECT_ALLOC, whose partitions serve them (a quota over the shared ring's blocks leaves it no session)."""
     p = kbtp_target.params
+    shared, partitions = p.capacity()
+    asks = kbtp_target.sessions(min(p.max_initiators, shared + partitions), need="the sessions served at once")
+    asks += [Features(0)] * (p.max_initiators - len(asks))
     bed = kbtp_target.bed(seed, label=label)
-    inis = [bed.initiator() for _ in range(p.max_initiators)]
-    bed.run(**{i.name: i.hello(Features(0)) for i in inis})
+    inis = [bed.initiator() for _ in asks]
+    bed.run(**{i.name: i.hello(ask) for i, ask in zip(inis, asks, strict=True)})
     return [i.session.ack for i in inis if i.session is not None]
 
 

@@ -60,7 +60,7 @@ def _wire(bed: Bed, binding: str) -> Any:
 
 def _session(bed: Bed, name: str) -> Gen:
     ini = bed.initiator(name)
-    yield from bed.open(ini)
+    yield from bed.open(ini, bed.room())
     return ini
 
 

@@ -95,7 +95,7 @@ def _wire(bed: Bed, binding: str | None = None) -> Any:
 
 def _session(bed: Bed, name: str, features: Features = NO_FEATURES) -> Gen:
     ini = bed.initiator(name)
-    ack = yield from bed.open(ini, features)
+    ack = yield from bed.open(ini, bed.room(features))
     if Features(ack.features) & features != features:
         inconclusive(f"HELLO_ACK Features {Features(ack.features)!r} lack {features!r}, which PICS declares "
                      "(test_ack_features_match_pics judges that); this attack needs it")
