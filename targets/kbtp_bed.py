@@ -26,7 +26,7 @@ from kvconform.rdma.wire.impair import Impairment
 from kvconform.targets.kbtp import NO_FEATURES, DriverError, KbtpTarget, TargetEndpoint, TargetParams, TargetUnavailable
 from kvconform.targets.kbtp_client import Gen, HarnessInitiator
 from kvconform.targets.kbtp_wire import check_binding
-from kvconform.verdicts import HarnessBug, Violation, inconclusive, violation
+from kvconform.verdicts import HarnessBug, Violation, inconclusive, not_applicable, violation
 
 MAX_STEPS = 400_000  # every run is bounded: a target that never answers ends the run, not the suite
 TAIL = 40  # schedule labels quoted in a failure message (the full schedule is in the evidence)
@@ -154,7 +154,12 @@ class Bed:
     def open(self, ini: HarnessInitiator, requested: Features = NO_FEATURES) -> Gen:
         """HELLO for a session the check needs: the HelloAck. A refusal is inconclusive, not a failure: the
         text lets a target refuse a session (the sum of quotas, its capacity), and this check cannot run
-        without it (test_hello_ack judges a target that refuses a lone fresh initiator)."""
+        without it (test_hello_ack judges a target that refuses a lone fresh initiator). Where the declared shared
+        ring cannot hold a session's quota at all, a session without DIRECT_ALLOC does not exist at that geometry:
+        such a check does not apply (a partition would serve only one that asks for DIRECT_ALLOC: ``room``)."""
+        if not requested & Features.DIRECT_ALLOC and self.params.capacity()[0] == 0:
+            not_applicable(f"{ini.name}: the check needs a session without DIRECT_ALLOC, and the declared shared ring "
+                           f"has no room for one ({self.params.describe_capacity()})")
         ack = yield from ini.hello(requested)
         if ack.status != Status.OK:
             inconclusive(f"{ini.name}: HELLO (requesting {Features(requested)!r}) was refused with Status "

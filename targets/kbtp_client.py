@@ -70,7 +70,7 @@ from kvconform.verdicts import HarnessBug, check, current_check, not_applicable,
 
 Gen = Generator[Command, Any, Any]
 __all__ = ["RING_SLOT_SIZE", "Ended", "Gen", "HarnessInitiator", "Reply", "Session", "add_mask", "decode_entry",
-           "decode_slot", "header_only", "precise"]
+           "decode_slot", "header_only", "pattern", "precise"]
 
 RECV_SIZE = 4096 + 512  # largest message the harness expects: a HELLO_ACK or a COMPLETION
 RECV_DEPTH = 16
@@ -166,6 +166,12 @@ class Session:
         if octets > self.ack.block_size:
             not_applicable(f"the check stores {octets} octets, and the target's Block Size is {self.ack.block_size} "
                            "(HELLO_ACK; PICS kbtp.target.pool.block_size)")
+
+
+def pattern(i: int, octets: int) -> bytes:
+    """``octets`` of data unique to ``i`` among 2^16 (a quota of hundreds of blocks is legal: one octet of ``i``
+    would repeat, and ``bytes([i])`` fails at 256)."""
+    return ((i % 0x10000).to_bytes(2, "big") * (octets // 2 + 1))[:octets]
 
 
 def precise(named: str, fallback: str) -> str:

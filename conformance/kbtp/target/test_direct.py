@@ -13,7 +13,7 @@ from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, RING_SLOT_SIZE, EntryFl
 from kvconform.kbtp.messages import HelloAck
 from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.targets.kbtp_bed import Bed
-from kvconform.targets.kbtp_client import Gen, HarnessInitiator, add_mask
+from kvconform.targets.kbtp_client import Gen, HarnessInitiator, add_mask, pattern
 from kvconform.verdicts import check, check_equal, inconclusive, not_applicable, violation
 
 DL, DA = Features.DIRECT_LOAD, Features.DIRECT_ALLOC
@@ -394,7 +394,7 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
             first = ticket if first is None else first
             block = yield from a.await_slot(ticket, slot, req=R_SLOT)
             diagnose.judge_block(block, partition, addr_le=a.addr_le, where=f"slot {slot} of ticket {ticket}")
-            wc = yield from a.write_block(block, bytes([i]) * 32, req="KBTP-ACK-PARTITION-SCOPE")
+            wc = yield from a.write_block(block, pattern(i, 32), req="KBTP-ACK-PARTITION-SCOPE")
             check(wc.ok, f"RDMA Write through the Partition STag failed: {wc.status.name}",
                   req="KBTP-ACK-PARTITION-SCOPE")
             h = a.handle(i)
@@ -408,7 +408,7 @@ def test_direct_alloc_bind_and_free(kbtp_target: TargetUnderTest, seed: int) -> 
             diagnose.judge_consumed(after, ticket, block, partition)
             lr, got = yield from a.load(h, 32, flags=UNSEALED_OK)
             expect.status_is(lr, Status.OK, req="KBTP-BIND-VERIFY", what="LOAD of the bound handle")
-            expect.equal("data written before BIND", got, bytes([i]) * 32, req="KBTP-BIND-VERIFY")
+            expect.equal("data written before BIND", got, pattern(i, 32), req="KBTP-BIND-VERIFY")
             # The Tail ticket of this free: a new session's partition holds its q free blocks, so Tail starts q
             # above the first Head ticket (q itself on a fresh target; a partition reused by a long-running
             # target starts wherever its counters are); nothing else was freed.

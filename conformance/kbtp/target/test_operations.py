@@ -24,7 +24,7 @@ from kvconform.kbtp.layers import KBTP, KBTPLoad, craft
 from kvconform.kbtp.messages import AllocStore, DataDescriptor, Load
 from kvconform.rdma import Access, Region, Window
 from kvconform.targets.kbtp_bed import Bed
-from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator, header_only
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator, header_only, pattern
 from kvconform.verdicts import check, check_one_of, inconclusive, not_applicable
 
 # KBTP "Examples": ALLOC_STORE of "KVBLOCK!" inline to handle 0x4001, Request ID 7, flags INLINE.
@@ -387,7 +387,7 @@ def test_generation_sequence(kbtp_target: TargetUnderTest, seed: int) -> None:
         h = a.handle(7)
         seen: list[int] = []
         for i in range(cycles):
-            r = yield from a.alloc_store(h, bytes([i]) * 8)
+            r = yield from a.alloc_store(h, pattern(i, 8))
             expect.status_is(r, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE of cycle {i}")
             lr, _ = yield from a.load(h, 8)
             f = yield from a.free(h)

@@ -27,6 +27,7 @@ The number of seeded interleavings comes from PICS kbtp.target.interleavings (or
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -574,7 +575,9 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
     """Initiators that together hold every block of the shared ring allocate, check and free under
     seeded random and PCT schedules: every allocation within quota succeeds without stalling, no block
     is held by two initiators at once, stored data stays intact, and at the end the whole ring is
-    allocated again (nothing lost)."""
+    allocated again (nothing lost). A black box takes no schedule: its runs are repetitions, as many as start
+    within kbtp.target.race_budget_s (at least one), since a run of a large declared ring (hundreds of blocks per
+    quota) takes seconds over a wire and the check's bound would otherwise blame the target for the harness's time."""
     p = kbtp_target.params
     shared = p.shared_count
     if p.quota <= 0 or shared < p.quota:
@@ -582,7 +585,11 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
     n_ini = max(1, min(p.max_initiators, shared // p.quota))
     runs = kbtp_target.interleavings
     features = p.features & ~DA
+    until = time.monotonic() + p.race_budget_s
+    done = 0
     for i in range(runs):
+        if kbtp_target.black_box and done and time.monotonic() > until:
+            break
         seed = session_seed * 100_000 + i
         scheduler = RandomScheduler(seed) if i % 2 == 0 else PctScheduler(seed, depth=3, horizon=400)
         bed = kbtp_target.bed(seed, scheduler=scheduler, label=f"interleaving-{i}", features=features)
@@ -597,7 +604,9 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
         expect.equal(f"interleaving {i} of {runs} (replay: kvconform run kbtp-target --seed {session_seed} -k "
                      "test_seeded_interleavings): blocks held at the end", len(ledger.held), n_ini * p.quota,
                      req="KBTP-RING-NO-LOSS")
-    evidence.note(f"{runs} interleavings of {n_ini} initiators x quota {p.quota} on a shared ring of {shared}")
+        done += 1
+    evidence.note(f"{done} of {runs} interleavings of {n_ini} initiators x quota {p.quota} on a shared ring of {shared}"
+                  + (f" (a black box: as many as started within {p.race_budget_s:g} s)" if done < runs else ""))
 
 
 # ---- DIRECT_LOAD readers racing stores and frees ----------------------------------------------------------

@@ -25,7 +25,7 @@ from kvconform.kbtp.constants import (
 from kvconform.kbtp.messages import HelloAck
 from kvconform.rdma import Binding, wait_until
 from kvconform.targets.kbtp_bed import Bed
-from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator
+from kvconform.targets.kbtp_client import Ended, Gen, HarnessInitiator, pattern
 from kvconform.verdicts import check, check_equal, check_one_of, not_applicable
 
 ALL = Features(0xF)
@@ -219,7 +219,7 @@ def test_goodbye_release_frees_everything(kbtp_target: TargetUnderTest, seed: in
         if q == 0:
             not_applicable("Allocation Quota 0: nothing can be bound")
         for i in range(q):
-            reply = yield from a.alloc_store(a.handle(i), bytes([i]) * min(32, kbtp_target.params.block_size))
+            reply = yield from a.alloc_store(a.handle(i), pattern(i, min(32, kbtp_target.params.block_size)))
             expect.status_is(reply, Status.OK, req="KBTP-QUOTA-ALLOC-BOUNDED", what=f"ALLOC_STORE {i + 1} of {q}")
         a.goodbye(release=True)
         again, ack2 = yield from _reconnect(bed, a, "A2")

@@ -17,7 +17,7 @@ from kvconform.kbtp.messages import HelloAck
 from kvconform.kbtp.ring import TICKET_MODULUS
 from kvconform.rdma import sleep
 from kvconform.targets.kbtp_bed import Bed
-from kvconform.targets.kbtp_client import RING_SLOT_SIZE, Ended, Gen, HarnessInitiator
+from kvconform.targets.kbtp_client import RING_SLOT_SIZE, Ended, Gen, HarnessInitiator, pattern
 from kvconform.verdicts import check, check_one_of, inconclusive, not_applicable
 
 DA = Features.DIRECT_ALLOC
@@ -41,7 +41,7 @@ def _fill_quota(ini: HarnessInitiator, first: int, count: int, req: str, what: s
     """``count`` target-executed allocations that must all succeed (``req``; ``wait``: what says they complete,
     ``req`` too unless given)."""
     for i in range(count):
-        r = yield from ini.alloc_store(ini.handle(first + i), bytes([first + i]) * 24, req=wait or req)
+        r = yield from ini.alloc_store(ini.handle(first + i), pattern(first + i, 24), req=wait or req)
         expect.status_is(r, Status.OK, req=req, what=f"{what}: ALLOC_STORE {i + 1} of {count}")
 
 
