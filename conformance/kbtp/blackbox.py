@@ -121,6 +121,7 @@ class Partition:
     reqs: Reqs = field(default_factory=Reqs)
     tail: int | None = None  # the Tail ticket the next FREE of this partition's blocks gets
     bound: dict[int, Held] = field(default_factory=dict)  # handle -> what it holds
+    taken: dict[int, float] = field(default_factory=dict)  # ticket -> when (fabric time) the harness took it
 
     def slot_of(self, ticket: int) -> int:
         """Slot Offset of a ticket on this ring."""
@@ -129,6 +130,7 @@ class Partition:
     def take(self) -> Gen:
         """FetchAdd on the Head: (ticket, slot offset); the first one also fixes the Tail prediction."""
         ticket, slot = yield from self.ini.take_ticket(req=self.reqs.atomics)
+        self.taken[ticket] = self.ini.fabric.now
         if self.tail is None:
             self.tail = (ticket + self.quota) % TICKETS
         return ticket, slot
@@ -153,6 +155,12 @@ class Partition:
         if (abandoned_after is not None and r.status == Status.TICKET_ABANDONED
                 and self.ini.fabric.now - started >= abandoned_after):
             return None
+        held_for = self.ini.fabric.now - self.taken.pop(ticket, self.ini.fabric.now)
+        timeout_s = self.ini.ack.ticket_timeout_ms / 1000
+        if r.status == Status.TICKET_ABANDONED and held_for >= timeout_s:
+            inconclusive(f"{self.ini.name}: the BIND of ticket {ticket} was refused TICKET_ABANDONED, and the harness "
+                         f"had held the ticket {held_for:.3f} s, past the Ticket Timeout ({timeout_s:g} s, HELLO_ACK): "
+                         "the refusal is the rule's, the delay the harness's or the link's (a stall)")
         expect.status_is(r, Status.OK, req=self.reqs.bind, what=f"BIND of ticket {ticket} (Block Offset {block:#x})")
         held = Held(handle, ticket, block, data, r.generation)
         self.bound[handle] = held
