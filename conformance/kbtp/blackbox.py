@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from kvconform.targets.kbtp_client import Gen, HarnessInitiator, decode_entry, d
 from kvconform.verdicts import check, inconclusive, not_applicable, pass_basis
 
 __all__ = ["CHURN_CATCHES", "TICKETS", "Churn", "ChurnReqs", "Crowd", "Held", "Partition", "Probe", "Reqs", "Windows",
-           "open_partition"]
+           "open_partition", "repetitions"]
 
 TICKETS = 1 << 32
 PROBE_IN_FLIGHT = 14  # RDMA Reads a probe keeps in flight: a steady stream, within the responder's 16 resources
@@ -80,6 +80,17 @@ class Windows:
                          f"kbtp.target.race_budget_s {self.budget_s:g} s: the race was not observed often enough "
                          "to judge it")
         pass_basis(self.summary)
+
+
+def repetitions(runs: int, params: TargetParams, *, black_box: bool) -> Iterator[int]:
+    """Indices of a check's ``runs`` repetitions. Against a black box no schedule applies and each run costs real time
+    (a large ring over a wire, a wait for the Ticket Timeout), so only as many start as fit in
+    kbtp.target.race_budget_s, at least one: the check's bound must not blame the target for the harness's time."""
+    until = time.monotonic() + params.race_budget_s
+    for i in range(runs):
+        if black_box and i and time.monotonic() > until:
+            return
+        yield i
 
 
 @dataclass(frozen=True)

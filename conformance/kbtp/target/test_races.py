@@ -27,7 +27,6 @@ The number of seeded interleavings comes from PICS kbtp.target.interleavings (or
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +45,7 @@ from kvconform.conformance.kbtp.blackbox import (
     Reqs,
     Windows,
     open_partition,
+    repetitions,
 )
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import EMPTY_BLOCK_OFFSET, EntryFlags, Features, RequestFlags, Status
@@ -575,9 +575,7 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
     """Initiators that together hold every block of the shared ring allocate, check and free under
     seeded random and PCT schedules: every allocation within quota succeeds without stalling, no block
     is held by two initiators at once, stored data stays intact, and at the end the whole ring is
-    allocated again (nothing lost). A black box takes no schedule: its runs are repetitions, as many as start
-    within kbtp.target.race_budget_s (at least one), since a run of a large declared ring (hundreds of blocks per
-    quota) takes seconds over a wire and the check's bound would otherwise blame the target for the harness's time."""
+    allocated again (nothing lost). A black box takes no schedule: its runs are repetitions (``repetitions``)."""
     p = kbtp_target.params
     shared = p.shared_count
     if p.quota <= 0 or shared < p.quota:
@@ -585,11 +583,8 @@ def test_seeded_interleavings(kbtp_target: TargetUnderTest, session_seed: int) -
     n_ini = max(1, min(p.max_initiators, shared // p.quota))
     runs = kbtp_target.interleavings
     features = p.features & ~DA
-    until = time.monotonic() + p.race_budget_s
     done = 0
-    for i in range(runs):
-        if kbtp_target.black_box and done and time.monotonic() > until:
-            break
+    for i in repetitions(runs, p, black_box=kbtp_target.black_box):
         seed = session_seed * 100_000 + i
         scheduler = RandomScheduler(seed) if i % 2 == 0 else PctScheduler(seed, depth=3, horizon=400)
         bed = kbtp_target.bed(seed, scheduler=scheduler, label=f"interleaving-{i}", features=features)

@@ -7,12 +7,11 @@ retained) to look at the rest."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from kvconform import evidence
 from kvconform.conformance.kbtp import expect, hangs
+from kvconform.conformance.kbtp.blackbox import repetitions
 from kvconform.fixtures.kbtp import TargetUnderTest
 from kvconform.kbtp.constants import Features, RequestFlags, Status
 from kvconform.kbtp.messages import HelloAck
@@ -192,15 +191,11 @@ def test_bind_racing_the_timeout(kbtp_target: TargetUnderTest, session_seed: int
     TICKET_ABANDONED (or the connection ends), never both, and either way no block is lost or handed out
     twice. A block lost or handed out twice is blamed on the ring rule the hang diagnosis names, or, on a target in
     another process, on a BIND an earlier check saw accepted for an abandoned ticket (conformance/kbtp/hangs.py).
-    Each run waits one Ticket Timeout in real time against a black box (seconds, for a NIC), so there as many run as
-    start within kbtp.target.race_budget_s, at least one: the check's bound must not blame the target for them."""
+    Each run waits one Ticket Timeout in real time against a black box (seconds, for a NIC): ``repetitions``."""
     kbtp_target.require(DA)
     runs = max(4, kbtp_target.interleavings // 5)
     outcomes: dict[str, int] = {}
-    until = time.monotonic() + kbtp_target.params.race_budget_s
-    for i in range(runs):
-        if kbtp_target.black_box and outcomes and time.monotonic() > until:
-            break
+    for i in repetitions(runs, kbtp_target.params, black_box=kbtp_target.black_box):
         outcome = _bind_race(kbtp_target, session_seed * 1000 + i, i)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     evidence.record("note", "kbtp-bind-race", {**outcomes, "runs": sum(outcomes.values()), "of": runs})
